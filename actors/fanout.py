@@ -1,0 +1,35 @@
+"""The coordinator actor: plan a period in time-boxed slices."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import dramatiq
+
+from actors import broker, runtime
+from reports import planning
+from reports.broker import send, send_many
+from reports.errors import PermanentError
+from reports.jobs import BUILD_REPORT, PLAN_PERIOD, PlanJob
+
+logger = logging.getLogger(__name__)
+
+
+@dramatiq.actor(actor_name=PLAN_PERIOD.name, queue_name=PLAN_PERIOD.queue, throws=(PermanentError,))
+def plan_period(*args: Any, **kwargs: Any) -> None:
+    job = PlanJob.parse(args, kwargs)
+    outcome = planning.plan_slice(
+        runtime.context.sessions,
+        job.period,
+        lambda payloads: send_many(broker, BUILD_REPORT, payloads),
+        page_size=runtime.settings.plan_page_size,
+        budget_seconds=runtime.settings.plan_slice_seconds,
+    )
+    logger.info(
+        "Planned %d pages, enqueued %d reports for %s (cursor %d, planned=%s).",
+        outcome.pages, outcome.enqueued, job.period, outcome.cursor, outcome.planned,
+    )
+    if not outcome.planned:
+        # Short slices keep the coordinator drainable on SIGTERM; the checkpoint carries the walk on.
+        send(broker, PLAN_PERIOD, job.payload())

@@ -1,0 +1,66 @@
+"""The Dramatiq broker, built in one place from the settings for workers and producers alike."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import dramatiq
+from dramatiq.brokers.redis import RedisBroker
+from dramatiq.middleware import CurrentMessage, Retries, default_middleware
+
+from reports.jobs import ActorSpec
+from reports.settings import Settings
+
+
+def build_broker(settings: Settings) -> RedisBroker:
+    """A Redis broker whose dead workers' messages come back in seconds, not minutes.
+
+    Every process, producers included, must use the same heartbeat settings: the sweep that
+    requeues a dead worker's messages runs inside whichever process's broker call wins the
+    ``maintenance_chance`` draw.
+    """
+    middleware = [m() for m in default_middleware if m is not Retries]
+    middleware += [
+        Retries(
+            max_retries=settings.max_retries,
+            min_backoff=settings.min_backoff_ms,
+            max_backoff=settings.max_backoff_ms,
+        ),
+        CurrentMessage(),
+    ]
+    return RedisBroker(
+        url=settings.broker_url,
+        namespace=settings.broker_namespace,
+        heartbeat_timeout=settings.heartbeat_timeout_ms,
+        maintenance_chance=settings.maintenance_chance,
+        middleware=middleware,
+    )
+
+
+def message_for(spec: ActorSpec, payload: Mapping[str, Any]) -> dramatiq.Message[Any]:
+    """A message for ``spec``'s actor, built without importing the actors (producers need only names)."""
+    return dramatiq.Message(
+        queue_name=spec.queue, actor_name=spec.name, args=(), kwargs=dict(payload), options={}
+    )
+
+
+def send(broker: dramatiq.Broker, spec: ActorSpec, payload: Mapping[str, Any], *, delay_ms: int | None = None) -> None:
+    broker.enqueue(message_for(spec, payload), delay=delay_ms)
+
+
+def send_many(broker: dramatiq.Broker, spec: ActorSpec, payloads: Iterable[Mapping[str, Any]]) -> int:
+    """Enqueue one message per payload; returns how many were sent."""
+    sent = 0
+    for payload in payloads:
+        broker.enqueue(message_for(spec, payload))
+        sent += 1
+    return sent
+
+
+def defer_current(broker: dramatiq.Broker, *, delay_ms: int) -> None:
+    """Run the message being processed again after ``delay_ms``, without spending a retry."""
+    message = CurrentMessage.get_current_message()
+    if message is None:
+        raise RuntimeError("defer_current needs the CurrentMessage middleware and a running message.")
+    broker.enqueue(message.copy(), delay=delay_ms)

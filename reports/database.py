@@ -1,0 +1,70 @@
+"""Engines, sessions and migrations for the configured database."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+from reports.settings import Settings
+
+_MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+
+#: How long a SQLite writer waits for another writer before failing, in milliseconds.
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+def create_db_engine(url: str) -> Engine:
+    """Create an engine; SQLite gets WAL and write-intent transactions for many worker processes."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return create_engine(url, pool_pre_ping=True)
+
+    if parsed.database and parsed.database != ":memory:":
+        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+
+    @event.listens_for(engine, "connect")
+    def _configure(dbapi_connection, _record):  # type: ignore[no-untyped-def]
+        # Let SQLAlchemy's "begin" event open transactions, so they can be IMMEDIATE.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(connection):  # type: ignore[no-untyped-def]
+        # A deferred transaction that reads and then writes fails at once with "database is
+        # locked" when another process wrote in between; IMMEDIATE waits for the lock instead.
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+def session_factory(engine: Engine) -> sessionmaker[Session]:
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+def alembic_config(url: str) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(_MIGRATIONS))
+    config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return config
+
+
+def upgrade(settings: Settings, revision: str = "head") -> None:
+    """Migrate the configured database to ``revision``."""
+    engine = create_db_engine(settings.database_url)
+    try:
+        with engine.begin() as connection:
+            config = alembic_config(settings.database_url)
+            config.attributes["connection"] = connection
+            command.upgrade(config, revision)
+    finally:
+        engine.dispose()

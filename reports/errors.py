@@ -1,0 +1,70 @@
+"""Every error this project raises, and which of them are worth retrying.
+
+Whether a failure is permanent is decided here and nowhere else, so the retry middleware,
+the dead-letter handling and the tests agree.
+"""
+
+from __future__ import annotations
+
+
+class ReportsError(Exception):
+    """Something went wrong in the reports system."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+
+class ConfigurationError(ReportsError):
+    """The configuration is invalid."""
+
+
+class BadInput(ReportsError):
+    """Input from an operator was rejected; nothing was changed."""
+
+
+class PermanentError(ReportsError):
+    """Retrying cannot help: the message goes to the dead letters at once."""
+
+
+class TransientError(ReportsError):
+    """The failure may pass: the message is retried with backoff."""
+
+
+class InvalidPayload(PermanentError):
+    """The message's payload is not a valid report job."""
+
+
+class UnknownTemplateVersion(PermanentError):
+    """The message pins a template version that does not exist."""
+
+
+class InvalidRecipient(PermanentError):
+    """The user's email address cannot be an address."""
+
+
+class MailRejected(PermanentError):
+    """The mail provider refused the message for good (an SMTP 5xx reply)."""
+
+    def __init__(self, code: int, reply: str) -> None:
+        self.code = code
+        super().__init__(f"SMTP {code}: {reply}")
+
+
+class MailDeferred(TransientError):
+    """The mail provider asked us to try again later (an SMTP 4xx reply)."""
+
+    def __init__(self, code: int, reply: str) -> None:
+        self.code = code
+        super().__init__(f"SMTP {code}: {reply}")
+
+
+class ProviderUnavailable(TransientError):
+    """The mail provider could not be reached (refused, reset or timed out)."""
+
+
+class ClaimHeld(TransientError):
+    """Another copy of this message holds the delivery claim; try again when its lease ends."""
+
+    def __init__(self, retry_after_seconds: float) -> None:
+        self.retry_after_seconds = retry_after_seconds
+        super().__init__(f"Delivery claim held by another attempt for {retry_after_seconds:.1f}s more.")

@@ -1,0 +1,87 @@
+"""The messages this system sends: which actor and queue, and the payload each one carries.
+
+Payloads carry IDs and small fixed facts, never objects. Parsing is strict, because a message
+that does not parse will never parse: it is a permanent failure, not something to retry.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from reports.errors import BadInput, InvalidPayload
+from reports.periods import Period
+
+#: Queues by priority; each has its own worker pool in the Procfile.
+CRITICAL_QUEUE = "critical"
+DEFAULT_QUEUE = "default"
+BULK_QUEUE = "bulk"
+
+_TEMPLATE_VERSION = re.compile(r"[A-Za-z0-9_.-]{1,32}")
+
+
+@dataclass(frozen=True)
+class ActorSpec:
+    name: str
+    queue: str
+
+
+PLAN_PERIOD = ActorSpec("plan_period", DEFAULT_QUEUE)
+BUILD_REPORT = ActorSpec("build_report", BULK_QUEUE)
+
+
+def _fields(args: Sequence[Any], kwargs: Mapping[str, Any], expected: set[str]) -> Mapping[str, Any]:
+    if args:
+        raise InvalidPayload(f"Positional arguments are not accepted, got {len(args)}.")
+    missing, extra = expected - kwargs.keys(), kwargs.keys() - expected
+    if missing or extra:
+        raise InvalidPayload(f"Payload fields: missing {sorted(missing)}, unexpected {sorted(extra)}.")
+    return kwargs
+
+
+def _period(value: Any) -> Period:
+    if not isinstance(value, str):
+        raise InvalidPayload(f"period must be a string, got {type(value).__name__}.")
+    try:
+        return Period.parse(value)
+    except BadInput as e:
+        raise InvalidPayload(str(e)) from None
+
+
+@dataclass(frozen=True)
+class PlanJob:
+    """Walk the active users of ``period`` and enqueue one report job for each."""
+
+    period: Period
+
+    @classmethod
+    def parse(cls, args: Sequence[Any], kwargs: Mapping[str, Any]) -> PlanJob:
+        fields = _fields(args, kwargs, {"period"})
+        return cls(_period(fields["period"]))
+
+    def payload(self) -> dict[str, Any]:
+        return {"period": str(self.period)}
+
+
+@dataclass(frozen=True)
+class ReportJob:
+    """Build, store and mail one user's report for one period, at a pinned template version."""
+
+    period: Period
+    user_id: int
+    template_version: str
+
+    @classmethod
+    def parse(cls, args: Sequence[Any], kwargs: Mapping[str, Any]) -> ReportJob:
+        fields = _fields(args, kwargs, {"period", "user_id", "template_version"})
+        user_id, version = fields["user_id"], fields["template_version"]
+        if not isinstance(user_id, int) or isinstance(user_id, bool) or user_id < 1:
+            raise InvalidPayload(f"user_id must be a positive integer, got {user_id!r}.")
+        if not isinstance(version, str) or not _TEMPLATE_VERSION.fullmatch(version):
+            raise InvalidPayload(f"template_version is not a version name: {version!r}.")
+        return cls(_period(fields["period"]), user_id, version)
+
+    def payload(self) -> dict[str, Any]:
+        return {"period": str(self.period), "user_id": self.user_id, "template_version": self.template_version}

@@ -1,0 +1,1 @@
+"""Composing report emails and handing them to a mail backend (SMTP or a Maildir outbox)."""

@@ -1,0 +1,20 @@
+"""Choose the mail backend the settings ask for."""
+
+from __future__ import annotations
+
+from email.message import EmailMessage
+from typing import Protocol
+
+from reports.mail.maildir import MaildirMailer
+from reports.mail.smtp import SmtpMailer
+from reports.settings import Settings
+
+
+class Mailer(Protocol):
+    def send(self, message: EmailMessage, *, recipient: str) -> None: ...
+
+
+def build_mailer(settings: Settings) -> Mailer:
+    if settings.smtp_url:
+        return SmtpMailer(settings.smtp_url, timeout_seconds=settings.smtp_timeout_seconds)
+    return MaildirMailer(settings.outbox_dir)

@@ -1,0 +1,156 @@
+"""The schema: the contract's ``users`` and ``activities``, and the tables this system owns."""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+from typing import Annotated
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+PeriodKey = Annotated[str, mapped_column(String(7))]
+Timestamp = Annotated[datetime, mapped_column(DateTime())]
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class User(Base):
+    __tablename__ = "users"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    email: Mapped[str] = mapped_column(Text)
+    name: Mapped[str | None] = mapped_column(Text)
+    active: Mapped[bool] = mapped_column(Boolean)
+
+    # The coordinator's keyset walk: `WHERE active AND id > :cursor ORDER BY id LIMIT :n`.
+    __table_args__ = (
+        Index("ix_users_active_id", "id", postgresql_where=text("active"), sqlite_where=text("active")),
+    )
+
+
+class Activity(Base):
+    __tablename__ = "activities"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    user_id: Mapped[int | None] = mapped_column(ForeignKey("users.id"))
+    occurred_at: Mapped[Timestamp]
+    category: Mapped[str] = mapped_column(Text)
+    amount_cents: Mapped[int] = mapped_column(Integer)
+
+    # One user's two months of activity, read by range on the per-user path.
+    __table_args__ = (Index("ix_activities_user_id_occurred_at", "user_id", "occurred_at"),)
+
+
+class RunState(enum.StrEnum):
+    ACTIVE = "active"
+
+
+class PeriodRun(Base):
+    """One monthly run: the coordinator's checkpoint and whether it has walked every user."""
+
+    __tablename__ = "period_runs"
+
+    period: Mapped[PeriodKey] = mapped_column(primary_key=True)
+    state: Mapped[str] = mapped_column(String(16), default=RunState.ACTIVE)
+    template_version: Mapped[str] = mapped_column(String(32))
+    #: The last user id whose item is recorded and enqueued; the walk resumes after it.
+    cursor: Mapped[int] = mapped_column(BigInteger, default=0)
+    planned: Mapped[bool] = mapped_column(Boolean, default=False)
+    triggered_at: Mapped[Timestamp]
+    planned_at: Mapped[datetime | None] = mapped_column(DateTime())
+    updated_at: Mapped[Timestamp]
+
+
+class ItemState(enum.StrEnum):
+    PENDING = "pending"
+    DELIVERED = "delivered"
+    SKIPPED = "skipped"
+    DEAD = "dead"
+
+
+#: States an item never leaves: a message finding its item in one of these does nothing.
+FINAL_STATES = frozenset({ItemState.DELIVERED, ItemState.SKIPPED, ItemState.DEAD})
+
+
+class ReportItem(Base):
+    """One user's report for one period: the unit of progress and of idempotency."""
+
+    __tablename__ = "report_items"
+
+    period: Mapped[PeriodKey] = mapped_column(primary_key=True)
+    user_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    state: Mapped[str] = mapped_column(String(16), default=ItemState.PENDING)
+    #: How many times a per-user message started work on this item.
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    #: When the coordinator handed the item's message to the broker; NULL means not yet.
+    enqueued_at: Mapped[datetime | None] = mapped_column(DateTime())
+    created_at: Mapped[Timestamp]
+    updated_at: Mapped[Timestamp]
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime())
+    last_error: Mapped[str | None] = mapped_column(Text)
+
+    # Progress counts by state; the coordinator looks for not-yet-enqueued items by user range.
+    __table_args__ = (Index("ix_report_items_period_state", "period", "state"),)
+
+
+class Report(Base):
+    """The rendered report as it was sent (or is about to be)."""
+
+    __tablename__ = "reports"
+
+    period: Mapped[PeriodKey] = mapped_column(primary_key=True)
+    user_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    template_version: Mapped[str] = mapped_column(String(32))
+    subject: Mapped[str] = mapped_column(Text)
+    body_text: Mapped[str] = mapped_column(Text)
+    body_html: Mapped[str] = mapped_column(Text)
+    rendered_at: Mapped[Timestamp]
+
+
+class DeliveryState(enum.StrEnum):
+    CLAIMED = "claimed"
+    SENT = "sent"
+
+
+class Delivery(Base):
+    """The claim taken before an email is handed to the provider, and its outcome.
+
+    A claim carries a lease: a worker that dies after claiming does not block the email
+    forever, because a later attempt takes the claim over once the lease has run out.
+    """
+
+    __tablename__ = "deliveries"
+
+    period: Mapped[PeriodKey] = mapped_column(primary_key=True)
+    user_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    state: Mapped[str] = mapped_column(String(16))
+    message_id: Mapped[str] = mapped_column(Text)
+    #: Random per claim, so only the holder can complete it.
+    claim_token: Mapped[str] = mapped_column(String(36))
+    lease_expires_at: Mapped[Timestamp]
+    #: How many times a claim was taken: more than one means a takeover happened.
+    claims: Mapped[int] = mapped_column(Integer, default=1)
+    claimed_at: Mapped[Timestamp]
+    sent_at: Mapped[datetime | None] = mapped_column(DateTime())

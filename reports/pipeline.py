@@ -1,0 +1,123 @@
+"""One user's report for one period: read at run time, render, store, claim, send, record.
+
+Three short steps, so no transaction stays open while talking to the mail provider:
+1. In one transaction: read the item, the user and their activity; render and store the
+   report; take the delivery claim.
+2. Hand the email to the mail backend.
+3. In one transaction: mark the claim sent and the item delivered.
+
+Every step may run more than once or concurrently (at-least-once delivery); the item's final
+states and the delivery claim make repeats send nothing.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from email.message import EmailMessage
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from reports import delivery, items
+from reports.activity import load_summary
+from reports.clock import utcnow
+from reports.errors import PermanentError
+from reports.jobs import ReportJob
+from reports.mail.backend import Mailer
+from reports.mail.compose import compose, message_id, recipient
+from reports.models import FINAL_STATES, ItemState, Report, ReportItem, User
+from reports.render import render
+from reports.settings import Settings
+from reports.sql import upsert
+
+logger = logging.getLogger(__name__)
+
+
+class UnknownItem(PermanentError):
+    """The message names a (period, user) that the coordinator never recorded."""
+
+
+class Outcome(enum.StrEnum):
+    DELIVERED = "delivered"
+    SKIPPED = "skipped"
+    #: Another copy of the message had already finished the item.
+    ALREADY_DONE = "already_done"
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a per-user job needs, built once per worker process."""
+
+    settings: Settings
+    sessions: sessionmaker[Session]
+    mailer: Mailer
+    clock: Callable[[], datetime] = utcnow
+
+
+def run(ctx: Context, job: ReportJob) -> Outcome:
+    with ctx.sessions.begin() as session:
+        prepared = _prepare(ctx, session, job)
+    if not isinstance(prepared, _Prepared):
+        return prepared
+
+    try:
+        ctx.mailer.send(prepared.email, recipient=prepared.address)
+    except Exception:
+        with ctx.sessions.begin() as session:
+            delivery.release(session, prepared.claim, now=ctx.clock())
+        raise
+
+    with ctx.sessions.begin() as session:
+        now = ctx.clock()
+        if not delivery.complete(session, prepared.claim, now=now):
+            logger.warning(
+                "Delivery claim was taken over while sending; a duplicate may follow.",
+                extra={"period": str(job.period), "user_id": job.user_id},
+            )
+        items.finish(session, job.period, job.user_id, ItemState.DELIVERED, now=now)
+    return Outcome.DELIVERED
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    claim: delivery.Claim
+    email: EmailMessage
+    address: str
+
+
+def _prepare(ctx: Context, session: Session, job: ReportJob) -> _Prepared | Outcome:
+    now = ctx.clock()
+    item = session.get(ReportItem, (str(job.period), job.user_id))
+    if item is None:
+        raise UnknownItem(f"No report item for period {job.period}, user {job.user_id}.")
+    if item.state in FINAL_STATES:
+        return Outcome.ALREADY_DONE
+    item.attempts += 1
+    item.updated_at = now
+
+    user = session.get(User, job.user_id)
+    if user is None or not user.active:
+        items.finish(session, job.period, job.user_id, ItemState.SKIPPED, now=now)
+        return Outcome.SKIPPED
+
+    to = recipient(user.email, user.name)
+    rendered = render(ctx.settings.templates_dir, job.template_version, name=user.name,
+                      summary=load_summary(session, user.id, job.period))
+    session.execute(upsert(session, Report.__table__, {
+        "period": str(job.period), "user_id": user.id, "template_version": job.template_version,
+        "subject": rendered.subject, "body_text": rendered.text, "body_html": rendered.html, "rendered_at": now,
+    }, key=["period", "user_id"]))
+
+    stable_id = message_id(job.period, user.id, ctx.settings.mail_domain)
+    claim = delivery.take(session, job.period, user.id, message_id=stable_id,
+                          lease_seconds=ctx.settings.claim_lease_seconds, now=now)
+    if claim is None:
+        # The email already went out; make the item say so.
+        items.finish(session, job.period, job.user_id, ItemState.DELIVERED, now=now)
+        return Outcome.ALREADY_DONE
+    email = compose(rendered, to=to, mail_from=ctx.settings.mail_from, period=job.period,
+                    user_id=user.id, domain=ctx.settings.mail_domain, date=now)
+    return _Prepared(claim=claim, email=email, address=to.addr_spec)

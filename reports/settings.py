@@ -1,0 +1,142 @@
+"""The one place configuration enters: a frozen settings object read from the environment."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+from reports.errors import ConfigurationError
+
+#: The repository's own ``templates/`` folder, used unless ``TEMPLATES_DIR`` says otherwise.
+DEFAULT_TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """Everything the library, the workers and the CLI may be configured with.
+
+    Build it with :meth:`from_env` at an entry point and pass it down; nothing else reads
+    ``os.environ``.
+    """
+
+    #: Working folder for the embedded default: SQLite file, embedded Redis, Maildir outbox.
+    var_dir: Path = Path("var")
+    #: SQLAlchemy URL. Defaults to a SQLite file under ``var_dir``.
+    database_url: str = ""
+    broker_url: str = "redis://localhost:6379/0"
+    #: Prefix of every Redis key the broker writes, so several deployments can share one Redis.
+    broker_namespace: str = "dramatiq"
+    #: ``smtp://`` or ``smtps://`` URL; ``None`` writes mail to a Maildir under ``var_dir``.
+    smtp_url: str | None = None
+    mail_from: str = "Monthly Reports <reports@localhost>"
+    #: Seconds before an SMTP connect or command gives up.
+    smtp_timeout_seconds: float = 10.0
+    templates_dir: Path = DEFAULT_TEMPLATES_DIR
+    #: Template version pinned into every per-user message of a new period run.
+    template_version: str = "v1"
+    #: Users read per keyset page by the coordinator.
+    plan_page_size: int = 1000
+    #: Longest the coordinator walks in one message before it re-enqueues itself, in seconds.
+    plan_slice_seconds: float = 10.0
+    #: How long a delivery claim keeps other copies of the message from sending, in seconds.
+    #: Longer than the slowest send (connect + data, both bounded by the SMTP timeout).
+    claim_lease_seconds: float = 30.0
+    #: A worker that has not called Redis for this long is dead and its messages go back, in ms.
+    heartbeat_timeout_ms: int = 15_000
+    #: Chance, in millionths, that a broker call runs the dead-worker sweep.
+    maintenance_chance: int = 100_000
+    max_retries: int = 5
+    #: Shortest and longest backoff between retries, in milliseconds.
+    min_backoff_ms: int = 1_000
+    max_backoff_ms: int = 300_000
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        if not self.database_url:
+            object.__setattr__(self, "database_url", f"sqlite:///{self.var_dir / 'reports.db'}")
+        if self.plan_page_size < 1:
+            raise ConfigurationError("PLAN_PAGE_SIZE must be at least 1.")
+
+    @property
+    def outbox_dir(self) -> Path:
+        return self.var_dir / "outbox"
+
+    @property
+    def mail_domain(self) -> str:
+        """The sender's domain, which stable Message-IDs are minted under."""
+        address = self.mail_from.rsplit("<", 1)[-1].rstrip(">").strip()
+        return address.rpartition("@")[2] or "localhost"
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if environ is None else environ
+        values: dict[str, object] = {}
+        for name, variable in ENVIRONMENT.items():
+            raw = env.get(variable)
+            if raw is None or raw == "":
+                continue
+            try:
+                values[name] = _parse(getattr(_DEFAULTS, name), raw)
+            except ValueError:
+                raise ConfigurationError(f"{variable} must be a number, got {raw!r}.") from None
+        return cls(**values)  # type: ignore[arg-type]
+
+    def as_environ(self) -> dict[str, str]:
+        """The environment that makes :meth:`from_env` rebuild these settings in a child process."""
+        return {
+            variable: str(getattr(self, name))
+            for name, variable in ENVIRONMENT.items()
+            if getattr(self, name) is not None
+        }
+
+
+#: Each setting and the environment variable it is read from.
+ENVIRONMENT = {
+    "var_dir": "VAR_DIR",
+    "database_url": "DATABASE_URL",
+    "broker_url": "BROKER_URL",
+    "broker_namespace": "BROKER_NAMESPACE",
+    "smtp_url": "SMTP_URL",
+    "mail_from": "MAIL_FROM",
+    "smtp_timeout_seconds": "SMTP_TIMEOUT_SECONDS",
+    "templates_dir": "TEMPLATES_DIR",
+    "template_version": "REPORT_TEMPLATE_VERSION",
+    "plan_page_size": "PLAN_PAGE_SIZE",
+    "plan_slice_seconds": "PLAN_SLICE_SECONDS",
+    "claim_lease_seconds": "CLAIM_LEASE_SECONDS",
+    "heartbeat_timeout_ms": "HEARTBEAT_TIMEOUT_MS",
+    "maintenance_chance": "MAINTENANCE_CHANCE",
+    "max_retries": "MAX_RETRIES",
+    "min_backoff_ms": "MIN_BACKOFF_MS",
+    "max_backoff_ms": "MAX_BACKOFF_MS",
+    "log_level": "LOG_LEVEL",
+}
+
+_DEFAULTS = Settings()
+
+
+def _parse(default: object, raw: str) -> object:
+    """Convert ``raw`` to the type of the setting's default."""
+    if isinstance(default, Path):
+        return Path(raw)
+    if isinstance(default, int | float):
+        return type(default)(raw)
+    return raw
+
+
+def redact_url(url: str) -> str:
+    """Return ``url`` with any password replaced, safe for logs and error messages."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparseable url>"
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    netloc = f"{parts.username}:***@{host}" if parts.username else f"***@{host}"
+    return urlunsplit(parts._replace(netloc=netloc))

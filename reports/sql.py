@@ -1,0 +1,28 @@
+"""Dialect-aware statements that PostgreSQL and SQLite both run through the same code path."""
+
+from __future__ import annotations
+
+from sqlalchemy import Table
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+
+def _insert(session: Session, table: Table):  # type: ignore[no-untyped-def]
+    dialect = session.get_bind().dialect.name
+    module = {"postgresql": postgresql, "sqlite": sqlite}.get(dialect)
+    if module is None:
+        raise NotImplementedError(f"Unsupported database dialect {dialect!r}.")
+    return module.insert(table)
+
+
+def insert_ignoring_conflicts(session: Session, table: Table):  # type: ignore[no-untyped-def]
+    """``INSERT … ON CONFLICT DO NOTHING`` for the session's dialect."""
+    return _insert(session, table).on_conflict_do_nothing()
+
+
+def upsert(session: Session, table: Table, values: dict, *, key: list[str]):  # type: ignore[no-untyped-def]
+    """``INSERT … ON CONFLICT (key) DO UPDATE`` setting every non-key column from ``values``."""
+    statement = _insert(session, table).values(values)
+    return statement.on_conflict_do_update(
+        index_elements=key, set_={column: statement.excluded[column] for column in values if column not in key}
+    )
