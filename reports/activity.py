@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
 
-from sqlalchemy import case, func, select
+from sqlalchemy import ColumnElement, case, func, select
 from sqlalchemy.orm import Session
 
 from reports.models import Activity
@@ -62,14 +64,27 @@ def summarize(period: Period, rows: Iterable[Row]) -> Summary:
     )
 
 
+def _occurred_at(session: Session) -> tuple[ColumnElement[Any], Callable[[datetime], Any]]:
+    """The column to compare and how to write a bound, for the session's database.
+
+    SQLite keeps timestamps as text in whatever form the writer used ('2026-10-01 00:00:00',
+    '…T…', with or without fractions), and text compares character by character: normalizing
+    with ``datetime()`` keeps month boundaries exact for rows loaded by plain SQL.
+    """
+    if session.get_bind().dialect.name == "sqlite":
+        return func.datetime(Activity.occurred_at), lambda moment: moment.strftime("%Y-%m-%d %H:%M:%S")
+    return Activity.occurred_at, lambda moment: moment
+
+
 def load_summary(session: Session, user_id: int, period: Period) -> Summary:
-    in_period = case((Activity.occurred_at >= period.start, True), else_=False).label("in_period")
+    occurred_at, bound = _occurred_at(session)
+    in_period = case((occurred_at >= bound(period.start), True), else_=False).label("in_period")
     rows = session.execute(
         select(in_period, Activity.category, func.count(), func.coalesce(func.sum(Activity.amount_cents), 0))
         .where(
             Activity.user_id == user_id,
-            Activity.occurred_at >= period.previous().start,
-            Activity.occurred_at < period.end,
+            occurred_at >= bound(period.previous().start),
+            occurred_at < bound(period.end),
         )
         .group_by(in_period, Activity.category)
     )

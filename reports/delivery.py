@@ -37,12 +37,15 @@ def take(
     token = str(uuid.uuid4())
     lease_expires_at = now + timedelta(seconds=lease_seconds)
     key = (Delivery.period == str(period), Delivery.user_id == user_id)
+    # RETURNING, not rowcount: drivers disagree on rowcount for ON CONFLICT DO NOTHING.
     inserted = session.execute(
-        insert_ignoring_conflicts(session, Delivery.__table__).values(
+        insert_ignoring_conflicts(session, Delivery.__table__)
+        .values(
             period=str(period), user_id=user_id, state=DeliveryState.CLAIMED, message_id=message_id,
             claim_token=token, lease_expires_at=lease_expires_at, claims=1, claimed_at=now,
         )
-    ).rowcount
+        .returning(Delivery.__table__.c.user_id)
+    ).first() is not None
     if not inserted:
         inserted = session.execute(
             update(Delivery)

@@ -28,15 +28,18 @@ class Triggered:
 
 def trigger(session: Session, period: Period, *, template_version: str, now: datetime) -> Triggered:
     """Create the period's run if it has none; the template version is pinned by the first trigger."""
-    result = session.execute(
-        insert_ignoring_conflicts(session, PeriodRun.__table__).values(
+    # RETURNING, not rowcount: drivers disagree on rowcount for ON CONFLICT DO NOTHING.
+    inserted = session.execute(
+        insert_ignoring_conflicts(session, PeriodRun.__table__)
+        .values(
             period=str(period), state=RunState.ACTIVE, template_version=template_version, cursor=0,
             planned=False, triggered_at=now, updated_at=now,
         )
-    )
+        .returning(PeriodRun.__table__.c.period)
+    ).first()
     run = session.get(PeriodRun, str(period), populate_existing=True)
     assert run is not None
-    return Triggered(run=run, created=result.rowcount == 1)
+    return Triggered(run=run, created=inserted is not None)
 
 
 def trigger_and_enqueue(

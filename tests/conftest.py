@@ -1,0 +1,307 @@
+"""Fixtures shared by every test: real databases, a real Redis, real workers, a real SMTP server.
+
+Services are found at the usual local addresses (override with TEST_POSTGRES_URL and
+TEST_REDIS_URL). Locally a missing service skips its tests; in CI (``CI`` set) it fails them.
+"""
+
+from __future__ import annotations
+
+import email
+import email.policy
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from email.message import EmailMessage
+from pathlib import Path
+
+import psycopg
+import pytest
+import redis
+from aiosmtpd.controller import Controller
+from sqlalchemy import text
+from sqlalchemy.orm import Session, sessionmaker
+
+from reports.database import create_db_engine, session_factory, upgrade
+from reports.settings import Settings
+
+POSTGRES_ADMIN_URL = os.environ.get("TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+IN_CI = bool(os.environ.get("CI"))
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _unavailable(what: str, error: Exception) -> None:
+    message = f"{what} is not reachable ({type(error).__name__}: {error})"
+    if IN_CI:
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def wait_until(predicate: Callable[[], object], *, timeout: float, interval: float = 0.1, what: str = "condition") -> object:
+    """Poll ``predicate`` until it returns something truthy; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"Timed out after {timeout}s waiting for {what}.")
+        time.sleep(interval)
+
+
+# --- Redis -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    try:
+        redis.Redis.from_url(REDIS_URL).ping()
+    except redis.RedisError as e:
+        _unavailable("Redis", e)
+    return REDIS_URL
+
+
+@pytest.fixture
+def broker_namespace(redis_url: str) -> Iterator[str]:
+    """A Redis key namespace of the test's own, so tests share one Redis without seeing each other."""
+    namespace = f"test-{uuid.uuid4().hex[:12]}"
+    yield namespace
+    client = redis.Redis.from_url(redis_url)
+    keys = list(client.scan_iter(match=f"{namespace}:*", count=1000))
+    if keys:
+        client.delete(*keys)
+
+
+def queued_messages(redis_url: str, namespace: str, queue: str) -> int:
+    """Messages waiting in ``queue`` (ready and delayed)."""
+    client = redis.Redis.from_url(redis_url)
+    return client.llen(f"{namespace}:{queue}") + client.zcard(f"{namespace}:{queue}.DQ")
+
+
+# --- Databases -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def postgres_admin() -> str:
+    try:
+        with psycopg.connect(POSTGRES_ADMIN_URL, connect_timeout=3):
+            pass
+    except psycopg.Error as e:
+        _unavailable("PostgreSQL", e)
+    return POSTGRES_ADMIN_URL
+
+
+def _postgres_database(admin_url: str) -> Iterator[str]:
+    name = f"reports_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(admin_url, autocommit=True) as connection:
+        connection.execute(f'CREATE DATABASE "{name}"')
+    base = admin_url.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
+    try:
+        yield f"{base}/{name}"
+    finally:
+        with psycopg.connect(admin_url, autocommit=True) as connection:
+            connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh, empty database: every test runs once on SQLite and once on PostgreSQL."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'reports.db'}"
+    else:
+        yield from _postgres_database(request.getfixturevalue("postgres_admin"))
+
+
+@pytest.fixture
+def settings(database_url: str, broker_namespace: str, redis_url: str, tmp_path: Path) -> Settings:
+    return Settings(
+        var_dir=tmp_path / "var",
+        database_url=database_url,
+        broker_url=redis_url,
+        broker_namespace=broker_namespace,
+        mail_from="Monthly Reports <reports@reports.test>",
+        plan_page_size=7,
+        min_backoff_ms=200,
+        max_backoff_ms=2_000,
+        claim_lease_seconds=5,
+        smtp_timeout_seconds=5,
+    )
+
+
+@pytest.fixture
+def sessions(settings: Settings) -> Iterator[sessionmaker[Session]]:
+    """Sessions on the test's database, migrated to the newest schema."""
+    upgrade(settings)
+    engine = create_db_engine(settings.database_url)
+    yield session_factory(engine)
+    engine.dispose()
+
+
+@dataclass
+class Population:
+    """Users loaded by plain SQL into the contract's schema, and what each should be told."""
+
+    active: list[int] = field(default_factory=list)
+    inactive: list[int] = field(default_factory=list)
+    #: user id → (activity count, total in cents) within the period.
+    expected: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+
+def load_users(sessions: sessionmaker[Session], *, count: int, period: str = "2026-10", inactive_every: int = 5,
+               names: dict[int, str] | None = None) -> Population:
+    """Insert ``count`` users (every ``inactive_every``-th inactive) with activities, by plain SQL.
+
+    Each user ``i`` has ``i % 4`` activities in the period of ``100 * i`` cents each, one in the
+    month before, and one in the month after (which must not be counted).
+    """
+    year, month = map(int, period.split("-"))
+    inside, before = f"{period}-15 12:00:00", f"{year if month > 1 else year - 1}-{(month - 2) % 12 + 1:02d}-20 08:00:00"
+    after = f"{year + month // 12}-{month % 12 + 1:02d}-01 00:00:00"
+    population = Population()
+    users, activities = [], []
+    for user_id in range(1, count + 1):
+        active = user_id % inactive_every != 0
+        (population.active if active else population.inactive).append(user_id)
+        name = (names or {}).get(user_id, f"User {user_id}")
+        users.append({"id": user_id, "email": f"user{user_id}@example.test", "name": name, "active": active})
+        n = user_id % 4
+        population.expected[user_id] = (n, n * 100 * user_id)
+        for k in range(n):
+            activities.append({"user_id": user_id, "at": inside, "category": ("food", "travel")[k % 2],
+                               "amount": 100 * user_id})
+        activities.append({"user_id": user_id, "at": before, "category": "food", "amount": 555})
+        activities.append({"user_id": user_id, "at": after, "category": "food", "amount": 777})
+    with sessions.begin() as session:
+        session.execute(text("INSERT INTO users (id, email, name, active) VALUES (:id, :email, :name, :active)"), users)
+        session.execute(
+            text("INSERT INTO activities (user_id, occurred_at, category, amount_cents) "
+                 "VALUES (:user_id, :at, :category, :amount)"),
+            activities,
+        )
+    return population
+
+
+# --- SMTP ------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RecordingHandler:
+    """Accepts every message and keeps it, parsed, with its envelope recipients."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.messages: list[tuple[list[str], EmailMessage]] = []
+
+    async def handle_DATA(self, server, session, envelope):  # type: ignore[no-untyped-def]
+        parsed = email.message_from_bytes(envelope.content, policy=email.policy.default)
+        with self.lock:
+            self.messages.append((list(envelope.rcpt_tos), parsed))
+        return "250 Message accepted for delivery"
+
+
+@dataclass
+class SmtpServer:
+    url: str
+    handler: RecordingHandler
+
+    @property
+    def messages(self) -> list[EmailMessage]:
+        with self.handler.lock:
+            return [message for _, message in self.handler.messages]
+
+    def by_user(self) -> dict[int, list[EmailMessage]]:
+        grouped: dict[int, list[EmailMessage]] = {}
+        for message in self.messages:
+            grouped.setdefault(int(message["X-Report-User-Id"]), []).append(message)
+        return grouped
+
+
+@pytest.fixture
+def smtp_server() -> Iterator[SmtpServer]:
+    handler = RecordingHandler()
+    port = free_port()
+    controller = Controller(handler, hostname="127.0.0.1", port=port)
+    controller.start()
+    try:
+        yield SmtpServer(url=f"smtp://127.0.0.1:{port}", handler=handler)
+    finally:
+        controller.stop()
+
+
+# --- Worker processes ------------------------------------------------------------------------
+
+
+@dataclass
+class WorkerGroup:
+    """One ``dramatiq actors`` master process and its worker children (one process group)."""
+
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, timeout: float = 30) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.process.returncode
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait()
+
+
+@pytest.fixture
+def start_workers(tmp_path: Path) -> Iterator[Callable[..., WorkerGroup]]:
+    """Start real ``dramatiq actors`` workers with the given settings; all are stopped at teardown."""
+    groups: list[WorkerGroup] = []
+
+    def start(settings: Settings, *, processes: int = 2, threads: int = 4, queues: tuple[str, ...] = (),
+              extra_args: tuple[str, ...] = ()) -> WorkerGroup:
+        log_path = tmp_path / f"workers-{len(groups)}.log"
+        command = [sys.executable, "-m", "dramatiq", "actors", "--processes", str(processes),
+                   "--threads", str(threads), "--worker-shutdown-timeout", "10000", *extra_args]
+        if queues:
+            command += ["--queues", *queues]
+        env = {**os.environ, **settings.as_environ()}
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(command, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                       start_new_session=True)
+        group = WorkerGroup(process=process, log_path=log_path)
+        groups.append(group)
+        wait_until(lambda: group.log().count("Worker process is ready") >= processes or group.process.poll() is not None,
+                   timeout=30, what="workers to boot")
+        if group.process.poll() is not None:
+            pytest.fail(f"Workers exited at start:\n{group.log()}")
+        return group
+
+    yield start
+    for group in groups:
+        group.stop(timeout=15)
+
+
+def run_cli(settings: Settings, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run the ``reports`` command as an operator would, in a process of its own."""
+    return subprocess.run(
+        [sys.executable, "-m", "reports", *args],
+        env={**os.environ, **settings.as_environ()}, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+    )
