@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 from email.errors import HeaderParseError
 from email.headerregistry import Address
 from email.message import EmailMessage
 from email.policy import SMTP
 from email.utils import format_datetime
-from datetime import UTC, datetime
 
 from reports.errors import InvalidRecipient
 from reports.periods import Period

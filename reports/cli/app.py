@@ -1,0 +1,79 @@
+"""The ``reports`` command: the operator's entry point. Reads the environment once, here."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import click
+import redis
+import sqlalchemy.exc
+from sqlalchemy.orm import Session, sessionmaker
+
+from reports.clock import utcnow
+from reports.database import create_db_engine, session_factory
+from reports.errors import BadInput, ConfigurationError
+from reports.periods import Period, parse_closed
+from reports.settings import Settings
+
+#: Exit code for input the command rejected without changing anything.
+EXIT_BAD_INPUT = 2
+
+
+class Obj:
+    """What every command shares: the settings and, on first use, the database."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._engine: sqlalchemy.Engine | None = None
+
+    def sessions(self) -> sessionmaker[Session]:
+        if self._engine is None:
+            self._engine = create_db_engine(self.settings.database_url)
+        return session_factory(self._engine)
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        with self.sessions().begin() as session:
+            yield session
+
+
+pass_obj = click.make_pass_decorator(Obj)
+
+
+@click.group()
+@click.pass_context
+def cli(ctx: click.Context) -> None:
+    """Monthly reports: plan, send and watch one email per active user per month."""
+    ctx.obj = Obj(Settings.from_env())
+
+
+def period_argument(closed: bool) -> Callable[[Any], Any]:
+    def convert(_ctx: click.Context, _param: click.Parameter, value: str) -> Period:
+        return parse_closed(value, utcnow()) if closed else Period.parse(value)
+
+    return click.argument("period", callback=convert)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the CLI; rejected input is one line on stderr and exit code 2."""
+    try:
+        cli.main(args=argv, prog_name="reports", standalone_mode=False)
+    except (BadInput, ConfigurationError) as e:
+        _fail(str(e), EXIT_BAD_INPUT)
+    except click.UsageError as e:
+        _fail(e.format_message(), EXIT_BAD_INPUT)
+    except click.Abort:
+        _fail("Aborted.", 130)
+    except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.ProgrammingError) as e:
+        # The driver's text can carry the URL; show only the error's kind.
+        _fail(f"Database error ({type(e.orig).__name__}); is it reachable and migrated (`reports db upgrade`)?", 1)
+    except redis.RedisError as e:
+        _fail(f"Broker error ({type(e).__name__}); is Redis reachable at BROKER_URL?", 1)
+
+
+def _fail(message: str, code: int) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)

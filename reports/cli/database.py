@@ -1,0 +1,40 @@
+"""``reports db upgrade`` and ``reports seed``: the schema and demo data."""
+
+from __future__ import annotations
+
+import click
+
+from reports.cli.app import Obj, cli, pass_obj
+from reports.clock import utcnow
+from reports.database import upgrade
+from reports.periods import Period, previous_month
+from reports.seed import seed as seed_users
+
+
+@cli.group()
+def db() -> None:
+    """Database schema."""
+
+
+@db.command("upgrade")
+@pass_obj
+def db_upgrade(obj: Obj) -> None:
+    """Migrate the database to the newest schema."""
+    upgrade(obj.settings)
+    click.echo("Database is at the newest schema.")
+
+
+@cli.command()
+@click.option("--users", type=click.IntRange(min=1), required=True, help="How many users to add.")
+@click.option("--period", "period_text", help="Month to give them activities in (default: last month).")
+@click.option("--inactive-percent", type=click.IntRange(0, 100), default=10, show_default=True)
+@pass_obj
+def seed(obj: Obj, users: int, period_text: str | None, inactive_percent: int) -> None:
+    """Load demo users with activities in a month and the month before."""
+    period = Period.parse(period_text) if period_text else previous_month(utcnow())
+    with obj.session() as session:
+        seeded = seed_users(session, users=users, period=period, inactive_percent=inactive_percent)
+    click.echo(
+        f"Seeded users {seeded.first_id}..{seeded.last_id} ({seeded.inactive} inactive) "
+        f"with {seeded.activities} activities in {period.previous()} and {period}."
+    )

@@ -1,0 +1,63 @@
+"""``reports trigger`` and ``reports progress``: start a period and watch it."""
+
+from __future__ import annotations
+
+import json
+
+import click
+from rich.console import Console
+
+from reports import progress, runs
+from reports.broker import build_broker
+from reports.cli.app import Obj, cli, pass_obj, period_argument
+from reports.clock import utcnow
+from reports.periods import Period
+from reports.watch import watch as watch_progress
+
+
+@cli.command()
+@period_argument(closed=True)
+@pass_obj
+def trigger(obj: Obj, period: Period) -> None:
+    """Start (or resume) the monthly run for PERIOD (YYYY-MM, a month that has ended)."""
+    triggered = runs.trigger_and_enqueue(
+        obj.sessions(), build_broker(obj.settings), period, template_version=obj.settings.template_version,
+        now=utcnow(),
+    )
+    click.echo(describe_trigger(triggered))
+
+
+def describe_trigger(triggered: runs.Triggered) -> str:
+    run = triggered.run
+    if triggered.created:
+        return f"Triggered {run.period}: coordinator enqueued (template {run.template_version})."
+    if triggered.needs_coordinator:
+        return f"{run.period} was already triggered; coordinator enqueued to resume after user {run.cursor}."
+    return f"{run.period} is already planned; nothing enqueued."
+
+
+@cli.command("progress")
+@period_argument(closed=False)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--watch", is_flag=True, help="Show a live progress bar until the period is complete.")
+@click.option("--interval", type=click.FloatRange(min=0.1), default=1.0, show_default=True,
+              help="Seconds between reads while watching.")
+@pass_obj
+def progress_command(obj: Obj, period: Period, as_json: bool, watch: bool, interval: float) -> None:
+    """Counts of PERIOD's items by state."""
+    def read() -> progress.Progress:
+        with obj.session() as session:
+            return progress.count(session, period)
+
+    current = read()
+    if watch:
+        current = watch_progress(read, interval_seconds=interval, console=Console(stderr=as_json))
+    if as_json:
+        click.echo(json.dumps(current.as_dict()))
+    else:
+        click.echo(
+            f"{current.period}: {current.finished}/{current.total} finished "
+            f"(delivered {current.delivered}, skipped {current.skipped}, dead {current.dead}, "
+            f"pending {current.pending}); planned={str(current.planned).lower()} "
+            f"complete={str(current.complete).lower()}"
+        )
