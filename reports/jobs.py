@@ -19,7 +19,8 @@ CRITICAL_QUEUE = "critical"
 DEFAULT_QUEUE = "default"
 BULK_QUEUE = "bulk"
 
-_TEMPLATE_VERSION = re.compile(r"[A-Za-z0-9_.-]{1,32}")
+#: A plain folder name: no separators, and not "." or "..".
+_TEMPLATE_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,31}")
 
 
 @dataclass(frozen=True)

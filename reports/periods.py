@@ -8,10 +8,12 @@ from datetime import datetime
 
 from reports.errors import BadInput
 
-_PERIOD = re.compile(r"(\d{4})-(\d{2})")
+_PERIOD = re.compile(r"([0-9]{4})-([0-9]{2})")
 
-#: Earliest year accepted, so a typo such as ``0202-10`` is caught rather than planned.
+#: Earliest and latest years accepted: a typo such as ``0202-10`` is caught rather than planned,
+#: and every accepted month has a next month that ``datetime`` can hold.
 FIRST_YEAR = 1970
+LAST_YEAR = 9998
 
 
 @dataclass(frozen=True, order=True)
@@ -25,11 +27,11 @@ class Period:
     @classmethod
     def parse(cls, text: str) -> Period:
         """Parse ``YYYY-MM`` strictly; raise :class:`BadInput` for anything else."""
-        match = _PERIOD.fullmatch(text.strip()) if isinstance(text, str) else None
+        match = _PERIOD.fullmatch(text) if isinstance(text, str) else None
         if match is None:
             raise BadInput(f"Invalid period {text!r}: expected YYYY-MM, for example 2026-10.")
         year, month = int(match[1]), int(match[2])
-        if not 1 <= month <= 12 or year < FIRST_YEAR:
+        if not 1 <= month <= 12 or not FIRST_YEAR <= year <= LAST_YEAR:
             raise BadInput(f"Invalid period {text!r}: no such month.")
         return cls(year, month)
 

@@ -6,7 +6,6 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 from reports.errors import ConfigurationError
 
@@ -53,6 +52,15 @@ class Settings:
     min_backoff_ms: int = 1_000
     max_backoff_ms: int = 300_000
     log_level: str = "INFO"
+    #: Where dead-letter alerts are posted (JSON); ``None`` sends none.
+    alert_webhook_url: str | None = None
+    #: At most one alert post per this many seconds, across every worker process.
+    alert_window_seconds: float = 60.0
+    #: Provider failures within ``breaker_window_seconds`` that open the mail circuit breaker.
+    breaker_failure_threshold: int = 5
+    breaker_window_seconds: float = 30.0
+    #: How long the breaker stays open before one probe may try the provider again, in seconds.
+    breaker_cooldown_seconds: float = 30.0
 
     def __post_init__(self) -> None:
         if not self.database_url:
@@ -68,7 +76,8 @@ class Settings:
     def mail_domain(self) -> str:
         """The sender's domain, which stable Message-IDs are minted under."""
         address = self.mail_from.rsplit("<", 1)[-1].rstrip(">").strip()
-        return address.rpartition("@")[2] or "localhost"
+        _local, at, domain = address.rpartition("@")
+        return domain if at and domain and " " not in domain else "localhost"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -113,6 +122,11 @@ ENVIRONMENT = {
     "min_backoff_ms": "MIN_BACKOFF_MS",
     "max_backoff_ms": "MAX_BACKOFF_MS",
     "log_level": "LOG_LEVEL",
+    "alert_webhook_url": "ALERT_WEBHOOK_URL",
+    "alert_window_seconds": "ALERT_WINDOW_SECONDS",
+    "breaker_failure_threshold": "BREAKER_FAILURE_THRESHOLD",
+    "breaker_window_seconds": "BREAKER_WINDOW_SECONDS",
+    "breaker_cooldown_seconds": "BREAKER_COOLDOWN_SECONDS",
 }
 
 _DEFAULTS = Settings()
@@ -128,15 +142,16 @@ def _parse(default: object, raw: str) -> object:
 
 
 def redact_url(url: str) -> str:
-    """Return ``url`` with any password replaced, safe for logs and error messages."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparseable url>"
-    if parts.password is None:
+    """Return ``url`` with the password (between the user name's ``:`` and the host's ``@``) masked.
+
+    Deliberately not built on ``urlsplit``: it must hide a password even in a malformed URL
+    (no scheme, an unencoded ``/`` or ``#`` in the password, a bad port) and never raise.
+    """
+    scheme, separator, rest = url.partition("://")
+    if not separator:
+        scheme, rest = "", url
+    userinfo, at, host = rest.rpartition("@")
+    if not at or ":" not in userinfo:
         return url
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    netloc = f"{parts.username}:***@{host}" if parts.username else f"***@{host}"
-    return urlunsplit(parts._replace(netloc=netloc))
+    user = userinfo.split(":", 1)[0]
+    return f"{scheme}{separator}{user}{':' if user else ''}***@{host}"

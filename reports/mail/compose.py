@@ -15,7 +15,9 @@ from reports.periods import Period
 from reports.render import RenderedReport
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
-_ADDRESS = re.compile(r"[^@\s<>()\[\],;:\"\\]+@[^@\s<>()\[\],;:\"\\]+\.[^@\s<>()\[\],;:\"\\]+|[^@\s<>()\[\],;:\"\\]+@localhost")
+#: ASCII only: an internationalized address needs SMTPUTF8 end to end, which is not assumed.
+_ATOM = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~.-]+"
+_ADDRESS = re.compile(rf"{_ATOM}@(?:[A-Za-z0-9-]+\.)+[A-Za-z0-9-]+|{_ATOM}@localhost")
 
 
 def message_id(period: Period, user_id: int, domain: str) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import smtplib
 import ssl
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from email.message import EmailMessage
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -21,7 +21,7 @@ class SmtpTarget:
     implicit_tls: bool
     starttls: bool
     username: str | None
-    password: str | None = None
+    password: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_url(cls, url: str) -> SmtpTarget:

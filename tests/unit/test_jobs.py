@@ -1,0 +1,176 @@
+"""Message payloads: strict parsing into jobs (a payload that does not parse never will)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from reports.errors import InvalidPayload, PermanentError
+from reports.jobs import PlanJob, ReportJob
+from reports.periods import Period
+
+
+def report_payload(**overrides: Any) -> dict[str, Any]:
+    return {"period": "2026-10", "user_id": 42, "template_version": "v1", **overrides}
+
+
+# --- ReportJob -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("payload", "period", "user_id", "version"),
+    [
+        (report_payload(), Period(2026, 10), 42, "v1"),
+        (report_payload(user_id=1), Period(2026, 10), 1, "v1"),
+        (report_payload(user_id=2**40), Period(2026, 10), 2**40, "v1"),
+        (
+            report_payload(period="2025-12", template_version="v2.1-beta_3"),
+            Period(2025, 12),
+            42,
+            "v2.1-beta_3",
+        ),
+        (report_payload(template_version="x" * 32), Period(2026, 10), 42, "x" * 32),
+    ],
+)
+def test_a_valid_report_payload_is_parsed(
+    payload: dict[str, Any], period: Period, user_id: int, version: str
+) -> None:
+    job = ReportJob.parse((), payload)
+    assert job == ReportJob(period=period, user_id=user_id, template_version=version)
+
+
+@pytest.mark.parametrize("field", ["period", "user_id", "template_version"])
+def test_a_report_payload_missing_a_field_is_rejected_naming_it(field: str) -> None:
+    payload = report_payload()
+    del payload[field]
+    with pytest.raises(InvalidPayload, match=f"missing \\['{field}'\\]"):
+        ReportJob.parse((), payload)
+
+
+def test_a_report_payload_with_an_unexpected_field_is_rejected_naming_it() -> None:
+    with pytest.raises(InvalidPayload, match="unexpected \\['email'\\]"):
+        ReportJob.parse((), report_payload(email="someone@example.com"))
+
+
+def test_an_empty_report_payload_is_rejected() -> None:
+    with pytest.raises(InvalidPayload):
+        ReportJob.parse((), {})
+
+
+@pytest.mark.parametrize(
+    "user_id",
+    [
+        pytest.param(True, id="true"),
+        pytest.param(False, id="false"),
+        pytest.param("42", id="numeric-string"),
+        pytest.param(0, id="zero"),
+        pytest.param(-1, id="negative"),
+        pytest.param(42.0, id="float"),
+        pytest.param(None, id="none"),
+        pytest.param([42], id="list"),
+    ],
+)
+def test_a_user_id_that_is_not_a_positive_integer_is_rejected(user_id: object) -> None:
+    with pytest.raises(InvalidPayload, match="user_id must be a positive integer"):
+        ReportJob.parse((), report_payload(user_id=user_id))
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        pytest.param(("2026-10", 42, "v1"), id="all-positional"),
+        pytest.param(("2026-10",), id="one-positional"),
+    ],
+)
+def test_positional_arguments_are_rejected(args: tuple[Any, ...]) -> None:
+    with pytest.raises(InvalidPayload, match="Positional arguments"):
+        ReportJob.parse(args, report_payload())
+
+
+@pytest.mark.parametrize("period", ["2026-13", "2026-1", "26-10", "", 202610, None, ["2026-10"]])
+def test_a_report_payload_with_a_malformed_period_is_rejected(period: object) -> None:
+    with pytest.raises(InvalidPayload):
+        ReportJob.parse((), report_payload(period=period))
+
+
+@pytest.mark.parametrize(
+    "version",
+    [
+        pytest.param("../x", id="parent-then-name"),
+        pytest.param("..", id="parent"),
+        pytest.param(".", id="current-folder"),
+        pytest.param("a/b", id="slash"),
+        pytest.param("/etc", id="absolute"),
+        pytest.param("a\\b", id="backslash"),
+        pytest.param("v1/", id="trailing-slash"),
+        pytest.param("v1\n", id="trailing-newline"),
+        pytest.param("v 1", id="space"),
+        pytest.param("", id="empty"),
+        pytest.param("x" * 33, id="too-long"),
+        pytest.param(None, id="none"),
+        pytest.param(1, id="integer"),
+    ],
+)
+def test_a_template_version_that_is_not_a_plain_folder_name_is_rejected(version: object) -> None:
+    with pytest.raises(InvalidPayload, match="template_version"):
+        ReportJob.parse((), report_payload(template_version=version))
+
+
+def test_an_invalid_payload_is_a_permanent_failure() -> None:
+    with pytest.raises(PermanentError):
+        ReportJob.parse((), report_payload(user_id=0))
+
+
+@pytest.mark.parametrize(
+    "job",
+    [
+        ReportJob(period=Period(2026, 10), user_id=42, template_version="v1"),
+        ReportJob(period=Period(1970, 1), user_id=1, template_version="v2.0"),
+        ReportJob(period=Period(2026, 12), user_id=987654321, template_version="release_2026-10"),
+    ],
+)
+def test_a_report_payload_round_trips_through_json_and_parse(job: ReportJob) -> None:
+    payload = json.loads(json.dumps(job.payload()))
+    assert payload == {
+        "period": str(job.period),
+        "user_id": job.user_id,
+        "template_version": job.template_version,
+    }
+    assert ReportJob.parse((), payload) == job
+
+
+# --- PlanJob ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "period"), [("2026-10", Period(2026, 10)), ("1970-01", Period(1970, 1))])
+def test_a_valid_plan_payload_is_parsed(text: str, period: Period) -> None:
+    assert PlanJob.parse((), {"period": text}) == PlanJob(period)
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "message"),
+    [
+        pytest.param((), {}, "missing \\['period'\\]", id="missing-period"),
+        pytest.param((), {"period": "2026-10", "user_id": 1}, "unexpected \\['user_id'\\]", id="extra-field"),
+        pytest.param(("2026-10",), {}, "Positional arguments", id="positional"),
+        pytest.param((), {"period": "2026-13"}, "2026-13", id="month-13"),
+        pytest.param((), {"period": "2026/10"}, "2026/10", id="slash"),
+        pytest.param((), {"period": 202610}, "period must be a string", id="integer"),
+        pytest.param((), {"period": None}, "period must be a string", id="none"),
+    ],
+)
+def test_an_invalid_plan_payload_is_rejected(
+    args: tuple[Any, ...], kwargs: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(InvalidPayload, match=message):
+        PlanJob.parse(args, kwargs)
+
+
+@pytest.mark.parametrize("period", [Period(2026, 10), Period(2026, 1), Period(1999, 12)])
+def test_a_plan_payload_round_trips_through_json_and_parse(period: Period) -> None:
+    job = PlanJob(period)
+    payload = json.loads(json.dumps(job.payload()))
+    assert payload == {"period": str(period)}
+    assert PlanJob.parse((), payload) == job

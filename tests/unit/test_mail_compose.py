@@ -1,0 +1,234 @@
+"""Building the report email: stable Message-ID, safe recipients, no header injection."""
+
+from __future__ import annotations
+
+import email
+import email.policy
+from datetime import UTC, datetime
+from email.headerregistry import Address
+from email.message import EmailMessage
+
+import pytest
+
+from reports.errors import InvalidRecipient, PermanentError
+from reports.mail.compose import compose, display_name, message_id, recipient
+from reports.periods import Period
+from reports.render import RenderedReport
+
+OCTOBER = Period(2026, 10)
+INJECTION = "Mallory\r\nBcc: evil@example.com"
+
+
+def rendered_factory(**overrides: str) -> RenderedReport:
+    fields = {
+        "subject": "Your activity report for October 2026",
+        "text": "Hello Ada,\nTotal: 1,234.56 \u20ac\n",
+        "html": "<p>Hello Ada,</p><p>Total: 1,234.56 \u20ac</p>\n",
+    }
+    return RenderedReport(**{**fields, **overrides})
+
+
+def compose_for(
+    to: Address, *, user_id: int = 42, period: Period = OCTOBER, **overrides: object
+) -> EmailMessage:
+    arguments: dict[str, object] = {
+        "to": to,
+        "mail_from": "Monthly Reports <reports@reports.test>",
+        "period": period,
+        "user_id": user_id,
+        "domain": "reports.test",
+        "date": datetime(2026, 11, 1, 6, 0),
+        **overrides,
+    }
+    return compose(rendered_factory(), **arguments)  # type: ignore[arg-type]
+
+
+def header_lines(raw: bytes) -> list[bytes]:
+    """The header block's physical lines, before the first empty line."""
+    return raw.split(b"\r\n\r\n", 1)[0].split(b"\r\n")
+
+
+def reparse(message: EmailMessage) -> EmailMessage:
+    return email.message_from_bytes(message.as_bytes(), policy=email.policy.default)  # type: ignore[return-value]
+
+
+# --- message_id ------------------------------------------------------------------------------
+
+
+def test_the_message_id_names_the_period_and_user_under_the_domain() -> None:
+    assert message_id(OCTOBER, 42, "reports.test") == "<report.2026-10.42@reports.test>"
+
+
+def test_the_message_id_is_the_same_on_every_call_for_the_same_period_and_user() -> None:
+    assert message_id(Period(2026, 10), 42, "reports.test") == message_id(
+        Period.parse("2026-10"), 42, "reports.test"
+    )
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ((Period(2026, 10), 42), (Period(2026, 11), 42)),
+        ((Period(2026, 10), 42), (Period(2026, 10), 43)),
+        ((Period(2026, 1), 12), (Period(2026, 11), 2)),
+        ((Period(2026, 10), 1), (Period(2026, 10), 11)),
+    ],
+)
+def test_different_periods_or_users_get_different_message_ids(
+    a: tuple[Period, int], b: tuple[Period, int]
+) -> None:
+    assert message_id(*a, "reports.test") != message_id(*b, "reports.test")
+
+
+def test_a_composed_message_carries_the_same_message_id_on_every_attempt() -> None:
+    to = recipient("ada@example.com", "Ada")
+    first = compose_for(to, date=datetime(2026, 11, 1, 6, 0))
+    retry = compose_for(to, date=datetime(2026, 11, 1, 9, 30))
+    assert first["Message-ID"] == retry["Message-ID"] == "<report.2026-10.42@reports.test>"
+
+
+# --- display_name ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("Ada Lovelace", "Ada Lovelace"),
+        (None, ""),
+        ("", ""),
+        (INJECTION, "Mallory Bcc: evil@example.com"),
+        ("Ada\nBcc: evil@example.com", "Ada Bcc: evil@example.com"),
+        ("Ada\rBcc: evil@example.com", "Ada Bcc: evil@example.com"),
+        ("Ada\r\n\r\n\tLovelace", "Ada Lovelace"),
+        ("\x00Ada\x1b[31m\x7f", "Ada [31m"),
+        ("  Ada  ", "Ada"),
+        ("Zo\u00eb \u00c5str\u00f6m", "Zo\u00eb \u00c5str\u00f6m"),
+    ],
+)
+def test_display_name_replaces_control_characters_with_one_space(name: str | None, expected: str) -> None:
+    assert display_name(name) == expected
+
+
+@pytest.mark.parametrize("name", [INJECTION, "a\x00b\x01c\x1fd\x7fe\tf\x0bg\x0ch"])
+def test_display_name_never_contains_a_control_character(name: str) -> None:
+    assert not any(ord(c) < 0x20 or ord(c) == 0x7F for c in display_name(name))
+
+
+# --- recipient -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("address", "username", "domain"),
+    [
+        ("ada@example.com", "ada", "example.com"),
+        ("first.last+tag@mail.example.co.uk", "first.last+tag", "mail.example.co.uk"),
+        ("root@localhost", "root", "localhost"),
+        ("user42@example.test", "user42", "example.test"),
+    ],
+)
+def test_a_valid_address_becomes_the_recipient(address: str, username: str, domain: str) -> None:
+    to = recipient(address, "Ada")
+    assert (to.username, to.domain, to.addr_spec) == (username, domain, address)
+    assert to.display_name == "Ada"
+
+
+def test_the_recipients_name_is_made_safe_for_a_header() -> None:
+    assert recipient("ada@example.com", INJECTION).display_name == "Mallory Bcc: evil@example.com"
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        pytest.param("ada.example.com", id="no-at"),
+        pytest.param("ada @example.com", id="space-in-local-part"),
+        pytest.param("ada@exa mple.com", id="space-in-domain"),
+        pytest.param("ada@example.com\r\nBcc: evil@example.com", id="crlf-header"),
+        pytest.param("ada\r\n@example.com", id="crlf-in-local-part"),
+        pytest.param("ada@exam\nple.com", id="lf-in-domain"),
+        pytest.param("ada@b@example.com", id="two-ats"),
+        pytest.param("", id="empty"),
+        pytest.param("   ", id="blank"),
+        pytest.param("a@b", id="no-dot-in-domain"),
+        pytest.param("a@b.", id="nothing-after-dot"),
+        pytest.param("@example.com", id="no-local-part"),
+        pytest.param("ada@", id="no-domain"),
+        pytest.param("<ada@example.com>", id="angle-brackets"),
+        pytest.param("Ada <ada@example.com>", id="with-display-name"),
+        pytest.param("ada@example.com, evil@example.com", id="two-addresses"),
+        pytest.param("ada@localhost.evil@example.com", id="localhost-then-more"),
+        pytest.param(None, id="none"),
+    ],
+)
+def test_an_invalid_address_is_rejected(address: object) -> None:
+    with pytest.raises(InvalidRecipient):
+        recipient(address, "Ada")  # type: ignore[arg-type]
+
+
+def test_an_invalid_recipient_is_a_permanent_failure() -> None:
+    with pytest.raises(PermanentError):
+        recipient("not an address", "Ada")
+
+
+# --- compose ---------------------------------------------------------------------------------
+
+
+def test_a_name_with_an_injected_bcc_adds_no_header() -> None:
+    message = compose_for(recipient("ada@example.com", INJECTION))
+    raw = message.as_bytes()
+    lines = header_lines(raw)
+    assert not [line for line in lines if line.lower().startswith(b"bcc:")]
+    assert len([line for line in lines if line.lower().startswith(b"to:")]) == 1
+
+    parsed = reparse(message)
+    assert parsed["Bcc"] is None
+    assert len(parsed.get_all("To") or []) == 1
+    assert [a.addr_spec for a in parsed["To"].addresses] == ["ada@example.com"]
+
+
+def test_the_report_headers_are_present() -> None:
+    parsed = reparse(compose_for(recipient("ada@example.com", "Ada"), user_id=42, period=Period(2026, 10)))
+    assert parsed["X-Report-Period"] == "2026-10"
+    assert parsed["X-Report-User-Id"] == "42"
+    assert parsed["Message-ID"] == "<report.2026-10.42@reports.test>"
+    assert parsed["Subject"] == "Your activity report for October 2026"
+    assert parsed["From"].addresses[0].addr_spec == "reports@reports.test"
+    assert parsed["Date"].datetime == datetime(2026, 11, 1, 6, 0, tzinfo=UTC)
+    assert [(a.display_name, a.addr_spec) for a in parsed["To"].addresses] == [("Ada", "ada@example.com")]
+
+
+@pytest.mark.parametrize(
+    "header", ["To", "From", "Subject", "Date", "Message-ID", "X-Report-Period", "X-Report-User-Id"]
+)
+def test_each_header_appears_exactly_once(header: str) -> None:
+    parsed = reparse(compose_for(recipient("ada@example.com", INJECTION)))
+    assert len(parsed.get_all(header) or []) == 1
+
+
+def test_the_message_is_multipart_alternative_with_a_text_and_an_html_part() -> None:
+    rendered = rendered_factory()
+    parsed = reparse(compose_for(recipient("ada@example.com", "Ada")))
+    assert parsed.get_content_type() == "multipart/alternative"
+    parts = list(parsed.iter_parts())
+    assert [part.get_content_type() for part in parts] == ["text/plain", "text/html"]
+    # On the wire every line ends in CRLF; the content is otherwise what was rendered.
+    assert parts[0].get_content().replace("\r\n", "\n") == rendered.text
+    assert parts[1].get_content().replace("\r\n", "\n") == rendered.html
+
+
+def test_the_serialized_message_uses_crlf_line_endings_only() -> None:
+    raw = compose_for(recipient("ada@example.com", INJECTION)).as_bytes()
+    assert b"\n" not in raw.replace(b"\r\n", b"")
+    assert b"\r" not in raw.replace(b"\r\n", b"")
+
+
+@pytest.mark.parametrize("address", ["\u00fcser@example.com", "user@ex\u00e4mple.com"])
+def test_a_non_ascii_address_is_rejected_or_written_as_a_valid_to_header(address: str) -> None:
+    # Either the address is refused up front (a permanent failure), or the To header must carry it
+    # as a parseable address: an RFC 2047 encoded-word inside an addr-spec is not one.
+    try:
+        to = recipient(address, "Ada")
+    except InvalidRecipient:
+        return
+    parsed = reparse(compose_for(to))
+    assert parsed["To"].defects == ()
+    assert [a.addr_spec for a in parsed["To"].addresses] == [address]

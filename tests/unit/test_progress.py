@@ -1,0 +1,102 @@
+"""A period's progress figures, as ``reports progress --json`` prints them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from reports.progress import Progress
+
+
+def progress_factory(**overrides: object) -> Progress:
+    fields: dict[str, object] = {
+        "period": "2026-10",
+        "total": 10,
+        "planned": True,
+        "delivered": 6,
+        "skipped": 2,
+        "dead": 1,
+        "pending": 1,
+    }
+    return Progress(**{**fields, **overrides})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("planned", "pending", "complete"),
+    [
+        pytest.param(True, 0, True, id="planned-nothing-pending"),
+        pytest.param(True, 1, False, id="planned-one-pending"),
+        pytest.param(False, 0, False, id="still-planning-nothing-pending"),
+        pytest.param(False, 5, False, id="still-planning-some-pending"),
+    ],
+)
+def test_a_period_is_complete_when_planned_and_nothing_is_pending(
+    planned: bool, pending: int, complete: bool
+) -> None:
+    progress = progress_factory(planned=planned, pending=pending, delivered=9 - pending, total=12)
+    assert progress.complete is complete
+
+
+def test_as_dict_has_exactly_the_contracts_keys() -> None:
+    assert set(progress_factory().as_dict()) == {
+        "period",
+        "total",
+        "planned",
+        "delivered",
+        "skipped",
+        "dead",
+        "pending",
+        "complete",
+    }
+
+
+def test_as_dict_carries_the_figures_and_the_completion() -> None:
+    assert progress_factory().as_dict() == {
+        "period": "2026-10",
+        "total": 10,
+        "planned": True,
+        "delivered": 6,
+        "skipped": 2,
+        "dead": 1,
+        "pending": 1,
+        "complete": False,
+    }
+    assert progress_factory(pending=0, delivered=7).as_dict()["complete"] is True
+
+
+@pytest.mark.parametrize(
+    ("delivered", "skipped", "dead", "pending", "planned"),
+    [
+        (0, 0, 0, 0, False),
+        (0, 0, 0, 0, True),
+        (6, 2, 1, 1, True),
+        (100, 0, 0, 0, True),
+        (0, 0, 0, 7, False),
+        (3, 4, 5, 0, True),
+    ],
+)
+def test_the_states_add_up_to_the_total(
+    delivered: int, skipped: int, dead: int, pending: int, planned: bool
+) -> None:
+    total = delivered + skipped + dead + pending
+    figures = progress_factory(
+        total=total, planned=planned, delivered=delivered, skipped=skipped, dead=dead, pending=pending
+    ).as_dict()
+    assert (
+        figures["delivered"] + figures["skipped"] + figures["dead"] + figures["pending"] == figures["total"]
+    )
+    assert figures["complete"] is (planned and pending == 0)
+
+
+def test_finished_counts_the_items_in_a_final_state() -> None:
+    progress = progress_factory(delivered=6, skipped=2, dead=1, pending=1)
+    assert progress.finished == 9
+    assert progress.finished + progress.pending == progress.total
+
+
+def test_as_dict_is_a_json_object_with_real_booleans() -> None:
+    printed = json.loads(json.dumps(progress_factory(pending=0, delivered=7).as_dict()))
+    assert printed["planned"] is True
+    assert printed["complete"] is True
+    assert printed["period"] == "2026-10"

@@ -1,0 +1,227 @@
+"""Settings read once from an explicit environment mapping, and URLs made safe to print."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+from sqlalchemy.engine import make_url
+
+from reports.errors import ConfigurationError
+from reports.settings import DEFAULT_TEMPLATES_DIR, ENVIRONMENT, Settings, redact_url
+
+
+def test_an_empty_environment_gives_the_documented_defaults() -> None:
+    settings = Settings.from_env({})
+    assert settings.var_dir == Path("var")
+    assert settings.broker_url == "redis://localhost:6379/0"
+    assert settings.smtp_url is None
+    assert settings.outbox_dir == Path("var") / "outbox"
+    assert settings.templates_dir == DEFAULT_TEMPLATES_DIR
+    assert settings.template_version == "v1"
+    assert settings.plan_page_size == 1000
+    assert settings.max_retries == 5
+    assert "@" in settings.mail_from
+
+
+def test_the_default_templates_folder_holds_the_default_version() -> None:
+    settings = Settings.from_env({})
+    assert (settings.templates_dir / settings.template_version / "report.html.j2").is_file()
+
+
+@pytest.mark.parametrize("var_dir", ["var", "/srv/reports/var", "relative/dir"])
+def test_the_default_database_is_a_sqlite_file_under_var_dir(var_dir: str) -> None:
+    url = make_url(Settings.from_env({"VAR_DIR": var_dir}).database_url)
+    assert url.get_backend_name() == "sqlite"
+    assert Path(url.database or "") == Path(var_dir) / "reports.db"
+
+
+def test_an_explicit_database_url_wins_over_the_var_dir_default() -> None:
+    settings = Settings.from_env({"VAR_DIR": "/srv/var", "DATABASE_URL": "postgresql+psycopg://db/reports"})
+    assert settings.database_url == "postgresql+psycopg://db/reports"
+    assert settings.var_dir == Path("/srv/var")
+
+
+@pytest.mark.parametrize(
+    ("variable", "raw", "attribute", "expected"),
+    [
+        ("BROKER_URL", "redis://queue:6380/2", "broker_url", "redis://queue:6380/2"),
+        ("BROKER_NAMESPACE", "reports-prod", "broker_namespace", "reports-prod"),
+        (
+            "SMTP_URL",
+            "smtp://mail.example.com:587?starttls=true",
+            "smtp_url",
+            "smtp://mail.example.com:587?starttls=true",
+        ),
+        ("MAIL_FROM", "Reports <reports@example.com>", "mail_from", "Reports <reports@example.com>"),
+        ("SMTP_TIMEOUT_SECONDS", "2.5", "smtp_timeout_seconds", 2.5),
+        ("SMTP_TIMEOUT_SECONDS", "3", "smtp_timeout_seconds", 3.0),
+        ("TEMPLATES_DIR", "/srv/templates", "templates_dir", Path("/srv/templates")),
+        ("REPORT_TEMPLATE_VERSION", "v2", "template_version", "v2"),
+        ("PLAN_PAGE_SIZE", "50", "plan_page_size", 50),
+        ("PLAN_SLICE_SECONDS", "0.5", "plan_slice_seconds", 0.5),
+        ("CLAIM_LEASE_SECONDS", "45", "claim_lease_seconds", 45.0),
+        ("HEARTBEAT_TIMEOUT_MS", "60000", "heartbeat_timeout_ms", 60_000),
+        ("MAINTENANCE_CHANCE", "0", "maintenance_chance", 0),
+        ("MAX_RETRIES", "0", "max_retries", 0),
+        ("MIN_BACKOFF_MS", "10", "min_backoff_ms", 10),
+        ("MAX_BACKOFF_MS", "20000", "max_backoff_ms", 20_000),
+        ("LOG_LEVEL", "DEBUG", "log_level", "DEBUG"),
+    ],
+)
+def test_a_variable_overrides_its_setting_with_the_settings_type(
+    variable: str, raw: str, attribute: str, expected: object
+) -> None:
+    value = getattr(Settings.from_env({variable: raw}), attribute)
+    assert value == expected
+    assert type(value) is type(expected)
+
+
+@pytest.mark.parametrize("variable", ["SMTP_URL", "PLAN_PAGE_SIZE", "BROKER_URL", "VAR_DIR"])
+def test_an_empty_variable_means_the_default(variable: str) -> None:
+    assert Settings.from_env({variable: ""}) == Settings.from_env({})
+
+
+def test_an_explicit_mapping_is_read_instead_of_the_process_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("BROKER_URL", "redis://from-process-env:6379/9")
+    monkeypatch.setenv("PLAN_PAGE_SIZE", "not a number")
+    settings = Settings.from_env({"MAX_RETRIES": "2"})
+    assert settings.broker_url == "redis://localhost:6379/0"
+    assert settings.max_retries == 2
+
+
+@pytest.mark.parametrize(
+    ("variable", "raw"),
+    [
+        ("PLAN_PAGE_SIZE", "abc"),
+        ("PLAN_PAGE_SIZE", "1.5"),
+        ("MAX_RETRIES", "five"),
+        ("MAX_RETRIES", "5.0"),
+        ("HEARTBEAT_TIMEOUT_MS", "15s"),
+        ("MIN_BACKOFF_MS", "1e3"),
+        ("SMTP_TIMEOUT_SECONDS", "ten"),
+        ("CLAIM_LEASE_SECONDS", "30s"),
+        ("PLAN_SLICE_SECONDS", "1,5"),
+    ],
+)
+def test_a_bad_number_is_a_configuration_error_naming_the_variable(variable: str, raw: str) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        Settings.from_env({variable: raw})
+    assert variable in str(caught.value)
+    assert repr(raw) in str(caught.value)
+
+
+@pytest.mark.parametrize("raw", ["0", "-1"])
+def test_a_page_size_below_one_is_a_configuration_error_naming_the_variable(raw: str) -> None:
+    with pytest.raises(ConfigurationError, match="PLAN_PAGE_SIZE"):
+        Settings.from_env({"PLAN_PAGE_SIZE": raw})
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        pytest.param(Settings(), id="defaults"),
+        pytest.param(
+            Settings(
+                var_dir=Path("/tmp/reports-var"),
+                broker_url="redis://queue:6380/2",
+                broker_namespace="ns",
+                smtp_url="smtps://user:p%40ss@mail.example.com:465",
+                mail_from="Reports <reports@example.com>",
+                smtp_timeout_seconds=2.5,
+                templates_dir=Path("/srv/templates"),
+                template_version="v2",
+                plan_page_size=7,
+                plan_slice_seconds=0.25,
+                claim_lease_seconds=5,
+                heartbeat_timeout_ms=60_000,
+                maintenance_chance=0,
+                max_retries=0,
+                min_backoff_ms=200,
+                max_backoff_ms=2_000,
+                log_level="DEBUG",
+            ),
+            id="everything-set",
+        ),
+        pytest.param(Settings(var_dir=Path("elsewhere")), id="var-dir-only"),
+    ],
+)
+def test_as_environ_rebuilds_the_same_settings_through_from_env(settings: Settings) -> None:
+    environ = settings.as_environ()
+    assert all(isinstance(value, str) for value in environ.values())
+    assert set(environ) <= set(ENVIRONMENT.values())
+    assert Settings.from_env(environ) == settings
+
+
+def test_as_environ_leaves_out_an_unset_smtp_url() -> None:
+    assert "SMTP_URL" not in Settings().as_environ()
+    assert Settings(smtp_url="smtp://mail:25").as_environ()["SMTP_URL"] == "smtp://mail:25"
+
+
+@pytest.mark.parametrize(
+    ("mail_from", "domain"),
+    [
+        ("Monthly Reports <reports@localhost>", "localhost"),
+        ("Reports <reports@example.com>", "example.com"),
+        ("reports@mail.example.org", "mail.example.org"),
+        ("<reports@example.net>", "example.net"),
+        ("Reports <reports@Example.com >", "Example.com"),
+        ("reports", "localhost"),
+        ("Monthly Reports", "localhost"),
+    ],
+)
+def test_the_mail_domain_is_the_senders_domain(mail_from: str, domain: str) -> None:
+    assert Settings(mail_from=mail_from).mail_domain == domain
+
+
+@pytest.mark.parametrize(
+    ("url", "redacted"),
+    [
+        ("smtp://user:secret@host:25", "smtp://user:***@host:25"),
+        ("smtps://user:secret@mail.example.com", "smtps://user:***@mail.example.com"),
+        ("smtp://user:secret@host:587?starttls=true", "smtp://user:***@host:587?starttls=true"),
+        ("smtp://us%40er:se%40cret@host:25", "smtp://us%40er:***@host:25"),
+        ("redis://:secret@localhost:6379/0", "redis://***@localhost:6379/0"),
+        ("postgresql+psycopg://app:secret@db:5432/reports", "postgresql+psycopg://app:***@db:5432/reports"),
+        ("smtp://user:secret@[::1]:25", "smtp://user:***@[::1]:25"),
+    ],
+)
+def test_redact_url_hides_the_password(url: str, redacted: str) -> None:
+    result = redact_url(url)
+    assert "secret" not in result
+    assert result == redacted
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "smtp://host:25",
+        "smtp://user@host:25",
+        "redis://localhost:6379/0",
+        "sqlite:///var/reports.db",
+        "postgresql+psycopg://db/reports",
+        "unix:///run/redis.sock?db=0",
+    ],
+)
+def test_redact_url_leaves_a_url_without_a_password_alone(url: str) -> None:
+    assert redact_url(url) == url
+
+
+def test_a_redacted_url_keeps_its_host_and_port_readable() -> None:
+    parts = urlsplit(redact_url("smtp://user:secret@[::1]:2525"))
+    assert (parts.hostname, parts.port, parts.username) == ("::1", 2525, "user")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "smtp://user:secret@mail.example.com:abc",
+        "smtp://user:secret@mail.example.com:99999",
+        "smtp://user:secret@[::1",
+    ],
+)
+def test_redact_url_never_raises_and_never_shows_the_password(url: str) -> None:
+    assert "secret" not in redact_url(url)
