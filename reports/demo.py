@@ -27,7 +27,7 @@ from reports.errors import ReportsError
 from reports.models import User
 from reports.periods import previous_month
 from reports.seed import seed
-from reports.settings import Settings
+from reports.settings import Settings, redact_url
 from reports.watch import watch
 
 #: Worker drain time on stop, in milliseconds: well under a PaaS's 30 s grace period.
@@ -122,9 +122,11 @@ def _summary(console: Console, settings: Settings, final: progress.Progress, log
         ("skipped (inactive)", final.skipped),
         ("dead", final.dead),
         ("complete", final.complete),
-        ("mails in the outbox (all runs)", f"{mails} in {outbox}"),
-        ("reports stored in", f"table `reports` of {settings.database_url}"),
-        ("worker log", str(log_path)),
+        ("mails in the outbox (all runs)", mails),
     ):
         table.add_row(label, str(value))
     console.print(table)
+    # Paths go outside the table, whole, so a narrow terminal cannot cut them short.
+    console.print(f"Mail (Maildir): {outbox}", soft_wrap=True)
+    console.print(f"Reports: table `reports` in {redact_url(settings.database_url)}", soft_wrap=True)
+    console.print(f"Worker log: {log_path}", soft_wrap=True)

@@ -1,0 +1,247 @@
+"""The ``reports`` command as an operator runs it: exit codes, one-line errors, and no side effects on rejection.
+
+Every command exits 0 on success and 2 on bad input with one clear line on stderr, and changes
+nothing when it rejects its input (CONTRACT.md, "Command line").
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import replace
+from datetime import UTC, datetime
+
+import pytest
+import redis
+from sqlalchemy import func, inspect, select, text
+from sqlalchemy.orm import Session, sessionmaker
+
+from reports.database import create_db_engine
+from reports.settings import Settings
+from tests.conftest import load_users, queued_messages, run_cli, wait_until
+
+pytestmark = pytest.mark.acceptance
+
+SECRET = "s3cretpw"
+PROGRESS_KEYS = {"period", "total", "planned", "delivered", "skipped", "dead", "pending", "complete"}
+
+
+def _month(year: int, month: int) -> str:
+    """``YYYY-MM`` for a month given as a year and a possibly out-of-range month number."""
+    year, month = year + (month - 1) // 12, (month - 1) % 12 + 1
+    return f"{year:04d}-{month:02d}"
+
+
+_NOW = datetime.now(UTC)
+CURRENT_MONTH = _month(_NOW.year, _NOW.month)
+NEXT_MONTH = _month(_NOW.year, _NOW.month + 1)
+NEXT_YEAR = _month(_NOW.year + 1, _NOW.month)
+LAST_MONTH = _month(_NOW.year, _NOW.month - 1)
+
+MALFORMED_PERIODS = ("2026-1", "2026/10", "October", "", "2026-13", "2026-00")
+UNENDED_PERIODS = (CURRENT_MONTH, NEXT_MONTH, NEXT_YEAR)
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def assert_one_error_line(result: subprocess.CompletedProcess[str], *, code: int | None = 2) -> str:
+    """The command failed with ``code`` (any non-zero code if ``None``) and one ``error:`` line on stderr."""
+    described = f"exit {result.returncode}\nstdout: {result.stdout!r}\nstderr: {result.stderr!r}"
+    if code is None:
+        assert result.returncode != 0, described
+    else:
+        assert result.returncode == code, described
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, f"expected exactly one line on stderr\n{described}"
+    assert lines[0].strip(), described
+    assert lines[0].startswith("error:"), described
+    return lines[0]
+
+
+def assert_rejected(result: subprocess.CompletedProcess[str]) -> str:
+    """Bad input: exit 2, one ``error:`` line on stderr, nothing on stdout."""
+    line = assert_one_error_line(result, code=2)
+    assert result.stdout == "", f"stdout should be empty on rejection, got {result.stdout!r}"
+    return line
+
+
+def count_rows(sessions: sessionmaker[Session], table: str) -> int:
+    with sessions() as session:
+        return session.execute(text(f"SELECT count(*) FROM {table}")).scalar_one()
+
+
+def queue_counts(settings: Settings) -> dict[str, int]:
+    return {queue: queued_messages(settings.broker_url, settings.broker_namespace, queue)
+            for queue in ("default", "bulk")}
+
+
+def messages_in_queue(settings: Settings, queue: str) -> list[dict]:
+    """The decoded messages waiting in ``queue`` (ready ones), in queue order."""
+    client = redis.Redis.from_url(settings.broker_url)
+    key = f"{settings.broker_namespace}:{queue}"
+    ids = client.lrange(key, 0, -1)
+    return [json.loads(client.hget(f"{key}.msgs", message_id)) for message_id in ids]
+
+
+def assert_nothing_changed(settings: Settings, sessions: sessionmaker[Session]) -> None:
+    assert count_rows(sessions, "period_runs") == 0
+    assert count_rows(sessions, "report_items") == 0
+    assert queue_counts(settings) == {"default": 0, "bulk": 0}
+
+
+def progress_json(settings: Settings, period: str) -> dict:
+    result = run_cli(settings, "progress", period, "--json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+# --- trigger: rejected periods ---------------------------------------------------------------
+
+
+def test_trigger_rejects_a_malformed_period_and_changes_nothing(settings, sessions):
+    for period in MALFORMED_PERIODS:
+        result = run_cli(settings, "trigger", period)
+        line = assert_rejected(result)
+        assert "period" in line.lower(), line
+        assert_nothing_changed(settings, sessions)
+
+
+def test_trigger_rejects_the_current_and_future_months_and_changes_nothing(settings, sessions):
+    for period in UNENDED_PERIODS:
+        result = run_cli(settings, "trigger", period)
+        line = assert_rejected(result)
+        assert period in line, line
+        assert_nothing_changed(settings, sessions)
+
+
+def test_trigger_without_a_period_is_a_usage_error(settings, sessions):
+    assert_rejected(run_cli(settings, "trigger"))
+    assert_nothing_changed(settings, sessions)
+
+
+def test_trigger_with_an_unknown_option_is_a_usage_error(settings, sessions):
+    line = assert_rejected(run_cli(settings, "trigger", "--frobnicate", LAST_MONTH))
+    assert "--frobnicate" in line
+    assert_nothing_changed(settings, sessions)
+
+
+# --- progress: rejected periods --------------------------------------------------------------
+
+
+def test_progress_of_a_never_triggered_period_is_bad_input(settings, sessions):
+    line = assert_rejected(run_cli(settings, "progress", LAST_MONTH))
+    assert LAST_MONTH in line
+    assert_rejected(run_cli(settings, "progress", LAST_MONTH, "--json"))
+    assert_nothing_changed(settings, sessions)
+
+
+def test_progress_of_a_malformed_period_is_bad_input(settings, sessions):
+    for period in ("2026-1", "October", "2026-13"):
+        assert_rejected(run_cli(settings, "progress", period, "--json"))
+    assert_nothing_changed(settings, sessions)
+
+
+# --- seed: rejected counts -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("users", ["0", "abc"])
+def test_seed_rejects_a_bad_user_count_and_inserts_nothing(settings, sessions, users):
+    line = assert_rejected(run_cli(settings, "seed", "--users", users))
+    assert "--users" in line
+    assert count_rows(sessions, "users") == 0
+    assert count_rows(sessions, "activities") == 0
+
+
+# --- trigger: idempotent ---------------------------------------------------------------------
+
+
+def test_triggering_twice_keeps_one_run_and_the_output_matches_what_is_queued(settings, sessions):
+    first = run_cli(settings, "trigger", LAST_MONTH)
+    assert first.returncode == 0, first.stderr
+    assert f"Triggered {LAST_MONTH}" in first.stdout
+    assert "coordinator enqueued" in first.stdout
+    assert count_rows(sessions, "period_runs") == 1
+    assert queue_counts(settings) == {"default": 1, "bulk": 0}
+    [coordinator] = messages_in_queue(settings, "default")
+    assert coordinator["actor_name"] == "plan_period"
+    assert coordinator["kwargs"] == {"period": LAST_MONTH}
+
+    second = run_cli(settings, "trigger", LAST_MONTH)
+    assert second.returncode == 0, second.stderr
+    assert count_rows(sessions, "period_runs") == 1
+    # No worker has run, so the period is not planned yet: the re-trigger resumes the coordinator
+    # (which is idempotent). What the command says must be what is in Redis.
+    assert "already triggered" in second.stdout, second.stdout
+    says_enqueued = "coordinator enqueued" in second.stdout and "nothing enqueued" not in second.stdout
+    assert says_enqueued, second.stdout
+    assert queue_counts(settings) == {"default": 2, "bulk": 0}
+    assert [m["kwargs"] for m in messages_in_queue(settings, "default")] == [{"period": LAST_MONTH}] * 2
+
+
+# --- progress after a full run ---------------------------------------------------------------
+
+
+def test_progress_reports_a_completed_period_as_json_as_text_and_while_watching(
+        settings, sessions, smtp_server, start_workers):
+    settings = replace(settings, smtp_url=smtp_server.url)
+    population = load_users(sessions, count=20, period=LAST_MONTH, inactive_every=5)
+    start_workers(settings, processes=1, threads=4)
+    triggered = run_cli(settings, "trigger", LAST_MONTH)
+    assert triggered.returncode == 0, triggered.stderr
+
+    final = wait_until(lambda: (p := progress_json(settings, LAST_MONTH))["complete"] and p, timeout=60,
+                       what="the period to complete")
+    assert set(final) == PROGRESS_KEYS
+    assert final["period"] == LAST_MONTH
+    assert final["delivered"] + final["skipped"] + final["dead"] + final["pending"] == final["total"]
+    assert final["complete"] is True and final["planned"] is True
+    assert final["total"] == final["delivered"] == len(population.active)
+    assert (final["skipped"], final["dead"], final["pending"]) == (0, 0, 0)
+
+    human = run_cli(settings, "progress", LAST_MONTH)
+    assert human.returncode == 0, human.stderr
+    total = len(population.active)
+    for fragment in (LAST_MONTH, f"{total}/{total}", f"delivered {total}", "skipped 0", "dead 0", "pending 0",
+                     "complete=true"):
+        assert fragment in human.stdout, (fragment, human.stdout)
+
+    watched = run_cli(settings, "progress", LAST_MONTH, "--watch", "--json", timeout=30)
+    assert watched.returncode == 0, watched.stderr
+    assert json.loads(watched.stdout) == final
+
+
+# --- db upgrade ------------------------------------------------------------------------------
+
+
+def test_db_upgrade_runs_twice_on_a_fresh_database(settings):
+    for attempt in (1, 2):
+        result = run_cli(settings, "db", "upgrade")
+        assert result.returncode == 0, f"attempt {attempt}: {result.stderr}"
+    engine = create_db_engine(settings.database_url)
+    try:
+        tables = set(inspect(engine).get_table_names())
+        assert {"users", "activities", "period_runs", "report_items"} <= tables
+        with engine.connect() as connection:
+            assert connection.execute(select(func.count()).select_from(text("alembic_version"))).scalar_one() == 1
+    finally:
+        engine.dispose()
+
+
+# --- secrets never printed -------------------------------------------------------------------
+
+
+def test_an_unreachable_database_fails_in_one_line_without_its_password(settings):
+    settings = replace(settings, database_url=f"postgresql+psycopg://postgres:{SECRET}@127.0.0.1:1/x")
+    result = run_cli(settings, "trigger", LAST_MONTH)
+    assert_one_error_line(result, code=None)
+    assert SECRET not in result.stdout
+    assert SECRET not in result.stderr
+
+
+def test_an_unreachable_broker_fails_in_one_line_without_its_password(settings, sessions):
+    settings = replace(settings, broker_url=f"redis://:{SECRET}@127.0.0.1:1/0")
+    result = run_cli(settings, "trigger", LAST_MONTH)
+    assert_one_error_line(result, code=None)
+    assert SECRET not in result.stdout
+    assert SECRET not in result.stderr

@@ -1,0 +1,151 @@
+"""``reports demo`` on a machine with no services: SQLite and a Maildir under ./var, an embedded Redis.
+
+The demo needs none of the test services; it is run with none of the service variables set, in an
+empty working folder, exactly as a newcomer would run it. Only the last test, which points the demo
+at PostgreSQL through a URL with a password, uses a test service.
+"""
+
+from __future__ import annotations
+
+import email
+import email.policy
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from reports.settings import ENVIRONMENT
+from tests.conftest import _postgres_database
+
+pytestmark = pytest.mark.acceptance
+
+SECRET = "s3cretpw"
+
+#: Every variable the settings are read from; the contract names the first five.
+STRIPPED = {"DATABASE_URL", "BROKER_URL", "SMTP_URL", "VAR_DIR", "BROKER_NAMESPACE", *ENVIRONMENT.values()}
+
+
+def run_demo(cwd: Path, *, users: int = 60,
+             extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    env = {name: value for name, value in os.environ.items() if name not in STRIPPED}
+    return subprocess.run(
+        [sys.executable, "-m", "reports", "demo", "--users", str(users), "--processes", "1", "--threads", "4"],
+        cwd=cwd, env={**env, **(extra_env or {})}, capture_output=True, text=True, timeout=180, check=False,
+    )
+
+
+def _is_under(path: str, folder: Path) -> bool:
+    path = path.removesuffix(" (deleted)")
+    return path == str(folder) or path.startswith(f"{folder}{os.sep}")
+
+
+def processes_left_in(folder: Path) -> list[psutil.Process]:
+    """Processes other than this one running in ``folder`` or started from it (redis-server, workers)."""
+    left = []
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        if process.pid == os.getpid():
+            continue
+        try:
+            cwd = process.cwd()
+            cmdline = " ".join(process.info["cmdline"] or ())
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        if _is_under(cwd, folder) or str(folder) in cmdline:
+            left.append(process)
+    return left
+
+
+def describe(processes: list[psutil.Process]) -> str:
+    lines = []
+    for process in processes:
+        try:
+            lines.append(f"{process.pid}: {' '.join(process.cmdline())} (cwd {process.cwd()})")
+        except psutil.Error:
+            lines.append(f"{process.pid}: (gone)")
+    return "\n".join(lines)
+
+
+def assert_no_process_left(folder: Path) -> None:
+    deadline = time.monotonic() + 10
+    while (left := processes_left_in(folder)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, f"processes outlived the demo:\n{describe(left)}"
+
+
+@pytest.fixture
+def demo_dir(tmp_path: Path) -> Iterator[Path]:
+    """An empty working folder; any process the demo leaves behind in it is killed at teardown."""
+    folder = tmp_path.resolve()
+    yield folder
+    for process in processes_left_in(folder):
+        try:
+            os.kill(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def active_user_ids(database: Path) -> list[int]:
+    connection = sqlite3.connect(database)
+    try:
+        return sorted(row[0] for row in connection.execute("SELECT id FROM users WHERE active"))
+    finally:
+        connection.close()
+
+
+def outbox_user_ids(new: Path) -> list[int]:
+    ids = []
+    for path in new.iterdir():
+        message = email.message_from_bytes(path.read_bytes(), policy=email.policy.default)
+        assert message["X-Report-User-Id"] is not None, f"{path.name} has no X-Report-User-Id"
+        ids.append(int(message["X-Report-User-Id"]))
+    return sorted(ids)
+
+
+def test_the_demo_mails_every_active_user_once_and_a_second_run_sends_nothing_again(demo_dir):
+    var = demo_dir / "var"
+    outbox = var / "outbox" / "new"
+
+    first = run_demo(demo_dir)
+    assert first.returncode == 0, f"stdout:\n{first.stdout}\nstderr:\n{first.stderr}"
+    assert_no_process_left(demo_dir)
+
+    active = active_user_ids(var / "reports.db")
+    assert active, "the demo seeded no active users"
+    assert outbox.is_dir(), f"no Maildir at {outbox}; stdout:\n{first.stdout}"
+    mailed = outbox_user_ids(outbox)
+    assert len(mailed) == len(set(mailed)), f"some users were mailed twice: {mailed}"
+    assert mailed == active
+
+    second = run_demo(demo_dir)
+    assert second.returncode == 0, f"stdout:\n{second.stdout}\nstderr:\n{second.stderr}"
+    assert_no_process_left(demo_dir)
+    assert active_user_ids(var / "reports.db") == active
+    assert outbox_user_ids(outbox) == mailed
+
+    # Last, so that the checks above run even if this fails: the operator is told where the mail is,
+    # as a path that can be copied (not folded or cut short by the console's width).
+    assert str(outbox) in first.stdout, f"the outbox path {outbox} is not in the output:\n{first.stdout}"
+
+
+@pytest.fixture
+def postgres_url_with_password(postgres_admin: str) -> Iterator[str]:
+    """A fresh PostgreSQL database, addressed by a URL that carries a password (ignored under trust)."""
+    for url in _postgres_database(postgres_admin):
+        yield url.replace("://postgres@", f"://postgres:{SECRET}@", 1)
+
+
+def test_the_demo_never_prints_the_database_password(demo_dir, postgres_url_with_password):
+    """Secrets in these URLs are never printed (CONTRACT.md); the demo also runs on a DATABASE_URL."""
+    assert SECRET in postgres_url_with_password
+    result = run_demo(demo_dir, users=5, extra_env={"DATABASE_URL": postgres_url_with_password,
+                                                     "COLUMNS": "250"})
+    assert_no_process_left(demo_dir)
+    assert SECRET not in result.stdout, result.stdout
+    assert SECRET not in result.stderr, result.stderr
