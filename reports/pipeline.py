@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import enum
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from email.message import EmailMessage
 
+import sqlalchemy.exc
 from sqlalchemy.orm import Session, sessionmaker
 
 from reports import delivery, items
@@ -34,6 +36,9 @@ from reports.settings import Settings
 from reports.sql import upsert
 
 logger = logging.getLogger(__name__)
+
+#: Pauses between tries at recording a send in the database, in seconds.
+RECORD_SENT_PAUSES_SECONDS = (0.2, 1.0)
 
 
 class UnknownItem(PermanentError):
@@ -70,15 +75,28 @@ def run(ctx: Context, job: ReportJob) -> Outcome:
             delivery.release(session, prepared.claim, now=ctx.clock())
         raise
 
-    with ctx.sessions.begin() as session:
-        now = ctx.clock()
-        if not delivery.complete(session, prepared.claim, now=now):
-            logger.warning(
-                "Delivery claim was taken over while sending; a duplicate may follow.",
-                extra={"period": str(job.period), "user_id": job.user_id},
-            )
-        items.finish(session, job.period, job.user_id, ItemState.DELIVERED, now=now)
+    _record_sent(ctx, job, prepared.claim)
     return Outcome.DELIVERED
+
+
+def _record_sent(ctx: Context, job: ReportJob, claim: delivery.Claim) -> None:
+    """Record a send that happened; tried a few times, since failing here is what re-sends an email."""
+    for pause in (*RECORD_SENT_PAUSES_SECONDS, None):
+        try:
+            with ctx.sessions.begin() as session:
+                now = ctx.clock()
+                # Item first, then delivery: the same lock order as _prepare, so copies cannot deadlock.
+                items.finish(session, job.period, job.user_id, ItemState.DELIVERED, now=now)
+                if not delivery.complete(session, claim, now=now):
+                    logger.warning(
+                        "Delivery claim was taken over while sending; a duplicate may follow.",
+                        extra={"period": str(job.period), "user_id": job.user_id},
+                    )
+            return
+        except sqlalchemy.exc.OperationalError:
+            if pause is None:
+                raise
+            time.sleep(pause)
 
 
 @dataclass(frozen=True)
@@ -90,7 +108,8 @@ class _Prepared:
 
 def _prepare(ctx: Context, session: Session, job: ReportJob) -> _Prepared | Outcome:
     now = ctx.clock()
-    item = session.get(ReportItem, (str(job.period), job.user_id))
+    # Locking the item serializes copies of this job here, before they race for the claim.
+    item = session.get(ReportItem, (str(job.period), job.user_id), with_for_update=True)
     if item is None:
         raise UnknownItem(f"No report item for period {job.period}, user {job.user_id}.")
     if item.state in FINAL_STATES:

@@ -1,0 +1,108 @@
+"""Helpers for integration tests: a real Redis broker, a recording sender, triggering and planning."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import pytest
+import redis
+from dramatiq import Message
+from dramatiq.brokers.redis import RedisBroker
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from reports import runs
+from reports.broker import build_broker, send_many
+from reports.clock import utcnow
+from reports.jobs import BUILD_REPORT, ReportJob
+from reports.models import ReportItem
+from reports.periods import Period
+from reports.planning import SliceOutcome, plan_slice
+from reports.settings import Settings
+
+PERIOD = Period.parse("2026-10")
+
+
+@pytest.fixture
+def broker(settings: Settings) -> Iterator[RedisBroker]:
+    """The project's real Redis broker, in the test's own namespace."""
+    built = build_broker(settings)
+    yield built
+    built.close()
+
+
+class RecordingSender:
+    """A ``send_jobs`` that really enqueues through ``send_many`` and remembers who it sent."""
+
+    def __init__(self, broker: RedisBroker | None = None, *, pause_seconds: float = 0.0) -> None:
+        self.broker = broker
+        #: Time spent "talking to the broker", so concurrent coordinators really overlap.
+        self.pause_seconds = pause_seconds
+        self.lock = threading.Lock()
+        self.calls = 0
+        self.user_ids: list[int] = []
+
+    def __call__(self, payloads: Iterable[dict[str, Any]]) -> int:
+        batch = list(payloads)
+        jobs = [ReportJob.parse((), payload) for payload in batch]
+        with self.lock:
+            self.calls += 1
+            self.user_ids.extend(job.user_id for job in jobs)
+        time.sleep(self.pause_seconds)
+        if self.broker is None:
+            return len(batch)
+        return send_many(self.broker, BUILD_REPORT, batch)
+
+
+def trigger(sessions: sessionmaker[Session], settings: Settings, period: Period = PERIOD) -> None:
+    with sessions.begin() as session:
+        runs.trigger(session, period, template_version=settings.template_version, now=utcnow())
+
+
+def plan_everything(
+    sessions: sessionmaker[Session],
+    settings: Settings,
+    period: Period = PERIOD,
+    sender: RecordingSender | None = None,
+) -> SliceOutcome:
+    """Trigger ``period`` and walk every active user, enqueueing nowhere unless ``sender`` says so."""
+    trigger(sessions, settings, period)
+    outcome = plan_slice(
+        sessions, period, sender or RecordingSender(), page_size=settings.plan_page_size, budget_seconds=60
+    )
+    assert outcome.planned
+    return outcome
+
+
+def queued_user_ids(settings: Settings, queue: str = BUILD_REPORT.queue) -> Counter[int]:
+    """How many messages wait in Redis for each user id (decoded from the broker's own storage)."""
+    client = redis.Redis.from_url(settings.broker_url)
+    ids = client.lrange(f"{settings.broker_namespace}:{queue}", 0, -1)
+    stored = client.hgetall(f"{settings.broker_namespace}:{queue}.msgs")
+    counts: Counter[int] = Counter()
+    for message_id in ids:
+        message = Message.decode(stored[message_id])
+        assert message.actor_name == BUILD_REPORT.name
+        counts[ReportJob.parse(message.args, message.kwargs).user_id] += 1
+    return counts
+
+
+def item_user_ids(sessions: sessionmaker[Session], period: Period = PERIOD) -> Counter[int]:
+    with sessions() as session:
+        return Counter(session.scalars(select(ReportItem.user_id).where(ReportItem.period == str(period))))
+
+
+def count_items(sessions: sessionmaker[Session], *conditions: Any, period: Period = PERIOD) -> int:
+    with sessions() as session:
+        return (
+            session.scalar(
+                select(func.count())
+                .select_from(ReportItem)
+                .where(ReportItem.period == str(period), *conditions)
+            )
+            or 0
+        )

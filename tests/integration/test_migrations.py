@@ -1,0 +1,54 @@
+"""The migrations build exactly the schema the models describe, on both databases."""
+
+from __future__ import annotations
+
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import inspect
+
+from reports.database import create_db_engine
+from reports.models import Base
+
+CONTRACT_COLUMNS = {
+    "users": {"id", "email", "name", "active"},
+    "activities": {"id", "user_id", "occurred_at", "category", "amount_cents"},
+}
+
+
+def test_the_migrated_schema_matches_the_models(settings, sessions):
+    engine = create_db_engine(settings.database_url)
+    try:
+        with engine.connect() as connection:
+            context = MigrationContext.configure(
+                connection, opts={"compare_type": True, "compare_server_default": True}
+            )
+            differences = compare_metadata(context, Base.metadata)
+    finally:
+        engine.dispose()
+
+    assert differences == []
+
+
+def test_the_contract_columns_exist_with_their_meaning(settings, sessions):
+    engine = create_db_engine(settings.database_url)
+    try:
+        inspector = inspect(engine)
+        columns = {table: {c["name"]: c for c in inspector.get_columns(table)} for table in CONTRACT_COLUMNS}
+        users_pk = inspector.get_pk_constraint("users")["constrained_columns"]
+        activities_pk = inspector.get_pk_constraint("activities")["constrained_columns"]
+        foreign_keys = inspector.get_foreign_keys("activities")
+    finally:
+        engine.dispose()
+
+    for table, expected in CONTRACT_COLUMNS.items():
+        assert expected <= set(columns[table]), f"{table} lacks {expected - set(columns[table])}"
+    assert users_pk == ["id"]
+    assert activities_pk == ["id"]
+    assert columns["users"]["email"]["nullable"] is False
+    assert columns["users"]["active"]["nullable"] is False
+    assert columns["activities"]["occurred_at"]["nullable"] is False
+    assert columns["activities"]["category"]["nullable"] is False
+    assert columns["activities"]["amount_cents"]["nullable"] is False
+    assert [
+        (fk["constrained_columns"], fk["referred_table"], fk["referred_columns"]) for fk in foreign_keys
+    ] == [(["user_id"], "users", ["id"])]

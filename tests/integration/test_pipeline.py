@@ -1,0 +1,276 @@
+"""One user's report, end to end on a real database and a real SMTP server."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import select, text
+
+from reports import pipeline
+from reports.clock import utcnow
+from reports.errors import ClaimHeld, InvalidRecipient, ProviderUnavailable
+from reports.jobs import ReportJob
+from reports.mail.backend import build_mailer
+from reports.models import Delivery, DeliveryState, ItemState, Report, ReportItem
+from reports.render import money
+from tests.conftest import free_port, load_users
+from tests.integration.conftest import PERIOD, plan_everything
+
+BCC_NAME = "Mallory\r\nBcc: attacker@example.com"
+HTML_NAME = "<b>Eve</b> & co"
+
+
+@pytest.fixture
+def context(settings, sessions, smtp_server) -> pipeline.Context:  # type: ignore[no-untyped-def]
+    mail_settings = replace(settings, smtp_url=smtp_server.url)
+    return pipeline.Context(settings=mail_settings, sessions=sessions, mailer=build_mailer(mail_settings))
+
+
+@pytest.fixture
+def population(settings, sessions):  # type: ignore[no-untyped-def]
+    """Ten users (5 and 10 inactive), two with hostile names, all planned for the period."""
+    loaded = load_users(sessions, count=10, names={2: HTML_NAME, 6: BCC_NAME})
+    plan_everything(sessions, settings)
+    return loaded
+
+
+def job(settings, user_id: int) -> ReportJob:  # type: ignore[no-untyped-def]
+    return ReportJob(PERIOD, user_id, settings.template_version)
+
+
+def item_state(sessions, user_id: int) -> str:  # type: ignore[no-untyped-def]
+    with sessions() as session:
+        item = session.get(ReportItem, (str(PERIOD), user_id))
+        assert item is not None
+        return item.state
+
+
+def test_a_report_is_emailed_once_with_the_contract_headers_and_the_right_figures(
+    settings, sessions, context, smtp_server, population
+):
+    user_id = 7
+    count, total = population.expected[user_id]
+    assert count == 3
+
+    outcome = pipeline.run(context, job(settings, user_id))
+
+    assert outcome == pipeline.Outcome.DELIVERED
+    assert len(smtp_server.handler.messages) == 1
+    envelope, message = smtp_server.handler.messages[0]
+    assert envelope == [f"user{user_id}@example.test"]
+    assert [a.addr_spec for a in message["To"].addresses] == [f"user{user_id}@example.test"]
+    assert message["Message-ID"] == f"<report.{PERIOD}.{user_id}@reports.test>"
+    assert message["X-Report-Period"] == str(PERIOD)
+    assert message["X-Report-User-Id"] == str(user_id)
+    assert message.get_content_type() == "multipart/alternative"
+    assert "October 2026" in message["Subject"]
+
+    plain = message.get_body(("plain",)).get_content().replace("\r\n", "\n")
+    html = message.get_body(("html",)).get_content()
+    assert f"Activities: {count}\n" in plain
+    assert f"Total: {money(total)}\n" in plain
+    assert "Previous month: 5.55\n" in plain
+    assert f"Change: +{money(total - 555)}" in plain
+    assert "7.77" not in plain, "an activity of the next month was counted"
+    assert f'<td id="count">{count}</td>' in html
+    assert f'<td id="total">{money(total)}</td>' in html
+
+    with sessions() as session:
+        report = session.get(Report, (str(PERIOD), user_id))
+        assert report is not None
+        assert report.subject == message["Subject"]
+        assert f"Total: {money(total)}" in report.body_text
+        assert f'<td id="total">{money(total)}</td>' in report.body_html
+        assert report.template_version == settings.template_version
+        sent = session.get(Delivery, (str(PERIOD), user_id))
+        assert sent is not None and sent.state == DeliveryState.SENT
+    assert item_state(sessions, user_id) == ItemState.DELIVERED
+
+
+def test_running_the_same_job_again_sends_nothing(settings, sessions, context, smtp_server, population):
+    assert pipeline.run(context, job(settings, 3)) == pipeline.Outcome.DELIVERED
+
+    assert pipeline.run(context, job(settings, 3)) == pipeline.Outcome.ALREADY_DONE
+
+    assert len(smtp_server.messages) == 1
+    assert item_state(sessions, 3) == ItemState.DELIVERED
+
+
+def test_a_job_whose_item_was_reopened_after_sending_still_sends_nothing(
+    settings, sessions, context, smtp_server, population
+):
+    """A copy that finds the item pending but the delivery sent must not send again."""
+    assert pipeline.run(context, job(settings, 3)) == pipeline.Outcome.DELIVERED
+    with sessions.begin() as session:
+        session.execute(text("UPDATE report_items SET state = 'pending' WHERE user_id = 3"))
+
+    assert pipeline.run(context, job(settings, 3)) == pipeline.Outcome.ALREADY_DONE
+
+    assert len(smtp_server.messages) == 1
+    assert item_state(sessions, 3) == ItemState.DELIVERED
+
+
+def run_concurrently(context: pipeline.Context, report_job: ReportJob, copies: int) -> list[object]:
+    """Run ``copies`` copies of one job in threads released together; each one's outcome or error."""
+    barrier = threading.Barrier(copies)
+    results: list[object] = []
+    lock = threading.Lock()
+
+    def work() -> None:
+        try:
+            barrier.wait(timeout=10)
+            result: object = pipeline.run(context, report_job)
+        except Exception as e:  # noqa: BLE001 - judged by the test
+            result = e
+        with lock:
+            results.append(result)
+
+    threads = [threading.Thread(target=work) for _ in range(copies)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not any(thread.is_alive() for thread in threads)
+    return results
+
+
+#: Users whose job is raced, one round each: more rounds make a timing-dependent fault show reliably.
+RACED_USERS = (1, 3, 7)
+
+
+def test_the_same_job_run_by_four_workers_at_once_sends_one_email(
+    settings, sessions, context, smtp_server, population
+):
+    for user_id in RACED_USERS:
+        results = run_concurrently(context, job(settings, user_id), copies=4)
+
+        unexpected = [r for r in results if not isinstance(r, pipeline.Outcome | ClaimHeld)]
+        assert unexpected == [], f"user {user_id}: a copy failed with something else than ClaimHeld"
+        assert results.count(pipeline.Outcome.DELIVERED) == 1, results
+        others = [r for r in results if r != pipeline.Outcome.DELIVERED]
+        assert all(r == pipeline.Outcome.ALREADY_DONE or isinstance(r, ClaimHeld) for r in others), results
+        assert len(smtp_server.by_user()[user_id]) == 1
+        assert item_state(sessions, user_id) == ItemState.DELIVERED
+        with sessions() as session:
+            claim = session.get(Delivery, (str(PERIOD), user_id))
+            assert claim is not None and claim.state == DeliveryState.SENT
+    assert len(smtp_server.messages) == len(RACED_USERS)
+
+
+def test_copies_that_raced_and_are_retried_after_the_lease_send_no_second_email(
+    settings, sessions, context, smtp_server, population
+):
+    # Which copy loses a race is up to the database: race every active user to see each case.
+    raced = population.active
+    for user_id in raced:
+        run_concurrently(context, job(settings, user_id), copies=4)
+    assert sorted(smtp_server.by_user()) == raced
+
+    # The retry of every copy that did not finish (one deferred by ClaimHeld, or one that failed),
+    # once the claim's lease has run out.
+    later = replace(context, clock=lambda: utcnow() + timedelta(seconds=settings.claim_lease_seconds + 1))
+    outcomes = {user_id: pipeline.run(later, job(settings, user_id)) for user_id in raced}
+
+    received = {user_id: len(messages) for user_id, messages in smtp_server.by_user().items()}
+    assert received == dict.fromkeys(raced, 1), "a user received the same report twice"
+    assert outcomes == dict.fromkeys(raced, pipeline.Outcome.ALREADY_DONE)
+    assert all(item_state(sessions, user_id) == ItemState.DELIVERED for user_id in raced)
+
+
+def test_an_inactive_user_is_skipped_without_an_email(settings, sessions, context, smtp_server, population):
+    user_id = 3
+    with sessions.begin() as session:
+        session.execute(text("UPDATE users SET active = :no WHERE id = :id"), {"no": False, "id": user_id})
+
+    assert pipeline.run(context, job(settings, user_id)) == pipeline.Outcome.SKIPPED
+
+    assert smtp_server.messages == []
+    assert item_state(sessions, user_id) == ItemState.SKIPPED
+
+
+def test_a_deleted_user_is_skipped_without_an_email(settings, sessions, context, smtp_server, population):
+    user_id = 4
+    with sessions.begin() as session:
+        session.execute(text("DELETE FROM activities WHERE user_id = :id"), {"id": user_id})
+        session.execute(text("DELETE FROM users WHERE id = :id"), {"id": user_id})
+
+    assert pipeline.run(context, job(settings, user_id)) == pipeline.Outcome.SKIPPED
+
+    assert smtp_server.messages == []
+    assert item_state(sessions, user_id) == ItemState.SKIPPED
+
+
+def test_the_email_goes_to_the_address_the_user_has_when_the_job_runs(
+    settings, sessions, context, smtp_server, population
+):
+    with sessions.begin() as session:
+        session.execute(text("UPDATE users SET email = 'moved@example.test' WHERE id = 3"))
+
+    assert pipeline.run(context, job(settings, 3)) == pipeline.Outcome.DELIVERED
+
+    envelope, message = smtp_server.handler.messages[0]
+    assert envelope == ["moved@example.test"]
+    assert [a.addr_spec for a in message["To"].addresses] == ["moved@example.test"]
+
+
+def test_html_in_a_name_is_escaped_in_the_html_part(settings, sessions, context, smtp_server, population):
+    assert pipeline.run(context, job(settings, 2)) == pipeline.Outcome.DELIVERED
+
+    [message] = smtp_server.messages
+    html = message.get_body(("html",)).get_content()
+    assert "&lt;b&gt;Eve&lt;/b&gt; &amp; co" in html
+    assert "<b>Eve</b>" not in html
+    assert "<b>" not in html
+
+
+def test_a_line_break_in_a_name_cannot_inject_a_bcc_header(
+    settings, sessions, context, smtp_server, population
+):
+    assert pipeline.run(context, job(settings, 6)) == pipeline.Outcome.DELIVERED
+
+    [(envelope, message)] = smtp_server.handler.messages
+    assert envelope == ["user6@example.test"]
+    assert message["Bcc"] is None
+    assert [a.addr_spec for a in message["To"].addresses] == ["user6@example.test"]
+    assert all("attacker" not in recipient for recipient in envelope)
+    header_block = message.as_string().split("\n\n", 1)[0]
+    assert not any(line.lower().startswith("bcc:") for line in header_block.splitlines())
+
+
+def test_an_invalid_email_address_is_a_permanent_failure_that_sends_nothing(
+    settings, sessions, context, smtp_server, population
+):
+    with sessions.begin() as session:
+        session.execute(text("UPDATE users SET email = 'not an address' WHERE id = 3"))
+
+    with pytest.raises(InvalidRecipient):
+        pipeline.run(context, job(settings, 3))
+
+    assert smtp_server.messages == []
+    with sessions() as session:
+        assert session.scalars(select(Delivery)).all() == []
+
+
+def test_an_unreachable_provider_is_transient_and_releases_the_claim(
+    settings, sessions, context, smtp_server, population
+):
+    down_settings = replace(settings, smtp_url=f"smtp://127.0.0.1:{free_port()}")
+    down = replace(context, settings=down_settings, mailer=build_mailer(down_settings))
+
+    with pytest.raises(ProviderUnavailable):
+        pipeline.run(down, job(settings, 7))
+
+    assert smtp_server.messages == []
+    assert item_state(sessions, 7) == ItemState.PENDING
+    with sessions() as session:
+        claim = session.get(Delivery, (str(PERIOD), 7))
+        assert claim is not None and claim.state == DeliveryState.CLAIMED
+
+    # Well inside the 5 s lease: the retry must not have to wait it out.
+    assert pipeline.run(context, job(settings, 7)) == pipeline.Outcome.DELIVERED
+    assert len(smtp_server.messages) == 1
+    assert smtp_server.by_user() == {7: smtp_server.messages}
+    assert item_state(sessions, 7) == ItemState.DELIVERED

@@ -1,0 +1,200 @@
+"""The coordinator against real databases and a real Redis: every active user enqueued, once."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+import pytest
+from sqlalchemy import select
+
+from reports.models import ItemState, PeriodRun, ReportItem
+from reports.periods import Period
+from reports.planning import UnknownRun, plan_slice
+from tests.conftest import load_users, queued_messages
+from tests.integration.conftest import (
+    PERIOD,
+    RecordingSender,
+    count_items,
+    item_user_ids,
+    queued_user_ids,
+    trigger,
+)
+
+
+class SenderCrash(RuntimeError):
+    """The coordinator's process dies while handing a page to the broker."""
+
+
+class CrashingSender(RecordingSender):
+    """Sends its first batch, then raises before sending anything on the second call."""
+
+    def __call__(self, payloads):  # type: ignore[no-untyped-def]
+        if self.calls >= 1:
+            self.calls += 1
+            raise SenderCrash("killed between recording a page and enqueueing it")
+        return super().__call__(payloads)
+
+
+def run_row(sessions) -> PeriodRun:  # type: ignore[no-untyped-def]
+    with sessions() as session:
+        run = session.get(PeriodRun, str(PERIOD))
+        assert run is not None
+        return run
+
+
+def plan(sessions, settings, sender, *, budget_seconds: float = 60):  # type: ignore[no-untyped-def]
+    return plan_slice(
+        sessions, PERIOD, sender, page_size=settings.plan_page_size, budget_seconds=budget_seconds
+    )
+
+
+def test_the_coordinator_records_and_enqueues_one_item_per_active_user_across_pages(
+    settings, sessions, broker, redis_url
+):
+    population = load_users(sessions, count=40, inactive_every=5)
+    assert len(population.active) > 3 * settings.plan_page_size
+    trigger(sessions, settings)
+    sender = RecordingSender(broker)
+
+    outcome = plan(sessions, settings, sender)
+
+    assert outcome.planned is True
+    assert outcome.enqueued == len(population.active)
+    assert outcome.cursor == population.active[-1]
+    assert sorted(sender.user_ids) == population.active
+    assert queued_messages(redis_url, settings.broker_namespace, "bulk") == len(population.active)
+    assert queued_user_ids(settings) == Counter(population.active)
+
+    assert item_user_ids(sessions) == Counter(population.active)
+    assert not set(item_user_ids(sessions)) & set(population.inactive)
+    assert count_items(sessions, ReportItem.state == ItemState.PENDING) == len(population.active)
+    assert count_items(sessions, ReportItem.enqueued_at.is_(None)) == 0
+
+    run = run_row(sessions)
+    assert run.planned is True
+    assert run.planned_at is not None
+    assert run.cursor == population.active[-1]
+
+
+def test_planning_a_planned_period_again_enqueues_nothing(settings, sessions, broker, redis_url):
+    population = load_users(sessions, count=20)
+    trigger(sessions, settings)
+    plan(sessions, settings, RecordingSender(broker))
+    assert queued_messages(redis_url, settings.broker_namespace, "bulk") == len(population.active)
+
+    again = RecordingSender(broker)
+    outcome = plan(sessions, settings, again)
+
+    assert outcome.planned is True
+    assert outcome.enqueued == 0
+    assert again.user_ids == []
+    assert queued_messages(redis_url, settings.broker_namespace, "bulk") == len(population.active)
+    assert item_user_ids(sessions) == Counter(population.active)
+
+
+def test_a_coordinator_crash_between_recording_and_enqueueing_a_page_loses_no_user(
+    settings, sessions, broker, redis_url
+):
+    population = load_users(sessions, count=40)
+    page = settings.plan_page_size
+    trigger(sessions, settings)
+    crashing = CrashingSender(broker)
+
+    with pytest.raises(SenderCrash):
+        plan(sessions, settings, crashing)
+
+    # The second page is recorded, but nothing of it reached the broker or moved the checkpoint.
+    assert crashing.user_ids == population.active[:page]
+    assert run_row(sessions).cursor == population.active[page - 1]
+    assert count_items(sessions) == 2 * page
+    assert count_items(sessions, ReportItem.enqueued_at.is_(None)) == page
+
+    resumed = RecordingSender(broker)
+    outcome = plan(sessions, settings, resumed)
+
+    assert outcome.planned is True
+    assert item_user_ids(sessions) == Counter(population.active)
+    assert count_items(sessions, ReportItem.enqueued_at.is_(None)) == 0
+    assert set(crashing.user_ids) | set(resumed.user_ids) == set(population.active)
+    assert queued_user_ids(settings) == Counter(population.active)
+    assert queued_messages(redis_url, settings.broker_namespace, "bulk") == len(population.active)
+
+
+def test_two_coordinators_at_once_enqueue_every_active_user_exactly_once(settings, sessions, broker):
+    population = load_users(sessions, count=100)
+    trigger(sessions, settings)
+    senders = [RecordingSender(broker, pause_seconds=0.01), RecordingSender(broker, pause_seconds=0.01)]
+    barrier = threading.Barrier(len(senders))
+    errors: list[BaseException] = []
+
+    def coordinate(sender: RecordingSender) -> None:
+        try:
+            barrier.wait(timeout=10)
+            plan(sessions, settings, sender)
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=coordinate, args=(sender,)) for sender in senders]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not any(thread.is_alive() for thread in threads)
+    assert errors == []
+
+    first, second = (Counter(sender.user_ids) for sender in senders)
+    assert set(first) | set(second) == set(population.active)
+    assert first + second == Counter(population.active), "some user was enqueued twice"
+    assert queued_user_ids(settings) == Counter(population.active)
+    assert item_user_ids(sessions) == Counter(population.active)
+    assert count_items(sessions) == len(population.active)
+    run = run_row(sessions)
+    assert run.planned is True
+    assert run.cursor == population.active[-1]
+
+
+def test_a_slice_with_no_time_left_stops_after_one_page_and_the_next_continues(settings, sessions, broker):
+    population = load_users(sessions, count=40)
+    page = settings.plan_page_size
+    trigger(sessions, settings)
+
+    first_sender = RecordingSender(broker)
+    first = plan(sessions, settings, first_sender, budget_seconds=0)
+
+    assert first.planned is False
+    assert first.pages == 1
+    assert first.cursor == population.active[page - 1]
+    assert first_sender.user_ids == population.active[:page]
+    assert run_row(sessions).planned is False
+    assert item_user_ids(sessions) == Counter(population.active[:page])
+
+    second_sender = RecordingSender(broker)
+    second = plan(sessions, settings, second_sender, budget_seconds=0)
+
+    assert second.planned is False
+    assert second.cursor == population.active[2 * page - 1]
+    assert second_sender.user_ids == population.active[page : 2 * page]
+    assert run_row(sessions).cursor == population.active[2 * page - 1]
+
+    rest_sender = RecordingSender(broker)
+    rest = plan(sessions, settings, rest_sender)
+
+    assert rest.planned is True
+    assert rest_sender.user_ids == population.active[2 * page :]
+    assert queued_user_ids(settings) == Counter(population.active)
+
+
+def test_planning_a_period_that_was_never_triggered_is_refused(settings, sessions, broker, redis_url):
+    load_users(sessions, count=10)
+    trigger(sessions, settings, Period.parse("2026-09"))
+    sender = RecordingSender(broker)
+
+    with pytest.raises(UnknownRun):
+        plan(sessions, settings, sender)
+
+    assert sender.user_ids == []
+    assert queued_messages(redis_url, settings.broker_namespace, "bulk") == 0
+    assert count_items(sessions) == 0
+    with sessions() as session:
+        assert session.scalars(select(PeriodRun.period)).all() == ["2026-09"]
