@@ -1,23 +1,32 @@
 """The Dramatiq entry point: ``dramatiq actors`` imports this package and nothing else.
 
-The broker must be set before any ``@dramatiq.actor`` runs: an actor binds to the global
-broker when it is declared, and without one Dramatiq silently makes a default broker on
-localhost whose worker consumes nothing.
+The broker and every middleware whose options the actors use must be in place before any
+``@dramatiq.actor`` runs: an actor binds to the global broker when it is declared, and without
+one Dramatiq silently makes a default broker on localhost whose worker consumes nothing.
 """
 
 from __future__ import annotations
 
 import dramatiq
-from dramatiq.middleware import Retries
 
 from actors.runtime import Runtime
 from reports.broker import build_broker
-from reports.failures import FailedItems
+from reports.dead_letter_sink import BrokerDeadLetters
+from reports.retries import JitteredRetries
 from reports.settings import Settings
 
-runtime = Runtime(Settings.from_env())
-broker = build_broker(runtime.settings)
-broker.add_middleware(FailedItems(lambda: runtime.context.sessions), before=Retries)
+_settings = Settings.from_env()
+broker = build_broker(_settings)
+runtime = Runtime(_settings, redis_client=broker.client)
+broker.add_middleware(
+    JitteredRetries(
+        max_retries=_settings.max_retries,
+        min_backoff_ms=_settings.min_backoff_ms,
+        max_backoff_ms=_settings.max_backoff_ms,
+        on_dead=lambda dead: runtime.dead_letter_sink(dead),
+    )
+)
+broker.add_middleware(BrokerDeadLetters(lambda: runtime.dead_letter_sink))
 dramatiq.set_broker(broker)
 
-from actors import fanout, report  # noqa: E402,F401  (declared against the broker set above)
+from actors import fanout, report  # noqa: F401  (declared against the broker set above)

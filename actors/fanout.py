@@ -10,13 +10,12 @@ import dramatiq
 from actors import broker, runtime
 from reports import planning
 from reports.broker import send, send_many
-from reports.errors import PermanentError
 from reports.jobs import BUILD_REPORT, PLAN_PERIOD, PlanJob
 
 logger = logging.getLogger(__name__)
 
 
-@dramatiq.actor(actor_name=PLAN_PERIOD.name, queue_name=PLAN_PERIOD.queue, throws=(PermanentError,))
+@dramatiq.actor(actor_name=PLAN_PERIOD.name, queue_name=PLAN_PERIOD.queue)
 def plan_period(*args: Any, **kwargs: Any) -> None:
     job = PlanJob.parse(args, kwargs)
     outcome = planning.plan_slice(

@@ -4,25 +4,62 @@ from __future__ import annotations
 
 import threading
 
+import redis
+
+from reports.alerts import WebhookAlerts
+from reports.breaker import CircuitBreaker
 from reports.database import create_db_engine, session_factory
+from reports.dead_letter_sink import DeadLetterSink
 from reports.mail.backend import build_mailer
 from reports.pipeline import Context
 from reports.settings import Settings
 
 
 class Runtime:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, redis_client: redis.Redis) -> None:
         self.settings = settings
+        self.redis = redis_client
         self._context: Context | None = None
-        self._lock = threading.Lock()
+        self._sink: DeadLetterSink | None = None
+        self._lock = threading.RLock()
 
     @property
     def context(self) -> Context:
         if self._context is None:
             with self._lock:
                 if self._context is None:
-                    engine = create_db_engine(self.settings.database_url)
-                    self._context = Context(
-                        settings=self.settings, sessions=session_factory(engine), mailer=build_mailer(self.settings)
-                    )
+                    self._context = self._build_context()
         return self._context
+
+    @property
+    def dead_letter_sink(self) -> DeadLetterSink:
+        if self._sink is None:
+            with self._lock:
+                if self._sink is None:
+                    self._sink = self._build_sink()
+        return self._sink
+
+    def _build_context(self) -> Context:
+        settings = self.settings
+        breaker = None
+        if settings.smtp_url:
+            breaker = CircuitBreaker(
+                self.redis,
+                name=f"{settings.broker_namespace}:breaker:mail",
+                failure_threshold=settings.breaker_failure_threshold,
+                window_ms=int(settings.breaker_window_seconds * 1000),
+                cooldown_ms=int(settings.breaker_cooldown_seconds * 1000),
+                # A probe that never reports back (its worker died) frees the slot after this.
+                probe_timeout_ms=int(settings.smtp_timeout_seconds * 3000),
+            )
+        engine = create_db_engine(settings.database_url)
+        return Context(settings=settings, sessions=session_factory(engine), mailer=build_mailer(settings),
+                       breaker=breaker)
+
+    def _build_sink(self) -> DeadLetterSink:
+        settings = self.settings
+        alerts = None
+        if settings.alert_webhook_url:
+            alerts = WebhookAlerts(settings.alert_webhook_url, self.redis, namespace=settings.broker_namespace,
+                                   window_seconds=settings.alert_window_seconds)
+        return DeadLetterSink(self.context.sessions, alerts=alerts)

@@ -20,15 +20,10 @@ def build_broker(settings: Settings) -> RedisBroker:
     requeues a dead worker's messages runs inside whichever process's broker call wins the
     ``maintenance_chance`` draw.
     """
+    # Dramatiq's Retries is left out: workers add reports.retries.JitteredRetries, which
+    # needs the dead-letter store.
     middleware = [m() for m in default_middleware if m is not Retries]
-    middleware += [
-        Retries(
-            max_retries=settings.max_retries,
-            min_backoff=settings.min_backoff_ms,
-            max_backoff=settings.max_backoff_ms,
-        ),
-        CurrentMessage(),
-    ]
+    middleware.append(CurrentMessage())
     return RedisBroker(
         url=settings.broker_url,
         namespace=settings.broker_namespace,

@@ -62,9 +62,37 @@ class ProviderUnavailable(TransientError):
     """The mail provider could not be reached (refused, reset or timed out)."""
 
 
-class ClaimHeld(TransientError):
+class Deferred(ReportsError):
+    """Not a failure: the message should run again later, without spending a retry."""
+
+    def __init__(self, retry_after_seconds: float, message: str | None = None) -> None:
+        self.retry_after_seconds = retry_after_seconds
+        super().__init__(message)
+
+
+class ClaimHeld(Deferred):
     """Another copy of this message holds the delivery claim; try again when its lease ends."""
 
     def __init__(self, retry_after_seconds: float) -> None:
-        self.retry_after_seconds = retry_after_seconds
-        super().__init__(f"Delivery claim held by another attempt for {retry_after_seconds:.1f}s more.")
+        super().__init__(
+            retry_after_seconds, f"Delivery claim held by another attempt for {retry_after_seconds:.1f}s more."
+        )
+
+
+class CircuitOpen(Deferred):
+    """The mail provider's circuit breaker is open: no send until its cool-down ends."""
+
+
+#: SMTP reply meaning the whole service is unavailable, not just this message.
+SERVICE_NOT_AVAILABLE = 421
+
+
+def is_provider_failure(exception: BaseException) -> bool:
+    """Whether ``exception`` says the mail provider itself is failing (what the circuit breaker counts).
+
+    Per-message deferrals (450, 451, 452) and rejections (5xx) are answers from a working
+    provider and do not count.
+    """
+    return isinstance(exception, ProviderUnavailable) or (
+        isinstance(exception, MailDeferred) and exception.code == SERVICE_NOT_AVAILABLE
+    )

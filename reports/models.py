@@ -154,3 +154,35 @@ class Delivery(Base):
     claims: Mapped[int] = mapped_column(Integer, default=1)
     claimed_at: Mapped[Timestamp]
     sent_at: Mapped[datetime | None] = mapped_column(DateTime())
+
+
+class DeadLetter(Base):
+    """A message that failed for good: kept with its payload and error until an operator acts."""
+
+    __tablename__ = "dead_letters"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    #: Dramatiq's message id, the same across retries: one dead letter per message.
+    message_id: Mapped[str] = mapped_column(String(64), unique=True)
+    actor: Mapped[str] = mapped_column(String(128))
+    queue: Mapped[str] = mapped_column(String(128))
+    #: The message's ``{"args": …, "kwargs": …}`` as JSON, exactly as it was enqueued.
+    payload: Mapped[str] = mapped_column(Text)
+    #: From the payload when it parses, so dead letters can be listed and replayed by period.
+    period: Mapped[str | None] = mapped_column(String(7))
+    user_id: Mapped[int | None] = mapped_column(Integer)
+    attempts: Mapped[int] = mapped_column(Integer)
+    #: ``permanent``, ``retries_exhausted`` or ``broker`` (dead-lettered by Dramatiq itself).
+    reason: Mapped[str] = mapped_column(String(32))
+    error_class: Mapped[str] = mapped_column(Text)
+    error_message: Mapped[str] = mapped_column(Text)
+    traceback: Mapped[str | None] = mapped_column(Text)
+    first_failed_at: Mapped[Timestamp]
+    died_at: Mapped[Timestamp]
+    replayed_at: Mapped[datetime | None] = mapped_column(DateTime())
+    replay_message_id: Mapped[str | None] = mapped_column(String(64))
+
+    __table_args__ = (
+        Index("ix_dead_letters_period", "period"),
+        Index("ix_dead_letters_died_at", "died_at"),
+    )

@@ -15,9 +15,10 @@ from __future__ import annotations
 import enum
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from email.message import EmailMessage
 
 import sqlalchemy.exc
@@ -25,8 +26,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from reports import delivery, items
 from reports.activity import load_summary
+from reports.breaker import CircuitBreaker, Permit, State
 from reports.clock import utcnow
-from reports.errors import PermanentError
+from reports.errors import CircuitOpen, PermanentError, is_provider_failure
 from reports.jobs import ReportJob
 from reports.mail.backend import Mailer
 from reports.mail.compose import compose, message_id, recipient
@@ -59,10 +61,13 @@ class Context:
     settings: Settings
     sessions: sessionmaker[Session]
     mailer: Mailer
+    #: Shared circuit breaker for the mail provider; ``None`` when there is no remote provider.
+    breaker: CircuitBreaker | None = None
     clock: Callable[[], datetime] = utcnow
 
 
 def run(ctx: Context, job: ReportJob) -> Outcome:
+    permit = _ask_breaker(ctx)
     with ctx.sessions.begin() as session:
         prepared = _prepare(ctx, session, job)
     if not isinstance(prepared, _Prepared):
@@ -70,13 +75,42 @@ def run(ctx: Context, job: ReportJob) -> Outcome:
 
     try:
         ctx.mailer.send(prepared.email, recipient=prepared.address)
-    except Exception:
+    except Exception as error:
         with ctx.sessions.begin() as session:
             delivery.release(session, prepared.claim, now=ctx.clock())
+        _tell_breaker_failure(ctx, permit, error)
         raise
 
+    if permit is not None and permit.probe:
+        ctx.breaker.record_success()  # type: ignore[union-attr]
     _record_sent(ctx, job, prepared.claim)
     return Outcome.DELIVERED
+
+
+def _ask_breaker(ctx: Context) -> Permit | None:
+    if ctx.breaker is None:
+        return None
+    permit = ctx.breaker.allow(_millis(ctx.clock()))
+    if not permit.allowed:
+        raise CircuitOpen(permit.wait_ms / 1000)
+    return permit
+
+
+def _tell_breaker_failure(ctx: Context, permit: Permit | None, error: Exception) -> None:
+    """Count a provider failure; once the breaker is open, wait out the cool-down instead of retrying."""
+    if ctx.breaker is None or permit is None:
+        return
+    if not is_provider_failure(error):
+        if permit.probe:
+            ctx.breaker.record_success()  # the provider answered: it is up
+        return
+    state = ctx.breaker.record_failure(_millis(ctx.clock()), token=str(uuid.uuid4()))
+    if state is State.OPEN:
+        raise CircuitOpen(ctx.breaker.cooldown_ms / 1000) from error
+
+
+def _millis(moment: datetime) -> int:
+    return int(moment.replace(tzinfo=UTC).timestamp() * 1000)
 
 
 def _record_sent(ctx: Context, job: ReportJob, claim: delivery.Claim) -> None:

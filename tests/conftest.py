@@ -197,16 +197,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+#: Decides a reply for one delivery: given (recipient, 1-based attempt for that recipient), an SMTP
+#: reply such as "550 5.1.1 No such user" to refuse it, or None to accept it.
+Fault = Callable[[str, int], "str | None"]
+
+
 class RecordingHandler:
-    """Accepts every message and keeps it, parsed, with its envelope recipients."""
+    """Keeps every accepted message, parsed, with its envelope recipients; refuses what ``fault`` says."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.messages: list[tuple[list[str], EmailMessage]] = []
+        self.attempts: dict[str, int] = {}
+        self.refused: list[tuple[str, str]] = []
+        self.fault: Fault | None = None
 
     async def handle_DATA(self, server, session, envelope):  # type: ignore[no-untyped-def]
-        parsed = email.message_from_bytes(envelope.content, policy=email.policy.default)
+        recipient = envelope.rcpt_tos[0]
         with self.lock:
+            attempt = self.attempts[recipient] = self.attempts.get(recipient, 0) + 1
+            reply = self.fault(recipient, attempt) if self.fault else None
+            if reply is not None:
+                self.refused.append((recipient, reply))
+                return reply
+            parsed = email.message_from_bytes(envelope.content, policy=email.policy.default)
             self.messages.append((list(envelope.rcpt_tos), parsed))
         return "250 Message accepted for delivery"
 
@@ -215,6 +229,18 @@ class RecordingHandler:
 class SmtpServer:
     url: str
     handler: RecordingHandler
+    controller: Controller
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
+
+    def stop(self) -> None:
+        """Take the provider down (its port is free until :meth:`start`)."""
+        self.controller.stop()
+
+    def start(self) -> None:
+        self.controller.start()
 
     @property
     def messages(self) -> list[EmailMessage]:
@@ -235,9 +261,35 @@ def smtp_server() -> Iterator[SmtpServer]:
     controller = Controller(handler, hostname="127.0.0.1", port=port)
     controller.start()
     try:
-        yield SmtpServer(url=f"smtp://127.0.0.1:{port}", handler=handler)
+        yield SmtpServer(url=f"smtp://127.0.0.1:{port}", handler=handler, controller=controller)
     finally:
         controller.stop()
+
+
+class DeadProvider:
+    """A mail provider that is down: it accepts TCP connections, counts them, and drops them at once."""
+
+    def __init__(self, port: int) -> None:
+        self.connections = 0
+        self._server = socket.create_server(("127.0.0.1", port), reuse_port=False)
+        self._server.settimeout(0.2)
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                connection, _ = self._server.accept()
+            except TimeoutError:
+                continue
+            self.connections += 1
+            connection.close()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._thread.join()
+        self._server.close()
 
 
 # --- Worker processes ------------------------------------------------------------------------

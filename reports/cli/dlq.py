@@ -1,0 +1,120 @@
+"""``reports dlq``: the dead letters as a work list: list, show, replay, purge."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from reports import dead_letters
+from reports.broker import build_broker
+from reports.cli.app import Obj, cli, pass_obj
+from reports.clock import utcnow
+from reports.errors import BadInput
+from reports.models import DeadLetter
+from reports.periods import Period
+
+
+def _period(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    return str(Period.parse(value)) if value is not None else None
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return moment.isoformat(timespec="seconds") + "Z" if moment else None
+
+
+def _as_dict(letter: DeadLetter, *, full: bool = False) -> dict[str, Any]:
+    row = {
+        "id": letter.id, "message_id": letter.message_id, "actor": letter.actor, "queue": letter.queue,
+        "period": letter.period, "user_id": letter.user_id, "attempts": letter.attempts, "reason": letter.reason,
+        "error_class": letter.error_class, "error_message": letter.error_message,
+        "first_failed_at": _iso(letter.first_failed_at), "died_at": _iso(letter.died_at),
+        "replayed_at": _iso(letter.replayed_at),
+    }
+    if full:
+        row |= {"payload": json.loads(letter.payload), "traceback": letter.traceback,
+                "replay_message_id": letter.replay_message_id}
+    return row
+
+
+@cli.group()
+def dlq() -> None:
+    """Dead letters: messages that failed for good."""
+
+
+@dlq.command("list")
+@click.option("--period", callback=_period, help="Only this period (YYYY-MM).")
+@click.option("--reason", help="Only those whose reason or error contains this text (e.g. 550).")
+@click.option("--replayed", is_flag=True, help="Include dead letters already replayed.")
+@click.option("--limit", type=click.IntRange(min=1), default=1000, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON array.")
+@pass_obj
+def list_command(obj: Obj, period: str | None, reason: str | None, replayed: bool, limit: int, as_json: bool) -> None:
+    """List dead letters, oldest first."""
+    where = dead_letters.Filter(period=period, reason=reason, include_replayed=replayed)
+    with obj.session() as session:
+        rows = [_as_dict(letter) for letter in dead_letters.find(session, where, limit=limit)]
+    if as_json:
+        click.echo(json.dumps(rows))
+        return
+    table = Table("id", "period", "user", "actor", "attempts", "reason", "error", "died at")
+    for row in rows:
+        table.add_row(str(row["id"]), row["period"] or "-", str(row["user_id"] or "-"), row["actor"],
+                      str(row["attempts"]), row["reason"], f"{row['error_class']}: {row['error_message']}"[:80],
+                      row["died_at"])
+    Console().print(table)
+    click.echo(f"{len(rows)} dead letter(s).")
+
+
+@dlq.command("show")
+@click.argument("dead_letter_id", type=click.IntRange(min=1))
+@pass_obj
+def show(obj: Obj, dead_letter_id: int) -> None:
+    """Everything stored about one dead letter, as JSON."""
+    with obj.session() as session:
+        letter = dead_letters.get(session, dead_letter_id)
+        if letter is None:
+            raise BadInput(f"No dead letter with id {dead_letter_id}.")
+        click.echo(json.dumps(_as_dict(letter, full=True), indent=2))
+
+
+@dlq.command("replay")
+@click.option("--id", "ids", type=click.IntRange(min=1), multiple=True, help="A dead letter to replay (repeatable).")
+@click.option("--period", callback=_period, help="Every dead letter of this period.")
+@click.option("--all", "everything", is_flag=True, help="Every dead letter not yet replayed.")
+@click.option("--dry-run", is_flag=True, help="Say what would be replayed; change nothing.")
+@pass_obj
+def replay(obj: Obj, ids: tuple[int, ...], period: str | None, everything: bool, dry_run: bool) -> None:
+    """Enqueue dead letters again as fresh messages; a user already mailed is not mailed again."""
+    if sum((bool(ids), period is not None, everything)) != 1:
+        raise BadInput("Choose exactly one of --id, --period or --all.")
+    if ids:
+        with obj.session() as session:
+            known = {letter.id for letter in dead_letters.find(session, dead_letters.Filter(ids=ids,
+                                                                                       include_replayed=True))}
+        if missing := sorted(set(ids) - known):
+            raise BadInput(f"No dead letter with id {', '.join(map(str, missing))}.")
+    outcome = dead_letters.replay(
+        obj.sessions(), build_broker(obj.settings), dead_letters.Filter(period=period, ids=ids),
+        now=utcnow(), dry_run=dry_run,
+    )
+    listed = ", ".join(map(str, outcome.replayed[:20])) + (" …" if len(outcome.replayed) > 20 else "")
+    if dry_run:
+        click.echo(f"Would replay {len(outcome.replayed)} dead letter(s){': ' + listed if listed else ''}.")
+    else:
+        click.echo(f"Replayed {len(outcome.replayed)} dead letter(s){': ' + listed if listed else ''}; "
+                   f"{outcome.items_reset} report item(s) back to pending.")
+
+
+@dlq.command("purge")
+@click.option("--older-than", "days", type=click.IntRange(min=0), required=True, help="Age in days.")
+@pass_obj
+def purge(obj: Obj, days: int) -> None:
+    """Delete dead letters that died more than DAYS days ago."""
+    with obj.session() as session:
+        purged = dead_letters.purge(session, older_than=timedelta(days=days), now=utcnow())
+    click.echo(f"Purged {purged} dead letter(s) older than {days} day(s).")

@@ -1,0 +1,197 @@
+"""The dead-letter store: a work list of messages that failed for good, with their replay.
+
+Every dead message lands here (the retry middleware's, and whatever Dramatiq put in its own
+``.XQ`` keys, such as messages for an undefined actor), so there is one place to look.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import dramatiq
+import redis
+from sqlalchemy import delete, func, or_, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from reports import items
+from reports.errors import InvalidPayload
+from reports.jobs import BUILD_REPORT, PlanJob, ReportJob
+from reports.models import DeadLetter, ItemState, ReportItem
+from reports.retries import DeadMessage
+from reports.sql import insert_ignoring_conflicts
+
+#: Dead letters replayed per transaction.
+REPLAY_CHUNK = 500
+
+
+def _from_ms(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, UTC).replace(tzinfo=None)
+
+
+def _job(actor: str, args: Sequence[Any], kwargs: dict[str, Any]) -> ReportJob | PlanJob | None:
+    """The job a dead payload describes, when it parses."""
+    try:
+        return ReportJob.parse(args, kwargs) if actor == BUILD_REPORT.name else PlanJob.parse(args, kwargs)
+    except InvalidPayload:
+        return None
+
+
+def record(session: Session, dead: DeadMessage) -> bool:
+    """Store ``dead`` and mark its report item ``dead``; ``False`` if it was stored already."""
+    job = _job(dead.actor, dead.args, dead.kwargs)
+    stored = session.execute(
+        insert_ignoring_conflicts(session, DeadLetter.__table__)
+        .values(
+            message_id=dead.message_id, actor=dead.actor, queue=dead.queue,
+            payload=json.dumps({"args": list(dead.args), "kwargs": dead.kwargs}, default=repr),
+            period=str(job.period) if job else None, user_id=job.user_id if isinstance(job, ReportJob) else None,
+            attempts=dead.attempts, reason=dead.reason,
+            error_class=dead.error_class, error_message=dead.error_message[:4000], traceback=dead.traceback,
+            first_failed_at=_from_ms(dead.first_failed_ms), died_at=_from_ms(dead.died_ms),
+        )
+        .returning(DeadLetter.__table__.c.id)
+    ).first()
+    if isinstance(job, ReportJob):
+        items.finish(session, job.period, job.user_id, ItemState.DEAD, now=_from_ms(dead.died_ms),
+                     error=f"{dead.error_class}: {dead.error_message}")
+    return stored is not None
+
+
+@dataclass(frozen=True)
+class Filter:
+    period: str | None = None
+    #: Case-insensitive text to find in the reason, error class or error message.
+    reason: str | None = None
+    ids: tuple[int, ...] = ()
+    include_replayed: bool = False
+
+    def clauses(self) -> list[Any]:
+        clauses: list[Any] = []
+        if not self.include_replayed:
+            clauses.append(DeadLetter.replayed_at.is_(None))
+        if self.period:
+            clauses.append(DeadLetter.period == self.period)
+        if self.ids:
+            clauses.append(DeadLetter.id.in_(self.ids))
+        if self.reason:
+            pattern = f"%{self.reason.lower()}%"
+            clauses.append(or_(*(func.lower(c).like(pattern) for c in
+                                 (DeadLetter.reason, DeadLetter.error_class, DeadLetter.error_message))))
+        return clauses
+
+
+def find(session: Session, where: Filter, *, limit: int | None = None) -> list[DeadLetter]:
+    return list(session.scalars(select(DeadLetter).where(*where.clauses()).order_by(DeadLetter.id).limit(limit)))
+
+
+def get(session: Session, dead_letter_id: int) -> DeadLetter | None:
+    return session.get(DeadLetter, dead_letter_id)
+
+
+@dataclass
+class Replayed:
+    replayed: list[int] = field(default_factory=list)
+    #: Report items set back to pending so progress shows them as in flight again.
+    items_reset: int = 0
+
+
+def replay(
+    sessions: sessionmaker[Session], broker: dramatiq.Broker, where: Filter, *, now: datetime, dry_run: bool
+) -> Replayed:
+    """Enqueue each matching dead letter again, once, as a fresh message (attempts start over).
+
+    The snapshot is bounded by the highest id when the replay starts: a message that dies again
+    during the replay is a new dead letter and is not picked up by this one. A replayed report
+    job goes through the same delivery claim as a first run, so a user already mailed is not
+    mailed again.
+    """
+    outcome = Replayed()
+    with sessions.begin() as session:
+        ceiling = session.scalar(select(func.max(DeadLetter.id)).where(*where.clauses())) or 0
+    for chunk in _chunks(sessions, where, ceiling):
+        with sessions.begin() as session:
+            for letter in session.scalars(select(DeadLetter).where(DeadLetter.id.in_(chunk)).with_for_update()):
+                if letter.replayed_at is not None:
+                    continue  # replayed concurrently by another operator
+                outcome.replayed.append(letter.id)
+                if dry_run:
+                    continue
+                outcome.items_reset += _reset_item(session, letter, now)
+                payload = json.loads(letter.payload)
+                message = dramatiq.Message(queue_name=letter.queue, actor_name=letter.actor,
+                                           args=tuple(payload["args"]), kwargs=payload["kwargs"], options={})
+                broker.enqueue(message)
+                letter.replayed_at, letter.replay_message_id = now, message.message_id
+    return outcome
+
+
+def _chunks(sessions: sessionmaker[Session], where: Filter, ceiling: int) -> Iterator[list[int]]:
+    after = 0
+    while True:
+        with sessions.begin() as session:
+            ids = list(session.scalars(
+                select(DeadLetter.id)
+                .where(*where.clauses(), DeadLetter.id > after, DeadLetter.id <= ceiling)
+                .order_by(DeadLetter.id)
+                .limit(REPLAY_CHUNK)
+            ))
+        if not ids:
+            return
+        yield ids
+        after = ids[-1]
+
+
+def _reset_item(session: Session, letter: DeadLetter, now: datetime) -> int:
+    if letter.actor != BUILD_REPORT.name or letter.period is None or letter.user_id is None:
+        return 0
+    return session.execute(
+        update(ReportItem)
+        .where(ReportItem.period == letter.period, ReportItem.user_id == letter.user_id,
+               ReportItem.state == ItemState.DEAD)
+        .values(state=ItemState.PENDING, attempts=0, finished_at=None, last_error=None, updated_at=now)
+        .execution_options(synchronize_session=False)
+    ).rowcount
+
+
+def purge(session: Session, *, older_than: timedelta, now: datetime) -> int:
+    """Delete dead letters that died before ``now - older_than``; returns how many."""
+    return session.execute(
+        delete(DeadLetter).where(DeadLetter.died_at < now - older_than).execution_options(synchronize_session=False)
+    ).rowcount
+
+
+def absorb_broker_dead_letters(client: redis.Redis, namespace: str, on_dead: Callable[[DeadMessage], None]) -> int:
+    """Hand whatever Dramatiq dead-lettered into its own ``.XQ`` keys to ``on_dead``; returns how many.
+
+    Dramatiq puts messages there itself for an actor no worker knows, and the retry middleware
+    does as a last resort when the database was unreachable. Left there they expire silently.
+    Each is removed from the broker only after ``on_dead`` has returned.
+    """
+    moved = 0
+    for xq in client.scan_iter(match=f"{namespace}:*.XQ", count=100):
+        xq_key = xq.decode()
+        queue = xq_key.removeprefix(f"{namespace}:").removesuffix(".XQ").removesuffix(".DQ")
+        for redis_id, died_ms in client.zrange(xq_key, 0, 499, withscores=True):
+            raw = client.hget(f"{xq_key}.msgs", redis_id)
+            if raw is not None:
+                on_dead(_broker_dead_message(dramatiq.Message.decode(raw), queue, int(died_ms)))
+                moved += 1
+            client.zrem(xq_key, redis_id)
+            client.hdel(f"{xq_key}.msgs", redis_id)
+    return moved
+
+
+def _broker_dead_message(message: dramatiq.Message[Any], queue: str, died_ms: int) -> DeadMessage:
+    return DeadMessage(
+        message_id=message.message_id, actor=message.actor_name, queue=queue,
+        args=tuple(message.args), kwargs=dict(message.kwargs),
+        attempts=int(message.options.get("retries", 0)) + 1, reason="broker",
+        error_class="BrokerDeadLetter",
+        error_message="Dead-lettered by Dramatiq itself (for example: no worker declares this actor).",
+        traceback=message.options.get("traceback") or "",
+        first_failed_ms=int(message.options.get("first_failed_ms", died_ms)), died_ms=died_ms,
+    )
