@@ -235,12 +235,19 @@ class SmtpServer:
     def port(self) -> int:
         return int(self.url.rsplit(":", 1)[1])
 
+    running: bool = True
+
     def stop(self) -> None:
         """Take the provider down (its port is free until :meth:`start`)."""
-        self.controller.stop()
+        if self.running:
+            self.controller.stop()
+            self.running = False
 
     def start(self) -> None:
+        """Bring the provider back on the same port, keeping what it recorded."""
+        self.controller = Controller(self.handler, hostname="127.0.0.1", port=self.port)
         self.controller.start()
+        self.running = True
 
     @property
     def messages(self) -> list[EmailMessage]:
@@ -260,10 +267,11 @@ def smtp_server() -> Iterator[SmtpServer]:
     port = free_port()
     controller = Controller(handler, hostname="127.0.0.1", port=port)
     controller.start()
+    server = SmtpServer(url=f"smtp://127.0.0.1:{port}", handler=handler, controller=controller)
     try:
-        yield SmtpServer(url=f"smtp://127.0.0.1:{port}", handler=handler, controller=controller)
+        yield server
     finally:
-        controller.stop()
+        server.stop()
 
 
 class DeadProvider:
