@@ -61,6 +61,7 @@ class WebhookAlerts:
         self._post = post or (lambda url, body: post_json(url, body, timeout_seconds=5))
         self._flusher: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._wake = threading.Event()
 
     def dead_letter(self, dead: DeadMessage) -> None:
         pending, reasons, sample = self._keys
@@ -70,8 +71,9 @@ class WebhookAlerts:
             pipe.lpush(sample, dead.message_id)
             pipe.ltrim(sample, 0, SAMPLE_SIZE - 1)
             pipe.execute()
+        # The post goes out from the flusher thread: a slow webhook never holds up a worker.
         self._ensure_flusher()
-        self.flush()
+        self._wake.set()
 
     def flush(self) -> bool:
         """Post what is pending if this window's post has not gone out yet; returns whether it posted."""
@@ -100,16 +102,17 @@ class WebhookAlerts:
         return True
 
     def _ensure_flusher(self) -> None:
-        # Dead letters that arrive after a window's post are sent when the window ends, even
-        # if no further dead letter comes to trigger it.
+        # Woken by each dead letter, and on a timer: dead letters that arrive after a window's
+        # post are sent when the window ends, even if no further dead letter comes.
         with self._lock:
             if self._flusher is None:
                 self._flusher = threading.Thread(target=self._flush_forever, name="dead-letter-alerts", daemon=True)
                 self._flusher.start()
 
     def _flush_forever(self) -> None:
-        event = threading.Event()
-        while not event.wait(self.window_seconds / 4):
+        while True:
+            self._wake.wait(self.window_seconds / 4)
+            self._wake.clear()
             try:
                 self.flush()
             except redis.RedisError:

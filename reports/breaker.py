@@ -45,6 +45,8 @@ return {1, 0, 'half_open', state == 'open' and 1 or 0}
 _FAILURE = """
 local state = redis.call('HGET', KEYS[1], 'state') or 'closed'
 local now = tonumber(ARGV[1])
+-- A late failure from a send let through before the breaker opened: the cool-down stands.
+if state == 'open' then return {state, 0} end
 if state == 'closed' then
   redis.call('ZADD', KEYS[2], now, ARGV[5])
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - tonumber(ARGV[2]))
@@ -53,7 +55,7 @@ if state == 'closed' then
 end
 redis.call('HSET', KEYS[1], 'state', 'open', 'until', now + tonumber(ARGV[4]))
 redis.call('DEL', KEYS[2])
-return {'open', state == 'open' and 0 or 1}
+return {'open', 1}
 """
 
 # KEYS: state hash, failure zset. Returns the state before.

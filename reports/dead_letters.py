@@ -7,6 +7,7 @@ Every dead message lands here (the retry middleware's, and whatever Dramatiq put
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -23,6 +24,8 @@ from reports.jobs import BUILD_REPORT, PlanJob, ReportJob
 from reports.models import DeadLetter, ItemState, ReportItem
 from reports.retries import DeadMessage
 from reports.sql import insert_ignoring_conflicts
+
+logger = logging.getLogger(__name__)
 
 #: Dead letters replayed per transaction.
 REPLAY_CHUNK = 500
@@ -178,7 +181,12 @@ def absorb_broker_dead_letters(client: redis.Redis, namespace: str, on_dead: Cal
         for redis_id, died_ms in client.zrange(xq_key, 0, 499, withscores=True):
             raw = client.hget(f"{xq_key}.msgs", redis_id)
             if raw is not None:
-                on_dead(_broker_dead_message(dramatiq.Message.decode(raw), queue, int(died_ms)))
+                try:
+                    on_dead(_broker_dead_message(dramatiq.Message.decode(raw), queue, int(died_ms)))
+                except Exception:
+                    # One entry that cannot be stored must not keep every later one in .XQ.
+                    logger.exception("Could not store broker dead letter %s; leaving it in %s.", redis_id, xq_key)
+                    continue
                 moved += 1
             client.zrem(xq_key, redis_id)
             client.hdel(f"{xq_key}.msgs", redis_id)

@@ -20,6 +20,9 @@ DEFAULT_QUEUE = "default"
 BULK_QUEUE = "bulk"
 
 #: A plain folder name: no separators, and not "." or "..".
+#: ``users.id`` is a 32-bit integer: no user has a larger id.
+MAX_USER_ID = 2**31 - 1
+
 _TEMPLATE_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,31}")
 
 
@@ -78,8 +81,8 @@ class ReportJob:
     def parse(cls, args: Sequence[Any], kwargs: Mapping[str, Any]) -> ReportJob:
         fields = _fields(args, kwargs, {"period", "user_id", "template_version"})
         user_id, version = fields["user_id"], fields["template_version"]
-        if not isinstance(user_id, int) or isinstance(user_id, bool) or user_id < 1:
-            raise InvalidPayload(f"user_id must be a positive integer, got {user_id!r}.")
+        if not isinstance(user_id, int) or isinstance(user_id, bool) or not 1 <= user_id <= MAX_USER_ID:
+            raise InvalidPayload(f"user_id must be an integer from 1 to {MAX_USER_ID}, got {user_id!r}.")
         if not isinstance(version, str) or not _TEMPLATE_VERSION.fullmatch(version):
             raise InvalidPayload(f"template_version is not a version name: {version!r}.")
         return cls(_period(fields["period"]), user_id, version)

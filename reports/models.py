@@ -163,9 +163,9 @@ class DeadLetter(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     #: Dramatiq's message id, the same across retries: one dead letter per message.
-    message_id: Mapped[str] = mapped_column(String(64), unique=True)
-    actor: Mapped[str] = mapped_column(String(128))
-    queue: Mapped[str] = mapped_column(String(128))
+    message_id: Mapped[str] = mapped_column(Text, unique=True)
+    actor: Mapped[str] = mapped_column(Text)
+    queue: Mapped[str] = mapped_column(Text)
     #: The message's ``{"args": …, "kwargs": …}`` as JSON, exactly as it was enqueued.
     payload: Mapped[str] = mapped_column(Text)
     #: From the payload when it parses, so dead letters can be listed and replayed by period.
@@ -180,7 +180,7 @@ class DeadLetter(Base):
     first_failed_at: Mapped[Timestamp]
     died_at: Mapped[Timestamp]
     replayed_at: Mapped[datetime | None] = mapped_column(DateTime())
-    replay_message_id: Mapped[str | None] = mapped_column(String(64))
+    replay_message_id: Mapped[str | None] = mapped_column(Text)
 
     __table_args__ = (
         Index("ix_dead_letters_period", "period"),

@@ -24,7 +24,7 @@ def report_payload(**overrides: Any) -> dict[str, Any]:
     [
         (report_payload(), Period(2026, 10), 42, "v1"),
         (report_payload(user_id=1), Period(2026, 10), 1, "v1"),
-        (report_payload(user_id=2**40), Period(2026, 10), 2**40, "v1"),
+        (report_payload(user_id=2**31 - 1), Period(2026, 10), 2**31 - 1, "v1"),
         (
             report_payload(period="2025-12", template_version="v2.1-beta_3"),
             Period(2025, 12),
@@ -54,6 +54,11 @@ def test_a_report_payload_with_an_unexpected_field_is_rejected_naming_it() -> No
         ReportJob.parse((), report_payload(email="someone@example.com"))
 
 
+def test_a_user_id_beyond_the_users_id_column_is_rejected() -> None:
+    with pytest.raises(InvalidPayload, match="user_id"):
+        ReportJob.parse((), report_payload(user_id=2**31))
+
+
 def test_an_empty_report_payload_is_rejected() -> None:
     with pytest.raises(InvalidPayload):
         ReportJob.parse((), {})
@@ -73,7 +78,7 @@ def test_an_empty_report_payload_is_rejected() -> None:
     ],
 )
 def test_a_user_id_that_is_not_a_positive_integer_is_rejected(user_id: object) -> None:
-    with pytest.raises(InvalidPayload, match="user_id must be a positive integer"):
+    with pytest.raises(InvalidPayload, match="user_id must be an integer from 1 to"):
         ReportJob.parse((), report_payload(user_id=user_id))
 
 

@@ -20,9 +20,9 @@ def upgrade() -> None:
     """Upgrade schema."""
     op.create_table('dead_letters',
     sa.Column('id', sa.Integer(), nullable=False),
-    sa.Column('message_id', sa.String(length=64), nullable=False),
-    sa.Column('actor', sa.String(length=128), nullable=False),
-    sa.Column('queue', sa.String(length=128), nullable=False),
+    sa.Column('message_id', sa.Text(), nullable=False),
+    sa.Column('actor', sa.Text(), nullable=False),
+    sa.Column('queue', sa.Text(), nullable=False),
     sa.Column('payload', sa.Text(), nullable=False),
     sa.Column('period', sa.String(length=7), nullable=True),
     sa.Column('user_id', sa.Integer(), nullable=True),
@@ -34,7 +34,7 @@ def upgrade() -> None:
     sa.Column('first_failed_at', sa.DateTime(), nullable=False),
     sa.Column('died_at', sa.DateTime(), nullable=False),
     sa.Column('replayed_at', sa.DateTime(), nullable=True),
-    sa.Column('replay_message_id', sa.String(length=64), nullable=True),
+    sa.Column('replay_message_id', sa.Text(), nullable=True),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_dead_letters')),
     sa.UniqueConstraint('message_id', name=op.f('uq_dead_letters_message_id'))
     )

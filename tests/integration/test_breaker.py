@@ -1,0 +1,297 @@
+"""The mail provider's circuit breaker on a real Redis: every transition, shared between processes.
+
+Times are passed in (milliseconds), so the tests walk the clock instead of sleeping; the one
+real-time effect (the failure window's key expiry) is longer than any test here.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+import redis
+
+from reports.breaker import CircuitBreaker, Permit, State
+
+THRESHOLD = 5
+WINDOW_MS = 10_000
+COOLDOWN_MS = 30_000
+PROBE_TIMEOUT_MS = 5_000
+T0 = 1_800_000_000_000  # an arbitrary "now", in epoch milliseconds
+
+NewBreaker = Callable[..., CircuitBreaker]
+
+
+@pytest.fixture
+def new_breaker(redis_url: str, broker_namespace: str) -> Iterator[NewBreaker]:
+    """Builds breakers on the test's own name; each call is another "process" with its own client."""
+    clients: list[redis.Redis] = []
+    name = f"{broker_namespace}:breaker:mail"
+
+    def build(**overrides: int) -> CircuitBreaker:
+        client = redis.Redis.from_url(redis_url)
+        clients.append(client)
+        options = {"failure_threshold": THRESHOLD, "window_ms": WINDOW_MS, "cooldown_ms": COOLDOWN_MS,
+                   "probe_timeout_ms": PROBE_TIMEOUT_MS, **overrides}
+        return CircuitBreaker(client, name=name, **options)
+
+    yield build
+    for client in clients:
+        client.close()
+
+
+def fail(breaker: CircuitBreaker, now_ms: int, times: int = 1) -> State:
+    state = State.CLOSED
+    for _ in range(times):
+        state = breaker.record_failure(now_ms, token=uuid.uuid4().hex)
+    return state
+
+
+def open_breaker(breaker: CircuitBreaker, now_ms: int = T0) -> None:
+    assert fail(breaker, now_ms, THRESHOLD) is State.OPEN
+
+
+ALLOWED = Permit(allowed=True, wait_ms=0, probe=False)
+PROBE = Permit(allowed=True, wait_ms=0, probe=True)
+
+
+def denied(wait_ms: int) -> Permit:
+    return Permit(allowed=False, wait_ms=wait_ms, probe=False)
+
+
+# --- Closed ----------------------------------------------------------------------------------
+
+
+def test_a_new_breaker_is_closed_and_lets_every_call_through(new_breaker: NewBreaker) -> None:
+    breaker = new_breaker()
+
+    assert breaker.state() is State.CLOSED
+    assert [breaker.allow(T0 + i) for i in range(5)] == [ALLOWED] * 5
+
+
+def test_one_failure_short_of_the_threshold_keeps_it_closed_and_the_next_opens_it(new_breaker: NewBreaker) -> None:
+    breaker = new_breaker()
+
+    states = [fail(breaker, T0 + i * 1_000) for i in range(THRESHOLD - 1)]
+    assert states == [State.CLOSED] * (THRESHOLD - 1)
+    assert breaker.state() is State.CLOSED
+    assert breaker.allow(T0 + 4_500) == ALLOWED
+
+    assert fail(breaker, T0 + 5_000) is State.OPEN
+    assert breaker.state() is State.OPEN
+    assert breaker.allow(T0 + 5_001).allowed is False
+
+
+def test_failures_spread_wider_than_the_window_never_open_it(new_breaker: NewBreaker) -> None:
+    breaker = new_breaker()
+    # One failure every window/(threshold-1): at most threshold-1 of them are ever inside one window.
+    step = WINDOW_MS // (THRESHOLD - 1)
+
+    states = [fail(breaker, T0 + i * step) for i in range(4 * THRESHOLD)]
+
+    assert set(states) == {State.CLOSED}
+    assert breaker.state() is State.CLOSED
+    assert breaker.allow(T0 + 4 * THRESHOLD * step) == ALLOWED
+
+
+def test_a_success_while_closed_does_not_change_the_state(new_breaker: NewBreaker) -> None:
+    breaker = new_breaker()
+    fail(breaker, T0, THRESHOLD - 1)
+
+    breaker.record_success()
+
+    assert breaker.state() is State.CLOSED
+    assert breaker.allow(T0 + 1) == ALLOWED
+
+
+# --- Open ------------------------------------------------------------------------------------
+
+
+def test_while_open_every_call_is_denied_with_the_remaining_cool_down(new_breaker: NewBreaker) -> None:
+    breaker = new_breaker()
+    open_breaker(breaker, T0)
+
+    assert breaker.allow(T0) == denied(COOLDOWN_MS)
+    assert breaker.allow(T0 + 1) == denied(COOLDOWN_MS - 1)
+    assert breaker.allow(T0 + 12_345) == denied(COOLDOWN_MS - 12_345)
+    assert breaker.allow(T0 + COOLDOWN_MS - 1) == denied(1)
+    assert breaker.state() is State.OPEN
+
+
+# --- Half-open -------------------------------------------------------------------------------
+
+
+def test_after_the_cool_down_exactly_one_caller_gets_the_probe(new_breaker: NewBreaker) -> None:
+    breaker = new_breaker()
+    open_breaker(breaker, T0)
+    after = T0 + COOLDOWN_MS
+
+    assert breaker.allow(after) == PROBE
+    assert breaker.state() is State.HALF_OPEN
+    # Everyone else waits as if open, until the probe's lease would run out.
+    assert breaker.allow(after) == denied(PROBE_TIMEOUT_MS)
+    assert breaker.allow(after + 1_000) == denied(PROBE_TIMEOUT_MS - 1_000)
+    assert breaker.allow(after + PROBE_TIMEOUT_MS - 1) == denied(1)
+    assert breaker.state() is State.HALF_OPEN
+
+
+def test_a_successful_probe_closes_the_breaker_for_everyone(new_breaker: NewBreaker) -> None:
+    breaker = new_breaker()
+    open_breaker(breaker, T0)
+    after = T0 + COOLDOWN_MS
+    assert breaker.allow(after) == PROBE
+
+    breaker.record_success()
+
+    assert breaker.state() is State.CLOSED
+    assert [breaker.allow(after + i) for i in range(3)] == [ALLOWED] * 3
+    # The failure count started over: it takes a full threshold again to open.
+    assert fail(breaker, after + 10, THRESHOLD - 1) is State.CLOSED
+    assert fail(breaker, after + 20) is State.OPEN
+
+
+def test_a_failed_probe_reopens_the_breaker_with_a_fresh_cool_down(new_breaker: NewBreaker) -> None:
+    breaker = new_breaker()
+    open_breaker(breaker, T0)
+    probe_at = T0 + COOLDOWN_MS
+    assert breaker.allow(probe_at) == PROBE
+
+    failed_at = probe_at + 700
+    assert fail(breaker, failed_at) is State.OPEN
+
+    assert breaker.state() is State.OPEN
+    assert breaker.allow(failed_at) == denied(COOLDOWN_MS)
+    assert breaker.allow(failed_at + COOLDOWN_MS - 1) == denied(1)
+    assert breaker.allow(failed_at + COOLDOWN_MS) == PROBE
+
+
+def test_a_probe_that_never_reports_frees_its_slot_after_the_probe_timeout(new_breaker: NewBreaker) -> None:
+    breaker = new_breaker()
+    open_breaker(breaker, T0)
+    probe_at = T0 + COOLDOWN_MS
+    assert breaker.allow(probe_at) == PROBE  # and then its worker dies
+
+    assert breaker.allow(probe_at + PROBE_TIMEOUT_MS - 1) == denied(1)
+    assert breaker.allow(probe_at + PROBE_TIMEOUT_MS) == PROBE
+    assert breaker.allow(probe_at + PROBE_TIMEOUT_MS) == denied(PROBE_TIMEOUT_MS)
+    assert breaker.state() is State.HALF_OPEN
+
+
+def test_state_follows_every_transition(new_breaker: NewBreaker) -> None:
+    breaker = new_breaker()
+    seen = [breaker.state()]
+    fail(breaker, T0, THRESHOLD - 1)
+    seen.append(breaker.state())
+    fail(breaker, T0 + 1)
+    seen.append(breaker.state())
+    breaker.allow(T0 + 1 + COOLDOWN_MS)
+    seen.append(breaker.state())
+    fail(breaker, T0 + 2 + COOLDOWN_MS)
+    seen.append(breaker.state())
+    breaker.allow(T0 + 2 + 2 * COOLDOWN_MS)
+    seen.append(breaker.state())
+    breaker.record_success()
+    seen.append(breaker.state())
+
+    assert seen == [State.CLOSED, State.CLOSED, State.OPEN, State.HALF_OPEN, State.OPEN, State.HALF_OPEN,
+                    State.CLOSED]
+
+
+def test_every_transition_is_logged(new_breaker: NewBreaker, caplog: pytest.LogCaptureFixture) -> None:
+    breaker = new_breaker()
+    with caplog.at_level("WARNING", logger="reports.breaker"):
+        open_breaker(breaker, T0)
+        breaker.allow(T0 + COOLDOWN_MS)
+        breaker.record_success()
+
+    transitions = [(r.from_state, r.to_state) for r in caplog.records if hasattr(r, "to_state")]
+    assert transitions == [("closed", "open"), ("open", "half_open"), ("half_open", "closed")]
+
+
+# --- Shared between processes ----------------------------------------------------------------
+
+
+def test_two_processes_share_one_breaker(new_breaker: NewBreaker) -> None:
+    first, second = new_breaker(), new_breaker()
+
+    # Failures seen by either count together.
+    fail(first, T0, 2)
+    fail(second, T0 + 1, THRESHOLD - 3)
+    assert (first.state(), second.state()) == (State.CLOSED, State.CLOSED)
+    assert fail(second, T0 + 2) is State.OPEN
+    assert first.state() is State.OPEN
+    assert first.allow(T0 + 3) == denied(COOLDOWN_MS - 1)
+
+    # One probe fleet-wide; its success, reported by the other process, closes it for both.
+    assert first.allow(T0 + 2 + COOLDOWN_MS) == PROBE
+    assert second.allow(T0 + 2 + COOLDOWN_MS) == denied(PROBE_TIMEOUT_MS)
+    first.record_success()
+    assert second.state() is State.CLOSED
+    assert second.allow(T0 + 3 + COOLDOWN_MS) == ALLOWED
+
+
+def test_breakers_with_different_names_do_not_share_state(new_breaker: NewBreaker, redis_url: str,
+                                                          broker_namespace: str) -> None:
+    mail = new_breaker()
+    other = CircuitBreaker(redis.Redis.from_url(redis_url), name=f"{broker_namespace}:breaker:other",
+                           failure_threshold=THRESHOLD, window_ms=WINDOW_MS, cooldown_ms=COOLDOWN_MS,
+                           probe_timeout_ms=PROBE_TIMEOUT_MS)
+    open_breaker(mail, T0)
+
+    assert other.state() is State.CLOSED
+    assert other.allow(T0 + 1) == ALLOWED
+    other.client.close()
+
+
+def test_twenty_threads_right_after_the_cool_down_get_exactly_one_probe(new_breaker: NewBreaker) -> None:
+    open_breaker(new_breaker(), T0)
+    breakers = [new_breaker() for _ in range(20)]
+    after = T0 + COOLDOWN_MS
+    start = threading.Barrier(len(breakers))
+    permits: list[Permit] = []
+    lock = threading.Lock()
+
+    def ask(breaker: CircuitBreaker) -> None:
+        start.wait()
+        permit = breaker.allow(after)
+        with lock:
+            permits.append(permit)
+
+    threads = [threading.Thread(target=ask, args=(breaker,)) for breaker in breakers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=10)
+
+    assert len(permits) == 20
+    assert sum(permit.allowed for permit in permits) == 1
+    assert [permit for permit in permits if permit.allowed] == [PROBE]
+    assert all(permit == denied(PROBE_TIMEOUT_MS) for permit in permits if not permit.allowed)
+    assert breakers[0].state() is State.HALF_OPEN
+
+
+def test_twenty_threads_sharing_one_client_also_get_exactly_one_probe(new_breaker: NewBreaker) -> None:
+    breaker = new_breaker()
+    open_breaker(breaker, T0)
+    after = T0 + COOLDOWN_MS
+    start = threading.Barrier(20)
+    permits: list[Permit] = []
+    lock = threading.Lock()
+
+    def ask() -> None:
+        start.wait()
+        permit = breaker.allow(after)
+        with lock:
+            permits.append(permit)
+
+    threads = [threading.Thread(target=ask) for _ in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=10)
+
+    assert len(permits) == 20
+    assert [permit.probe for permit in permits].count(True) == 1
+    assert sum(permit.allowed for permit in permits) == 1
