@@ -14,6 +14,10 @@ from reports.broker import build_broker
 from reports.dead_letter_sink import BrokerDeadLetters
 from reports.retries import JitteredRetries
 from reports.settings import Settings
+from reports.worker_lifecycle import DrainOnce, Heartbeat
+
+#: A second SIGTERM this soon after the first is the platform's duplicate, not a new request.
+REPEATED_SIGTERM_WINDOW_SECONDS = 5.0
 
 _settings = Settings.from_env()
 broker = build_broker(_settings)
@@ -27,6 +31,8 @@ broker.add_middleware(
     )
 )
 broker.add_middleware(BrokerDeadLetters(lambda: runtime.dead_letter_sink))
+broker.add_middleware(Heartbeat(interval_seconds=_settings.heartbeat_timeout_ms / 4000))
+broker.add_middleware(DrainOnce(window_seconds=REPEATED_SIGTERM_WINDOW_SECONDS))
 dramatiq.set_broker(broker)
 
 from actors import fanout, report  # noqa: F401  (declared against the broker set above)

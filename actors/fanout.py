@@ -11,6 +11,7 @@ from actors import broker, runtime
 from reports import planning
 from reports.broker import send, send_many
 from reports.jobs import BUILD_REPORT, PLAN_PERIOD, PlanJob
+from reports.worker_lifecycle import draining
 
 logger = logging.getLogger(__name__)
 
@@ -24,6 +25,8 @@ def plan_period(*args: Any, **kwargs: Any) -> None:
         lambda payloads: send_many(broker, BUILD_REPORT, payloads),
         page_size=runtime.settings.plan_page_size,
         budget_seconds=runtime.settings.plan_slice_seconds,
+        # On SIGTERM, stop at the next page: the checkpoint and the continuation carry on.
+        should_stop=draining.is_set,
     )
     logger.info(
         "Planned %d pages, enqueued %d reports for %s (cursor %d, planned=%s).",

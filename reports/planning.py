@@ -49,8 +49,9 @@ def plan_slice(
     *,
     page_size: int,
     budget_seconds: float,
+    should_stop: Callable[[], bool] = lambda: False,
 ) -> SliceOutcome:
-    """Walk pages until the period is planned or ``budget_seconds`` have passed.
+    """Walk pages until the period is planned, ``budget_seconds`` have passed or ``should_stop()``.
 
     The caller re-enqueues the coordinator when the outcome is not ``planned``.
     """
@@ -61,7 +62,7 @@ def plan_slice(
         if not planned:
             planned = _enqueue_page(sessions, period, cursor, page, send_jobs, outcome)
         outcome.planned = planned
-        if planned or time.monotonic() >= deadline:
+        if planned or time.monotonic() >= deadline or should_stop():
             return outcome
 
 

@@ -44,13 +44,15 @@ class Settings:
     #: Longer than the slowest send (connect + data, both bounded by the SMTP timeout).
     claim_lease_seconds: float = 30.0
     #: A worker that has not called Redis for this long is dead and its messages go back, in ms.
-    heartbeat_timeout_ms: int = 15_000
+    heartbeat_timeout_ms: int = 10_000
     #: Chance, in millionths, that a broker call runs the dead-worker sweep.
     maintenance_chance: int = 100_000
     max_retries: int = 5
     #: Shortest and longest backoff between retries, in milliseconds.
     min_backoff_ms: int = 1_000
     max_backoff_ms: int = 300_000
+    #: A pending item untouched for this long, with no live claim, is re-enqueued by reconcile.
+    reconcile_stuck_after_seconds: float = 600.0
     log_level: str = "INFO"
     #: Where dead-letter alerts are posted (JSON); ``None`` sends none.
     alert_webhook_url: str | None = None
@@ -121,6 +123,7 @@ ENVIRONMENT = {
     "max_retries": "MAX_RETRIES",
     "min_backoff_ms": "MIN_BACKOFF_MS",
     "max_backoff_ms": "MAX_BACKOFF_MS",
+    "reconcile_stuck_after_seconds": "RECONCILE_STUCK_AFTER_SECONDS",
     "log_level": "LOG_LEVEL",
     "alert_webhook_url": "ALERT_WEBHOOK_URL",
     "alert_window_seconds": "ALERT_WINDOW_SECONDS",

@@ -6,9 +6,11 @@ TEST_REDIS_URL). Locally a missing service skips its tests; in CI (``CI`` set) i
 
 from __future__ import annotations
 
+import asyncio
 import email
 import email.policy
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -77,6 +79,35 @@ def broker_namespace(redis_url: str) -> Iterator[str]:
     keys = list(client.scan_iter(match=f"{namespace}:*", count=1000))
     if keys:
         client.delete(*keys)
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[str]:
+    """A redis-server of the test's own on a free port, for tests that flush or kill Redis."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        _unavailable("redis-server", FileNotFoundError("redis-server is not installed"))
+    port = free_port()
+    process = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    client = redis.Redis.from_url(url)
+
+    def ready() -> bool:
+        try:
+            return bool(client.ping())
+        except redis.ConnectionError:
+            return False
+
+    try:
+        wait_until(ready, timeout=10, what="a private redis-server")
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
 
 
 def queued_messages(redis_url: str, namespace: str, queue: str) -> int:
@@ -211,6 +242,15 @@ class RecordingHandler:
         self.attempts: dict[str, int] = {}
         self.refused: list[tuple[str, str]] = []
         self.fault: Fault | None = None
+        #: Seconds each message takes, to stretch a run so it can be interrupted. Spent before the
+        #: data, as a slow network or a slow provider would; the final "." is answered at once.
+        self.delay_seconds = 0.0
+
+    async def handle_RCPT(self, server, session, envelope, address, rcpt_options):  # type: ignore[no-untyped-def]
+        if self.delay_seconds:
+            await asyncio.sleep(self.delay_seconds)
+        envelope.rcpt_tos.append(address)
+        return "250 OK"
 
     async def handle_DATA(self, server, session, envelope):  # type: ignore[no-untyped-def]
         recipient = envelope.rcpt_tos[0]

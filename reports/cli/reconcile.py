@@ -1,0 +1,44 @@
+"""``reports reconcile``: count a period against what should exist and re-send what is stuck."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import click
+
+from reports import reconcile as reconciling
+from reports.broker import build_broker, send, send_many
+from reports.cli.app import Obj, cli, pass_obj, period_argument
+from reports.clock import utcnow
+from reports.jobs import BUILD_REPORT, PLAN_PERIOD
+from reports.periods import Period
+
+
+@cli.command()
+@period_argument(closed=False)
+@click.option("--stuck-after", type=click.FloatRange(min=0), default=None,
+              help="Seconds a pending item must be untouched to count as stuck "
+                   "(default: RECONCILE_STUCK_AFTER_SECONDS, 600).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@pass_obj
+def reconcile(obj: Obj, period: Period, stuck_after: float | None, as_json: bool) -> None:
+    """Count PERIOD against what should exist; re-enqueue stuck items and an unfinished walk."""
+    broker = build_broker(obj.settings)
+    found = reconciling.reconcile(
+        obj.sessions(), period,
+        send_jobs=lambda payloads: send_many(broker, BUILD_REPORT, payloads),
+        send_coordinator=lambda payload: send(broker, PLAN_PERIOD, payload),
+        stuck_after=timedelta(seconds=obj.settings.reconcile_stuck_after_seconds if stuck_after is None
+                              else stuck_after),
+        now=utcnow(),
+    )
+    if as_json:
+        click.echo(json.dumps(found.as_dict()))
+        return
+    click.echo(
+        f"{found.period}: {found.active_users} active users, {found.items} items "
+        f"({found.active_without_item} active users without one); {found.finished} finished, "
+        f"{found.pending} pending; re-enqueued {found.requeued} stuck item(s)"
+        + ("; coordinator re-enqueued to finish the walk." if found.coordinator_enqueued else "; walk complete.")
+    )
