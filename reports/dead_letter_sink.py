@@ -35,9 +35,11 @@ class DeadLetterSink:
             stored = dead_letters.record(session, dead)
         if not stored:
             return  # a redelivered copy of a message already stored
+        subject = " ".join(f"{k}={dead.kwargs[k]}" for k in ("period", "user_id") if k in dead.kwargs)
         logger.error(
-            "Dead letter: message %s of %s on %s, %s after %d attempt(s): %s.",
-            dead.message_id, dead.actor, dead.queue, dead.reason, dead.attempts, dead.error_class,
+            "Dead letter: message %s of %s on %s (%s), %s after %d attempt(s): %s.",
+            dead.message_id, dead.actor, dead.queue, subject or "no ids", dead.reason, dead.attempts,
+            dead.error_class,
             extra={"message_id": dead.message_id, "actor": dead.actor, "queue": dead.queue,
                    "reason": dead.reason, "attempts": dead.attempts, "error_class": dead.error_class,
                    **{k: dead.kwargs[k] for k in ("period", "user_id") if k in dead.kwargs}},

@@ -59,6 +59,7 @@ def reconcile(
     Re-enqueuing stamps each item, so running it again at once re-sends nothing; a copy that
     races a message still somewhere in flight is absorbed by the delivery claim.
     """
+    untouched_since = now - stuck_after  # first: an impossible threshold fails before anything is sent
     with sessions.begin() as session:
         counts = progress.count(session, period)  # BadInput for a period never triggered
         run = session.get(PeriodRun, str(period))
@@ -82,9 +83,9 @@ def reconcile(
         with sessions.begin() as session:
             user_ids = session.scalars(
                 update(ReportItem)
-                .where(*_stuck(period, now - stuck_after, now), ReportItem.user_id.in_(
+                .where(*_stuck(period, untouched_since, now), ReportItem.user_id.in_(
                     select(ReportItem.user_id)
-                    .where(*_stuck(period, now - stuck_after, now), ReportItem.user_id > after)
+                    .where(*_stuck(period, untouched_since, now), ReportItem.user_id > after)
                     .order_by(ReportItem.user_id)
                     .limit(CHUNK)
                     .scalar_subquery()

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from reports.errors import ConfigurationError
+
+#: Longest duration any setting accepts: ten years, in seconds.
+MAX_SECONDS = 10 * 366 * 86_400
 
 #: The repository's own ``templates/`` folder, used unless ``TEMPLATES_DIR`` says otherwise.
 DEFAULT_TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
@@ -69,6 +73,12 @@ class Settings:
             object.__setattr__(self, "database_url", f"sqlite:///{self.var_dir / 'reports.db'}")
         if self.plan_page_size < 1:
             raise ConfigurationError("PLAN_PAGE_SIZE must be at least 1.")
+        for name in ("reconcile_stuck_after_seconds", "claim_lease_seconds", "smtp_timeout_seconds",
+                     "plan_slice_seconds", "alert_window_seconds", "breaker_window_seconds",
+                     "breaker_cooldown_seconds"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and 0 <= value <= MAX_SECONDS):
+                raise ConfigurationError(f"{ENVIRONMENT[name]} must be a number of seconds from 0 to {MAX_SECONDS}.")
 
     @property
     def outbox_dir(self) -> Path:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from datetime import timedelta
 
 import click
@@ -11,13 +12,23 @@ from reports import reconcile as reconciling
 from reports.broker import build_broker, send, send_many
 from reports.cli.app import Obj, cli, pass_obj, period_argument
 from reports.clock import utcnow
+from reports.errors import BadInput
 from reports.jobs import BUILD_REPORT, PLAN_PERIOD
 from reports.periods import Period
+
+#: Longest threshold accepted: ten years, in seconds.
+MAX_STUCK_AFTER_SECONDS = 10 * 366 * 86_400
+
+
+def _seconds(_ctx: click.Context, _param: click.Parameter, value: float | None) -> float | None:
+    if value is not None and not (math.isfinite(value) and 0 <= value <= MAX_STUCK_AFTER_SECONDS):
+        raise BadInput(f"--stuck-after must be a number of seconds from 0 to {MAX_STUCK_AFTER_SECONDS}.")
+    return value
 
 
 @cli.command()
 @period_argument(closed=False)
-@click.option("--stuck-after", type=click.FloatRange(min=0), default=None,
+@click.option("--stuck-after", type=float, default=None, callback=_seconds,
               help="Seconds a pending item must be untouched to count as stuck "
                    "(default: RECONCILE_STUCK_AFTER_SECONDS, 600).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")

@@ -87,6 +87,7 @@ class SmtpMailer:
                 client = None
         if client is None:
             client = self._local.client = self._connect()
+            self._local.last_used = time.monotonic()
         return client
 
     def _drop(self) -> None:
@@ -109,6 +110,7 @@ class SmtpMailer:
                 # The provider answered; the connection is fine once the transaction is reset.
                 try:
                     client.rset()
+                    self._local.last_used = time.monotonic()
                 except (smtplib.SMTPException, OSError):
                     self._drop()
                 raise

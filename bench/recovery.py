@@ -1,0 +1,493 @@
+"""Benchmark: time from ``kill -9`` of a worker's process group to the redelivery of its message.
+
+Usage (from the repository root)::
+
+    .venv/bin/python bench/recovery.py --runs 5 --default-runs 3
+
+Two modes are measured side by side in one run of this script:
+
+- ``project``: workers built like the real ones (``reports.broker.build_broker(Settings.from_env())``
+  plus the ``Heartbeat`` middleware, as in ``actors/__init__.py``), so the project's
+  ``heartbeat_timeout_ms`` and ``maintenance_chance`` apply (defaults 10000 ms and 100000/1e6,
+  or whatever ``HEARTBEAT_TIMEOUT_MS`` / ``MAINTENANCE_CHANCE`` say in this environment).
+- ``defaults``: a plain Dramatiq ``RedisBroker`` (heartbeat timeout 60000 ms, maintenance chance
+  1000/1e6) and no ``Heartbeat`` middleware.
+
+Each run, in a fresh broker namespace: two worker process groups (``python -m dramatiq
+bench.recovery_actors --processes 1 --threads 1``, each its own session) boot; one ``hold`` message
+is enqueued; the group that starts it is killed with SIGKILL (``os.killpg``) while the other stands
+by idle; the recovery time is the wall-clock time the message starts again in the standby group,
+as recorded by the actor, minus the kill time.
+
+The project runs go one after another; the defaults runs, which take minutes each, run at the same
+time as each other and as the project runs (separate namespaces, so they do not interact).
+
+By default the bench starts a private ``redis-server`` on a free loopback port, so nothing else
+using the shared Redis (a test that flushes it, say) can disturb a run; ``--redis-url`` uses an
+existing server instead (the bench then deletes the keys it wrote).
+
+Every process the bench starts is killed (whole process group) on the way out, Ctrl-C included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import math
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import dramatiq  # noqa: E402
+import redis  # noqa: E402
+from dramatiq.brokers.redis import (  # noqa: E402
+    DEFAULT_HEARTBEAT_TIMEOUT,
+    DEFAULT_MAINTENANCE_CHANCE,
+    RedisBroker,
+)
+
+from bench.recovery_keys import ACTOR, MODE_VARIABLE, QUEUE, ready_key, starts_key  # noqa: E402
+from reports.broker import build_broker  # noqa: E402
+from reports.settings import Settings  # noqa: E402
+
+REDIS_SERVER = "/usr/bin/redis-server"
+#: Environment variables that would change what is measured; the workers get the bench's values.
+_SCRUBBED_ENV = ("BROKER_URL", "BROKER_NAMESPACE", "HEARTBEAT_TIMEOUT_MS", "MAINTENANCE_CHANCE", MODE_VARIABLE)
+
+
+class Interrupted(Exception):
+    """The bench is shutting down (Ctrl-C or SIGTERM)."""
+
+
+class RunFailed(Exception):
+    """A run could not be measured (a worker did not boot, the message never started, ...)."""
+
+
+# --------------------------------------------------------------------------- processes
+
+
+class Processes:
+    """Every process group the bench starts, so that all of them can be killed on the way out."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._live: list[subprocess.Popen[bytes]] = []
+
+    def start(self, argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+        with self._lock:
+            process = subprocess.Popen(argv, start_new_session=True, **kwargs)
+            self._live.append(process)
+            return process
+
+    def kill(self, process: subprocess.Popen[bytes]) -> None:
+        """SIGKILL the process's whole group (it leads its own session), then reap the leader."""
+        with self._lock:
+            if process not in self._live:
+                return
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self._live.remove(process)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def kill_all(self) -> None:
+        with self._lock:
+            live = list(self._live)
+        for process in live:
+            self.kill(process)
+
+
+# --------------------------------------------------------------------------- redis
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_private_redis(processes: Processes, workdir: Path) -> tuple[str, str]:
+    """Start a throwaway redis-server on a free loopback port; returns (url, description)."""
+    port = _free_port()
+    log = workdir / "redis-server.log"
+    processes.start(
+        [REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--dir", str(workdir), "--logfile", str(log)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    client = redis.Redis.from_url(url)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            version = client.info("server")["redis_version"]
+            break
+        except redis.ConnectionError:
+            if time.monotonic() > deadline:
+                raise RunFailed(f"private redis-server did not start; see {log}") from None
+            time.sleep(0.05)
+    client.close()
+    return url, f"private redis-server {version} on 127.0.0.1:{port}"
+
+
+# --------------------------------------------------------------------------- one run
+
+
+@dataclasses.dataclass(frozen=True)
+class Mode:
+    name: str
+    label: str
+    heartbeat_timeout_ms: int
+    maintenance_chance: int
+
+
+@dataclasses.dataclass
+class RunResult:
+    mode: str
+    index: int
+    seconds: float | None = None  # None: timed out
+    error: str | None = None
+
+
+@dataclasses.dataclass
+class Context:
+    processes: Processes
+    redis_url: str
+    private_redis: bool
+    settings: Settings
+    logdir: Path
+    startup_timeout: float
+    timeout: float
+    stop: threading.Event
+    print_lock: threading.Lock
+
+    def log(self, text: str) -> None:
+        with self.print_lock:
+            stamp = datetime.datetime.now().strftime("%H:%M:%S")
+            print(f"[{stamp}] {text}", file=sys.stderr, flush=True)
+
+
+def _worker_env(ctx: Context, mode: Mode, namespace: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED_ENV and not k.startswith("dramatiq_")}
+    env.update(
+        {
+            MODE_VARIABLE: mode.name,
+            "BROKER_URL": ctx.redis_url,
+            "BROKER_NAMESPACE": namespace,
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    if mode.name == "project":
+        env["HEARTBEAT_TIMEOUT_MS"] = str(mode.heartbeat_timeout_ms)
+        env["MAINTENANCE_CHANCE"] = str(mode.maintenance_chance)
+    return env
+
+
+def _start_group(ctx: Context, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "wb") as out:
+        return ctx.processes.start(
+            [sys.executable, "-m", "dramatiq", "bench.recovery_actors", "--processes", "1", "--threads", "1"],
+            cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+        )
+
+
+def _producer(ctx: Context, mode: Mode, namespace: str) -> RedisBroker:
+    """A producer broker with the same settings as the mode's workers."""
+    if mode.name == "project":
+        settings = dataclasses.replace(
+            ctx.settings, broker_url=ctx.redis_url, broker_namespace=namespace,
+            heartbeat_timeout_ms=mode.heartbeat_timeout_ms, maintenance_chance=mode.maintenance_chance,
+        )
+        return build_broker(settings)
+    return RedisBroker(url=ctx.redis_url, namespace=namespace)
+
+
+def _blpop(ctx: Context, client: redis.Redis, key: str, deadline: float,
+           groups: list[subprocess.Popen[bytes]]) -> dict[str, Any] | str | None:
+    """Pop one entry from ``key`` before ``deadline`` (time.time()); None on timeout.
+
+    Waits in short blocking pops so that Ctrl-C and dead worker groups are noticed.
+    """
+    while True:
+        if ctx.stop.is_set():
+            raise Interrupted()
+        for group in groups:
+            if group.poll() is not None:
+                raise RunFailed(f"worker group {group.pid} exited with {group.returncode}")
+        remaining = deadline - time.time()
+        if remaining <= 0:
+            return None
+        item = client.blpop([key], timeout=min(1.0, max(remaining, 0.01)))
+        if item is not None:
+            raw = item[1].decode()
+            return json.loads(raw) if raw.startswith("{") else raw
+
+
+def one_run(ctx: Context, mode: Mode, index: int) -> RunResult:
+    result = RunResult(mode.name, index)
+    namespace = f"bench-recovery-{mode.name}-{index}-{uuid.uuid4().hex[:8]}"
+    token = namespace
+    env = _worker_env(ctx, mode, namespace)
+    client = redis.Redis.from_url(ctx.redis_url)
+    groups: list[subprocess.Popen[bytes]] = []
+    try:
+        for name in ("g1", "g2"):
+            groups.append(_start_group(ctx, env, ctx.logdir / f"{namespace}.{name}.log"))
+
+        # Both groups booted: each worker process announces itself after its consumers start.
+        deadline = time.time() + ctx.startup_timeout
+        ready: list[int] = []
+        while len(ready) < 2:
+            pid = _blpop(ctx, client, ready_key(namespace), deadline, groups)
+            if pid is None:
+                raise RunFailed(f"worker groups did not boot within {ctx.startup_timeout:.0f} s")
+            ready.append(int(pid))
+
+        producer = _producer(ctx, mode, namespace)
+        try:
+            producer.enqueue(
+                dramatiq.Message(queue_name=QUEUE, actor_name=ACTOR, args=(token,), kwargs={}, options={})
+            )
+        finally:
+            producer.close()
+
+        first = _blpop(ctx, client, starts_key(token), time.time() + ctx.startup_timeout, groups)
+        if first is None:
+            raise RunFailed("the hold message never started")
+        holder_group = os.getpgid(int(first["pid"]))
+        victims = [g for g in groups if g.pid == holder_group]
+        if len(victims) != 1:
+            raise RunFailed(f"pid {first['pid']} that started the message is in no worker group")
+        victim = victims[0]
+        standby = next(g for g in groups if g is not victim)
+        # The standby group is idle: one message only, and nothing else has started it.
+        if client.llen(starts_key(token)) != 0:
+            raise RunFailed("the message started twice before the kill")
+
+        killed_at = time.time()
+        ctx.processes.kill(victim)
+        groups.remove(victim)
+
+        second = _blpop(ctx, client, starts_key(token), killed_at + ctx.timeout, [standby])
+        if second is None:
+            result.seconds = None
+        else:
+            if os.getpgid(int(second["pid"])) != standby.pid:
+                raise RunFailed(f"redelivered to pid {second['pid']}, not in the standby group")
+            result.seconds = float(second["t"]) - killed_at
+    except RunFailed as exc:
+        result.error = str(exc)
+    except Exception as exc:  # noqa: BLE001  (report, do not crash the other runs)
+        if isinstance(exc, Interrupted):
+            raise
+        result.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        for group in groups:
+            ctx.processes.kill(group)
+        if not ctx.private_redis:
+            _delete_keys(client, namespace, token)
+        client.close()
+    return result
+
+
+def _delete_keys(client: redis.Redis, namespace: str, token: str) -> None:
+    try:
+        keys = list(client.scan_iter(match=f"{namespace}:*", count=1000))
+        keys += [starts_key(token), ready_key(namespace)]
+        client.delete(*keys)
+    except redis.RedisError:
+        pass
+
+
+# --------------------------------------------------------------------------- report
+
+
+def median_bound(values: list[float | None], timeout: float) -> tuple[float | None, bool]:
+    """The median, with timed-out runs counted as ``timeout``; True when that makes it a lower bound."""
+    if not values:
+        return None, False
+    xs = sorted((v if v is not None else timeout, v is None) for v in values)
+    n = len(xs)
+    middle = [xs[n // 2]] if n % 2 else [xs[n // 2 - 1], xs[n // 2]]
+    return sum(v for v, _ in middle) / len(middle), any(bound for _, bound in middle)
+
+
+def _fmt_run(result: RunResult, timeout: float) -> str:
+    if result.error is not None:
+        return "error"
+    if result.seconds is None:
+        return f">{timeout:.0f}"
+    return f"{result.seconds:.1f}"
+
+
+def _fmt_median(value: float | None, bound: bool) -> str:
+    if value is None:
+        return "n/a"
+    return f">={value:.1f}" if bound else f"{value:.1f}"
+
+
+def report(ctx: Context, modes: list[Mode], results: dict[str, list[RunResult]], redis_desc: str,
+           started: datetime.datetime, finished: datetime.datetime) -> bool:
+    nproc = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    print("kill -9 of a worker's process group -> redelivery of its in-flight message")
+    print(f"date:    {started:%Y-%m-%d %H:%M:%S} to {finished:%H:%M:%S} ({(finished - started).total_seconds():.0f} s wall)")
+    print(f"machine: nproc={nproc}, {platform.machine()}, {platform.system()} {platform.release()}")
+    print(f"stack:   Python {platform.python_version()}, dramatiq {dramatiq.__version__}, redis-py {redis.__version__}, {redis_desc}")
+    print("workers: 2 groups per run (python -m dramatiq bench.recovery_actors --processes 1 --threads 1);")
+    print(f"         the group running the message is SIGKILLed, the other stands by idle; timeout {ctx.timeout:.0f} s per run")
+    print()
+    rows = [("mode", "heartbeat_timeout", "maintenance_chance", "runs (s, kill -> redelivery)", "median (s)")]
+    medians: dict[str, tuple[float | None, bool]] = {}
+    failed = False
+    for mode in modes:
+        runs = sorted(results[mode.name], key=lambda r: r.index)
+        measured = [r.seconds for r in runs if r.error is None]
+        medians[mode.name] = median_bound(measured, ctx.timeout)
+        failed |= any(r.error is not None for r in runs)
+        rows.append(
+            (
+                mode.label,
+                f"{mode.heartbeat_timeout_ms} ms",
+                f"{mode.maintenance_chance}/1e6 ({mode.maintenance_chance / 1e4:g}%)",
+                "  ".join(_fmt_run(r, ctx.timeout) for r in runs),
+                _fmt_median(*medians[mode.name]),
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for i, row in enumerate(rows):
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        if i == 0:
+            print("  ".join("-" * w for w in widths))
+    print()
+    (p, p_bound), (d, d_bound) = medians.get("project", (None, False)), medians.get("defaults", (None, False))
+    if p is None or d is None or p <= 0:
+        ratio = "n/a"
+    elif p_bound and d_bound:
+        ratio = "n/a (both medians are lower bounds)"
+    elif d_bound:
+        ratio = f">= {d / p:.1f}x (defaults median is a lower bound)"
+    elif p_bound:
+        ratio = f"<= {d / p:.1f}x (project median is a lower bound)"
+    else:
+        ratio = f"{d / p:.1f}x"
+    print(f"ratio defaults/project (medians): {ratio}")
+    if failed:
+        print()
+        for mode in modes:
+            for r in sorted(results[mode.name], key=lambda r: r.index):
+                if r.error is not None:
+                    print(f"error: {mode.label} run {r.index + 1}: {r.error}")
+        print(f"worker logs kept in {ctx.logdir}")
+    sys.stdout.flush()
+    return failed
+
+
+# --------------------------------------------------------------------------- main
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=5, help="runs with the project's settings (default 5)")
+    parser.add_argument("--default-runs", type=int, default=3,
+                        help="runs with Dramatiq's defaults, all at once (default 3)")
+    parser.add_argument("--timeout", type=float, default=1200.0,
+                        help="seconds after the kill before a run is reported as '> timeout' (default 1200)")
+    parser.add_argument("--startup-timeout", type=float, default=60.0,
+                        help="seconds for the workers to boot and start the message (default 60)")
+    parser.add_argument("--redis-url", default=None,
+                        help="use this Redis instead of a private redis-server (keys are deleted afterwards)")
+    args = parser.parse_args(argv)
+    if args.runs < 0 or args.default_runs < 0 or args.runs + args.default_runs == 0:
+        parser.error("nothing to run")
+
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    settings = Settings.from_env()
+    modes = []
+    if args.runs:
+        modes.append(Mode("project", "project settings", settings.heartbeat_timeout_ms, settings.maintenance_chance))
+    if args.default_runs:
+        modes.append(Mode("defaults", "dramatiq defaults", DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_MAINTENANCE_CHANCE))
+    counts = {"project": args.runs, "defaults": args.default_runs}
+
+    processes = Processes()
+    workdir = Path(tempfile.mkdtemp(prefix="recovery-bench-"))
+    stop = threading.Event()
+    results: dict[str, list[RunResult]] = {m.name: [] for m in modes}
+    failed = True
+    try:
+        if args.redis_url:
+            redis_url, redis_desc = args.redis_url, f"Redis at {args.redis_url}"
+        else:
+            redis_url, redis_desc = start_private_redis(processes, workdir)
+        ctx = Context(processes, redis_url, not args.redis_url, settings, workdir,
+                      args.startup_timeout, args.timeout, stop, threading.Lock())
+        started = datetime.datetime.now()
+        ctx.log(f"redis: {redis_desc}; logs in {workdir}")
+
+        def record(mode: Mode, index: int) -> None:
+            try:
+                result = one_run(ctx, mode, index)
+            except Interrupted:
+                return
+            results[mode.name].append(result)
+            outcome = result.error or _fmt_run(result, ctx.timeout) + " s"
+            ctx.log(f"{mode.label} run {index + 1}/{counts[mode.name]}: {outcome}")
+
+        def sequential(mode: Mode) -> None:
+            for index in range(counts[mode.name]):
+                if stop.is_set():
+                    return
+                record(mode, index)
+
+        threads = []
+        for mode in modes:
+            if mode.name == "defaults":
+                # Minutes each, waiting on a random draw: run them all at once.
+                threads += [threading.Thread(target=record, args=(mode, i), daemon=True) for i in range(counts["defaults"])]
+            else:
+                threads.append(threading.Thread(target=sequential, args=(mode,), daemon=True))
+        for thread in threads:
+            thread.start()
+            time.sleep(0.5)  # stagger the worker boots a little on small machines
+        for thread in threads:
+            while thread.is_alive():
+                thread.join(timeout=0.5)
+        finished = datetime.datetime.now()
+        failed = report(ctx, modes, results, redis_desc, started, finished)
+        return 1 if failed else 0
+    except KeyboardInterrupt:
+        print("interrupted: killing every process the bench started", file=sys.stderr, flush=True)
+        return 130
+    finally:
+        stop.set()
+        processes.kill_all()
+        if not failed:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""Actors for bench/recovery.py, loaded by real ``python -m dramatiq bench.recovery_actors`` workers.
+
+The mode comes from ``BENCH_RECOVERY_MODE``:
+
+- ``project`` (default): the broker is ``reports.broker.build_broker(Settings.from_env())``, so
+  the project's ``heartbeat_timeout_ms`` and ``maintenance_chance`` apply, and the project's
+  ``Heartbeat`` middleware is added exactly as ``actors/__init__.py`` adds it.
+- ``defaults``: a plain ``RedisBroker`` with Dramatiq's default heartbeat timeout (60 s) and
+  maintenance chance (1000 per million), default middleware, no ``Heartbeat``.
+
+In both modes the broker URL and namespace come from ``Settings.from_env()`` (``BROKER_URL``,
+``BROKER_NAMESPACE``), so every run can use a fresh namespace.
+
+Bookkeeping goes through ``broker.client`` (plain Redis commands), never through the broker's
+dispatch script, so it neither refreshes heartbeats nor takes part in the maintenance draw.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import dramatiq
+from dramatiq.brokers.redis import RedisBroker
+from dramatiq.middleware import Middleware
+
+from bench.recovery_keys import ACTOR, MODE_VARIABLE, MODES, QUEUE, ready_key, starts_key
+from reports.broker import build_broker
+from reports.settings import Settings
+from reports.worker_lifecycle import Heartbeat
+
+#: How long ``hold`` keeps its message in flight: far longer than any run of the bench.
+HOLD_SECONDS = 3600
+
+
+class AnnounceReady(Middleware):
+    """Tell the bench that this worker process has booted and is polling its queues."""
+
+    def after_worker_boot(self, broker: dramatiq.Broker, worker: dramatiq.Worker) -> None:
+        broker.client.rpush(ready_key(broker.namespace), os.getpid())
+
+
+def _build(mode: str) -> RedisBroker:
+    settings = Settings.from_env()
+    if mode == "project":
+        broker = build_broker(settings)
+        # As in actors/__init__.py.
+        broker.add_middleware(Heartbeat(interval_seconds=settings.heartbeat_timeout_ms / 4000))
+    elif mode == "defaults":
+        broker = RedisBroker(url=settings.broker_url, namespace=settings.broker_namespace)
+    else:
+        raise SystemExit(f"{MODE_VARIABLE} must be one of {MODES}, got {mode!r}.")
+    broker.add_middleware(AnnounceReady())
+    return broker
+
+
+mode = os.environ.get(MODE_VARIABLE, "project")
+broker = _build(mode)
+dramatiq.set_broker(broker)
+
+
+@dramatiq.actor(actor_name=ACTOR, queue_name=QUEUE, time_limit=(HOLD_SECONDS + 60) * 1000)
+def hold(token: str) -> None:
+    """Record this start, then stay in flight until the process is killed."""
+    broker.client.rpush(starts_key(token), json.dumps({"t": time.time(), "pid": os.getpid()}))
+    time.sleep(HOLD_SECONDS)

@@ -1,0 +1,457 @@
+"""Reconcile against real databases: count a period, re-send what is stuck, exactly once per run."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import select, text, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from reports import delivery, items
+from reports import reconcile as reconciling
+from reports.broker import send, send_many
+from reports.clock import utcnow
+from reports.errors import BadInput
+from reports.jobs import BUILD_REPORT, PLAN_PERIOD, ReportJob
+from reports.models import ItemState, ReportItem
+from reports.periods import Period
+from reports.planning import plan_slice
+from reports.reconcile import Reconciliation
+from reports.settings import Settings
+from tests.conftest import load_users, queued_messages
+from tests.integration.conftest import PERIOD, item_user_ids, plan_everything, queued_user_ids, trigger
+
+STUCK_AFTER = timedelta(minutes=10)
+
+
+class Recorder:
+    """``send_jobs`` and ``send_coordinator`` that only remember what they were handed."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+        self.coordinators: list[dict[str, Any]] = []
+
+    def send_jobs(self, payloads: Iterable[dict[str, Any]]) -> int:
+        batch = [ReportJob.parse((), payload) for payload in payloads]
+        assert all(job.period == PERIOD for job in batch)
+        self.batches.append([job.user_id for job in batch])
+        return len(batch)
+
+    def send_coordinator(self, payload: dict[str, Any]) -> None:
+        self.coordinators.append(payload)
+
+    @property
+    def user_ids(self) -> list[int]:
+        return [user_id for batch in self.batches for user_id in batch]
+
+
+def run_reconcile(sessions: sessionmaker[Session], recorder: Recorder, *, now: datetime,
+                  stuck_after: timedelta = STUCK_AFTER, period: Period = PERIOD) -> Reconciliation:
+    return reconciling.reconcile(
+        sessions, period, recorder.send_jobs, recorder.send_coordinator, stuck_after=stuck_after, now=now,
+    )
+
+
+def later(minutes: float = 60) -> datetime:
+    return utcnow() + timedelta(minutes=minutes)
+
+
+def item(sessions: sessionmaker[Session], user_id: int) -> ReportItem:
+    with sessions() as session:
+        found = session.get(ReportItem, (str(PERIOD), user_id))
+        assert found is not None
+        return found
+
+
+# --- stuck items are re-sent once ------------------------------------------------------------
+
+
+def test_every_pending_item_untouched_past_the_threshold_is_re_enqueued_once(sessions, settings):
+    population = load_users(sessions, count=30)
+    plan_everything(sessions, settings)
+    recorder = Recorder()
+
+    found = run_reconcile(sessions, recorder, now=later())
+
+    assert sorted(recorder.user_ids) == population.active
+    assert Counter(recorder.user_ids).most_common(1)[0][1] == 1
+    active = len(population.active)
+    assert found == Reconciliation(
+        period=str(PERIOD), planned=True, active_users=active, items=active, active_without_item=0,
+        finished=0, pending=active, requeued=active, coordinator_enqueued=False,
+    )
+    assert recorder.coordinators == []
+
+
+def test_re_enqueuing_stamps_each_item_with_reconciles_now(sessions, settings):
+    population = load_users(sessions, count=10)
+    plan_everything(sessions, settings)
+    now = later()
+
+    run_reconcile(sessions, Recorder(), now=now)
+
+    for user_id in population.active:
+        stamped = item(sessions, user_id)
+        assert (stamped.updated_at, stamped.enqueued_at) == (now, now)
+        assert stamped.state == ItemState.PENDING
+
+
+def test_reconciling_again_at_the_same_moment_re_enqueues_nothing(sessions, settings):
+    population = load_users(sessions, count=20)
+    plan_everything(sessions, settings)
+    now = later()
+    first = Recorder()
+    run_reconcile(sessions, first, now=now)
+    assert sorted(first.user_ids) == population.active
+
+    again = Recorder()
+    found = run_reconcile(sessions, again, now=now)
+
+    assert again.batches == []
+    assert found.requeued == 0
+    assert (found.pending, found.items) == (len(population.active), len(population.active))
+
+
+def test_items_touched_within_the_threshold_are_not_re_enqueued(sessions, settings):
+    load_users(sessions, count=20)
+    plan_everything(sessions, settings)
+    recorder = Recorder()
+
+    # Five minutes from now, every item was touched (planned) less than ten minutes before.
+    found = run_reconcile(sessions, recorder, now=later(minutes=5))
+
+    assert recorder.batches == []
+    assert found.requeued == 0
+    assert found.pending == found.items > 0
+
+
+def test_only_the_items_untouched_for_longer_than_the_threshold_are_re_enqueued(sessions, settings):
+    population = load_users(sessions, count=20)
+    plan_everything(sessions, settings)
+    now = utcnow()
+    old, fresh = population.active[::3], population.active[1::3]
+    with sessions.begin() as session:
+        session.execute(update(ReportItem).where(ReportItem.user_id.in_(old))
+                        .values(updated_at=now - STUCK_AFTER - timedelta(seconds=1)))
+        session.execute(update(ReportItem).where(ReportItem.user_id.in_(fresh))
+                        .values(updated_at=now - STUCK_AFTER + timedelta(seconds=30)))
+    recorder = Recorder()
+
+    found = run_reconcile(sessions, recorder, now=now)
+
+    assert sorted(recorder.user_ids) == old
+    assert found.requeued == len(old)
+
+
+# --- delivery claims -------------------------------------------------------------------------
+
+
+def test_an_item_with_a_live_delivery_claim_waits_until_its_lease_has_run_out(sessions, settings):
+    population = load_users(sessions, count=12)
+    plan_everything(sessions, settings)
+    claimed_user = population.active[3]
+    now = later()
+    with sessions.begin() as session:
+        claim = delivery.take(session, PERIOD, claimed_user, message_id="in-flight", lease_seconds=180,
+                              now=now - timedelta(minutes=1))
+    assert claim is not None
+
+    first = Recorder()
+    found = run_reconcile(sessions, first, now=now)
+
+    assert claimed_user not in first.user_ids
+    assert sorted(first.user_ids) == [u for u in population.active if u != claimed_user]
+    assert found.requeued == len(population.active) - 1
+    # The claimed item was not stamped: it is still as the walk left it.
+    assert item(sessions, claimed_user).updated_at < now - STUCK_AFTER
+
+    # Five minutes on, the lease (two minutes past `now`) has run out; the others were stamped at `now`.
+    second = Recorder()
+    found = run_reconcile(sessions, second, now=now + timedelta(minutes=5))
+
+    assert second.user_ids == [claimed_user]
+    assert found.requeued == 1
+
+
+def test_a_claim_whose_lease_runs_out_exactly_at_reconciles_now_is_not_live(sessions, settings):
+    population = load_users(sessions, count=4)
+    plan_everything(sessions, settings)
+    user_id = population.active[0]
+    now = later()
+    with sessions.begin() as session:
+        delivery.take(session, PERIOD, user_id, message_id="m", lease_seconds=60, now=now - timedelta(seconds=60))
+    recorder = Recorder()
+
+    run_reconcile(sessions, recorder, now=now)
+
+    assert user_id in recorder.user_ids
+
+
+def test_a_sent_delivery_with_a_still_pending_item_is_re_enqueued_for_the_consumer_to_finish(sessions, settings):
+    population = load_users(sessions, count=4)
+    plan_everything(sessions, settings)
+    user_id = population.active[0]
+    now = later()
+    with sessions.begin() as session:
+        claim = delivery.take(session, PERIOD, user_id, message_id="m", lease_seconds=600,
+                              now=now - timedelta(minutes=1))
+        assert claim is not None
+        assert delivery.complete(session, claim, now=now - timedelta(seconds=50))
+    recorder = Recorder()
+
+    run_reconcile(sessions, recorder, now=now)
+
+    # Sent but crashed before finishing the item: only a new message can move it to delivered.
+    assert user_id in recorder.user_ids
+
+
+# --- finished items --------------------------------------------------------------------------
+
+
+def test_finished_items_are_never_re_enqueued(sessions, settings):
+    population = load_users(sessions, count=20)
+    plan_everything(sessions, settings)
+    delivered, skipped, dead = population.active[:3]
+    with sessions.begin() as session:
+        at = utcnow()
+        assert items.finish(session, PERIOD, delivered, ItemState.DELIVERED, now=at)
+        assert items.finish(session, PERIOD, skipped, ItemState.SKIPPED, now=at)
+        assert items.finish(session, PERIOD, dead, ItemState.DEAD, now=at, error="boom")
+    pending = population.active[3:]
+
+    for minutes in (60, 120, 24 * 60):
+        recorder = Recorder()
+        found = run_reconcile(sessions, recorder, now=later(minutes), stuck_after=timedelta(0))
+        assert sorted(recorder.user_ids) == pending
+        assert (found.finished, found.pending, found.items) == (3, len(pending), len(population.active))
+        assert found.requeued == len(pending)
+
+    for user_id, state in ((delivered, ItemState.DELIVERED), (skipped, ItemState.SKIPPED), (dead, ItemState.DEAD)):
+        assert item(sessions, user_id).state == state
+
+
+def test_a_period_with_every_item_finished_re_enqueues_nothing(sessions, settings):
+    population = load_users(sessions, count=8)
+    plan_everything(sessions, settings)
+    with sessions.begin() as session:
+        for user_id in population.active:
+            items.finish(session, PERIOD, user_id, ItemState.DELIVERED, now=utcnow())
+    recorder = Recorder()
+
+    found = run_reconcile(sessions, recorder, now=later(), stuck_after=timedelta(0))
+
+    assert recorder.batches == [] and recorder.coordinators == []
+    assert (found.finished, found.pending, found.requeued) == (len(population.active), 0, 0)
+    assert found.planned and not found.coordinator_enqueued
+
+
+# --- the walk and the users ------------------------------------------------------------------
+
+
+def test_an_unfinished_walk_gets_its_coordinator_re_enqueued(sessions, settings):
+    population = load_users(sessions, count=40)
+    trigger(sessions, settings)
+    outcome = plan_slice(sessions, PERIOD, lambda payloads: len(list(payloads)),
+                         page_size=settings.plan_page_size, budget_seconds=0)
+    assert not outcome.planned
+    walked = sorted(item_user_ids(sessions))
+    assert 0 < len(walked) < len(population.active)
+    recorder = Recorder()
+
+    found = run_reconcile(sessions, recorder, now=later())
+
+    assert recorder.coordinators == [{"period": str(PERIOD)}]
+    assert found.coordinator_enqueued is True
+    assert found.planned is False
+    assert sorted(recorder.user_ids) == walked
+    assert found.items == len(walked)
+    assert found.active_without_item == len(population.active) - len(walked)
+    assert found.active_users == len(population.active)
+
+
+def test_a_triggered_period_with_no_items_yet_gets_its_coordinator_and_nothing_else(sessions, settings):
+    population = load_users(sessions, count=5)
+    trigger(sessions, settings)
+    recorder = Recorder()
+
+    found = run_reconcile(sessions, recorder, now=later())
+
+    assert recorder.coordinators == [{"period": str(PERIOD)}]
+    assert recorder.batches == []
+    assert (found.items, found.pending, found.requeued) == (0, 0, 0)
+    assert found.active_without_item == len(population.active)
+
+
+def test_a_planned_period_does_not_get_its_coordinator_again(sessions, settings):
+    load_users(sessions, count=5)
+    plan_everything(sessions, settings)
+    recorder = Recorder()
+
+    found = run_reconcile(sessions, recorder, now=later())
+
+    assert recorder.coordinators == []
+    assert found.coordinator_enqueued is False
+
+
+def test_active_users_added_after_the_walk_are_counted_without_an_item(sessions, settings):
+    population = load_users(sessions, count=15)
+    plan_everything(sessions, settings)
+    newcomer, reactivated = 10_000, population.inactive[0]
+    with sessions.begin() as session:
+        session.execute(text("INSERT INTO users (id, email, name, active) VALUES (:id, :email, :name, :active)"),
+                        {"id": newcomer, "email": "late@example.test", "name": "Late", "active": True})
+        session.execute(text("UPDATE users SET active = :active WHERE id = :id"),
+                        {"id": reactivated, "active": True})
+    recorder = Recorder()
+
+    found = run_reconcile(sessions, recorder, now=later())
+
+    assert found.active_without_item == 2
+    assert found.active_users == len(population.active) + 2
+    assert found.items == len(population.active)
+    assert sorted(recorder.user_ids) == population.active
+    assert newcomer not in item_user_ids(sessions) and reactivated not in item_user_ids(sessions)
+
+
+def test_a_never_triggered_period_is_bad_input(sessions, settings):
+    load_users(sessions, count=5)
+    recorder = Recorder()
+
+    with pytest.raises(BadInput):
+        run_reconcile(sessions, recorder, now=later(), period=Period.parse("2026-09"))
+
+    assert recorder.batches == [] and recorder.coordinators == []
+
+
+def test_another_periods_items_are_left_alone(sessions, settings):
+    population = load_users(sessions, count=10)
+    other = Period.parse("2026-09")
+    plan_everything(sessions, settings, period=other)
+    trigger(sessions, settings)
+    recorder = Recorder()
+
+    found = run_reconcile(sessions, recorder, now=later())
+
+    assert recorder.batches == []
+    assert found.items == 0
+    assert found.active_without_item == len(population.active)
+    assert item_user_ids(sessions, other) == Counter(population.active)
+
+
+# --- many stuck items ------------------------------------------------------------------------
+
+
+def test_many_stuck_items_are_re_enqueued_once_each_in_chunks(sessions, settings, monkeypatch):
+    monkeypatch.setattr(reconciling, "CHUNK", 100)
+    population = load_users(sessions, count=2_500, inactive_every=10_000)
+    trigger(sessions, settings)
+    assert plan_slice(sessions, PERIOD, lambda payloads: len(list(payloads)), page_size=1_000,
+                      budget_seconds=60).planned
+    recorder = Recorder()
+
+    found = run_reconcile(sessions, recorder, now=later())
+
+    assert len(population.active) == 2_500
+    assert found.requeued == 2_500
+    assert Counter(recorder.user_ids) == Counter(population.active)
+    assert all(0 < len(batch) <= 100 for batch in recorder.batches)
+    assert len(recorder.batches) == 25
+    assert recorder.user_ids == sorted(recorder.user_ids)
+
+    again = Recorder()
+    assert run_reconcile(sessions, again, now=later()).requeued == 0
+    assert again.batches == []
+
+
+def test_two_reconciles_at_once_re_enqueue_each_stuck_item_once_between_them(sessions, settings, monkeypatch):
+    monkeypatch.setattr(reconciling, "CHUNK", 50)
+    population = load_users(sessions, count=400, inactive_every=10_000)
+    trigger(sessions, settings)
+    assert plan_slice(sessions, PERIOD, lambda payloads: len(list(payloads)), page_size=500,
+                      budget_seconds=60).planned
+    now = later()
+    start = threading.Barrier(2)
+    recorders = [Recorder(), Recorder()]
+    errors: list[BaseException] = []
+
+    def run(recorder: Recorder) -> None:
+        def slow_send(payloads: Iterable[dict[str, Any]]) -> int:
+            sent = recorder.send_jobs(payloads)
+            time.sleep(0.01)  # hold the transaction a moment, so the two really overlap
+            return sent
+
+        try:
+            start.wait(timeout=10)
+            reconciling.reconcile(sessions, PERIOD, slow_send, recorder.send_coordinator,
+                                  stuck_after=STUCK_AFTER, now=now)
+        except BaseException as e:  # noqa: BLE001 - reported in the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(recorder,)) for recorder in recorders]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not any(thread.is_alive() for thread in threads)
+    assert errors == []
+
+    sent = Counter(recorders[0].user_ids + recorders[1].user_ids)
+    assert sent == Counter(population.active)
+
+
+# --- real senders ----------------------------------------------------------------------------
+
+
+def test_re_enqueued_items_are_really_in_redis_once_each(sessions, settings: Settings, broker):
+    population = load_users(sessions, count=25)
+    plan_everything(sessions, settings)  # the walk's own messages went nowhere: the broker "lost" them
+    assert queued_messages(settings.broker_url, settings.broker_namespace, BUILD_REPORT.queue) == 0
+
+    found = reconciling.reconcile(
+        sessions, PERIOD,
+        lambda payloads: send_many(broker, BUILD_REPORT, payloads),
+        lambda payload: send(broker, PLAN_PERIOD, payload),
+        stuck_after=STUCK_AFTER, now=later(),
+    )
+
+    assert found.requeued == len(population.active)
+    assert queued_user_ids(settings) == Counter(population.active)
+    assert queued_messages(settings.broker_url, settings.broker_namespace, PLAN_PERIOD.queue) == 0
+
+
+def test_an_unfinished_walk_really_gets_a_plan_period_message(sessions, settings: Settings, broker):
+    load_users(sessions, count=5)
+    trigger(sessions, settings)
+
+    found = reconciling.reconcile(
+        sessions, PERIOD,
+        lambda payloads: send_many(broker, BUILD_REPORT, payloads),
+        lambda payload: send(broker, PLAN_PERIOD, payload),
+        stuck_after=STUCK_AFTER, now=later(),
+    )
+
+    assert found.coordinator_enqueued
+    assert queued_messages(settings.broker_url, settings.broker_namespace, PLAN_PERIOD.queue) == 1
+    assert queued_messages(settings.broker_url, settings.broker_namespace, BUILD_REPORT.queue) == 0
+
+
+def test_reconcile_reads_items_it_did_not_change_unchanged(sessions, settings):
+    population = load_users(sessions, count=6)
+    plan_everything(sessions, settings)
+    with sessions() as session:
+        before = {row.user_id: (row.enqueued_at, row.updated_at, row.attempts)
+                  for row in session.scalars(select(ReportItem))}
+
+    run_reconcile(sessions, Recorder(), now=later(minutes=5))
+
+    with sessions() as session:
+        after = {row.user_id: (row.enqueued_at, row.updated_at, row.attempts)
+                 for row in session.scalars(select(ReportItem))}
+    assert after == before
+    assert sorted(after) == population.active
