@@ -72,11 +72,12 @@ def reconcile(
                 ~exists().where(ReportItem.period == str(period), ReportItem.user_id == User.id),
             )
         ) or 0
-
-    coordinator_enqueued = False
-    if not counts.planned:
-        send_coordinator(PlanJob(period).payload())
-        coordinator_enqueued = True
+        # A walk that has made no progress for the threshold lost its coordinator; one that is
+        # moving has a coordinator in flight and needs no second one.
+        coordinator_enqueued = not counts.planned and run.updated_at < untouched_since
+        if coordinator_enqueued:
+            run.updated_at = now
+            send_coordinator(PlanJob(period).payload())
 
     requeued = after = 0
     while True:

@@ -57,6 +57,14 @@ class Settings:
     max_backoff_ms: int = 300_000
     #: A pending item untouched for this long, with no live claim, is re-enqueued by reconcile.
     reconcile_stuck_after_seconds: float = 600.0
+    #: When the scheduler triggers last month's run: the 1st of each month at this time
+    #: (``HH:MM``) in this IANA timezone.
+    schedule_time: str = "06:00"
+    schedule_timezone: str = "UTC"
+    #: How many past months the scheduler triggers on start if they were never triggered.
+    schedule_lookback_months: int = 1
+    #: How often the scheduler reconciles unfinished periods, in seconds.
+    schedule_reconcile_interval_seconds: float = 300.0
     log_level: str = "INFO"
     #: Where dead-letter alerts are posted (JSON); ``None`` sends none.
     alert_webhook_url: str | None = None
@@ -75,7 +83,7 @@ class Settings:
             raise ConfigurationError("PLAN_PAGE_SIZE must be at least 1.")
         for name in ("reconcile_stuck_after_seconds", "claim_lease_seconds", "smtp_timeout_seconds",
                      "plan_slice_seconds", "alert_window_seconds", "breaker_window_seconds",
-                     "breaker_cooldown_seconds"):
+                     "breaker_cooldown_seconds", "schedule_reconcile_interval_seconds"):
             value = getattr(self, name)
             if not (math.isfinite(value) and 0 <= value <= MAX_SECONDS):
                 raise ConfigurationError(f"{ENVIRONMENT[name]} must be a number of seconds from 0 to {MAX_SECONDS}.")
@@ -134,6 +142,10 @@ ENVIRONMENT = {
     "min_backoff_ms": "MIN_BACKOFF_MS",
     "max_backoff_ms": "MAX_BACKOFF_MS",
     "reconcile_stuck_after_seconds": "RECONCILE_STUCK_AFTER_SECONDS",
+    "schedule_time": "SCHEDULE_TIME",
+    "schedule_timezone": "SCHEDULE_TIMEZONE",
+    "schedule_lookback_months": "SCHEDULE_LOOKBACK_MONTHS",
+    "schedule_reconcile_interval_seconds": "SCHEDULE_RECONCILE_INTERVAL_SECONDS",
     "log_level": "LOG_LEVEL",
     "alert_webhook_url": "ALERT_WEBHOOK_URL",
     "alert_window_seconds": "ALERT_WINDOW_SECONDS",

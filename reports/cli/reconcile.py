@@ -51,5 +51,7 @@ def reconcile(obj: Obj, period: Period, stuck_after: float | None, as_json: bool
         f"{found.period}: {found.active_users} active users, {found.items} items "
         f"({found.active_without_item} active users without one); {found.finished} finished, "
         f"{found.pending} pending; re-enqueued {found.requeued} stuck item(s)"
-        + ("; coordinator re-enqueued to finish the walk." if found.coordinator_enqueued else "; walk complete.")
+        + ("; walk complete." if found.planned else
+           "; coordinator re-enqueued to finish the walk." if found.coordinator_enqueued else
+           "; walk in progress.")
     )

@@ -156,7 +156,9 @@ def test_reconcile_of_a_triggered_but_unplanned_period_re_enqueues_the_coordinat
     population = load_users(sessions, count=10)
     trigger(sessions, settings)
 
-    result = run_cli(settings, "reconcile", PERIOD, "--json")
+    fresh = run_cli(settings, "reconcile", PERIOD, "--json")
+    assert json.loads(fresh.stdout)["coordinator_enqueued"] is False, "a walk just triggered is not stuck yet"
+    result = run_cli(settings, "reconcile", PERIOD, "--stuck-after", "0", "--json")
 
     assert result.returncode == 0, result.stderr
     found = json.loads(result.stdout)
@@ -174,7 +176,7 @@ def test_the_human_form_says_the_coordinator_was_re_enqueued(settings, sessions)
     assert not walk(sessions, budget_seconds=0, page_size=5)
     age_items(sessions)
 
-    result = run_cli(settings, "reconcile", PERIOD)
+    result = run_cli(settings, "reconcile", PERIOD, "--stuck-after", "0")
 
     assert result.returncode == 0, result.stderr
     assert "coordinator re-enqueued" in result.stdout
