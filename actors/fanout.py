@@ -32,6 +32,6 @@ def plan_period(*args: Any, **kwargs: Any) -> None:
         "Planned %d pages, enqueued %d reports for %s (cursor %d, planned=%s).",
         outcome.pages, outcome.enqueued, job.period, outcome.cursor, outcome.planned,
     )
-    if not outcome.planned:
+    if not outcome.planned and not outcome.cancelled:
         # Short slices keep the coordinator drainable on SIGTERM; the checkpoint carries the walk on.
         send(broker, PLAN_PERIOD, job.payload())

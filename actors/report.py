@@ -1,8 +1,9 @@
-"""The per-user actor: build, store and mail one report."""
+"""The per-user actors: the monthly report, and a report someone asked for now."""
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from typing import Any
 
 import dramatiq
@@ -11,19 +12,29 @@ from actors import broker, runtime
 from reports import pipeline
 from reports.broker import defer_current
 from reports.errors import Deferred
-from reports.jobs import BUILD_REPORT, ReportJob
+from reports.jobs import BUILD_REPORT, SEND_NOW, ReportJob, SendNowJob
 
 #: Added to a deferral, as a fraction of its wait, so deferred copies do not return together.
 DEFER_JITTER = 0.5
 
 
-@dramatiq.actor(actor_name=BUILD_REPORT.name, queue_name=BUILD_REPORT.queue)
-def build_report(*args: Any, **kwargs: Any) -> None:
-    job = ReportJob.parse(args, kwargs)
+def _deferring(step: Callable[[], object]) -> None:
     try:
-        pipeline.run(runtime.context, job)
+        step()
     except Deferred as deferred:
         # Another copy holds the claim, or the provider's breaker is open: come back later,
         # without spending a retry.
         wait_ms = deferred.retry_after_seconds * 1000
         defer_current(broker, delay_ms=int(wait_ms + random.uniform(100, 100 + wait_ms * DEFER_JITTER)))
+
+
+@dramatiq.actor(actor_name=BUILD_REPORT.name, queue_name=BUILD_REPORT.queue)
+def build_report(*args: Any, **kwargs: Any) -> None:
+    job = ReportJob.parse(args, kwargs)
+    _deferring(lambda: pipeline.run(runtime.context, job))
+
+
+@dramatiq.actor(actor_name=SEND_NOW.name, queue_name=SEND_NOW.queue)
+def send_report_now(*args: Any, **kwargs: Any) -> None:
+    job = SendNowJob.parse(args, kwargs)
+    _deferring(lambda: pipeline.send_now(runtime.context, job))

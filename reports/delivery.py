@@ -10,12 +10,13 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from reports.errors import ClaimHeld
-from reports.models import Delivery, DeliveryState
+from reports.models import Delivery, DeliveryState, Resend
 from reports.periods import Period
 from reports.sql import insert_ignoring_conflicts
 
@@ -25,52 +26,87 @@ class Claim:
     period: Period
     user_id: int
     token: str
+    #: ``None`` for the monthly email; the request's id for a ``send-now``.
+    request_id: str | None = None
+
+    @property
+    def _model(self) -> type[Delivery | Resend]:
+        return Delivery if self.request_id is None else Resend
+
+    def _key(self) -> list[Any]:
+        if self.request_id is None:
+            return [Delivery.period == str(self.period), Delivery.user_id == self.user_id]
+        return [Resend.request_id == self.request_id]
 
 
 def take(
     session: Session, period: Period, user_id: int, *, message_id: str, lease_seconds: float, now: datetime
 ) -> Claim | None:
-    """Claim the right to send; ``None`` when the email was already sent.
+    """Claim the right to send the monthly email; ``None`` when it was already sent.
 
     Raises :class:`ClaimHeld` while another copy's lease is still running.
     """
-    token = str(uuid.uuid4())
+    return _take(session, Claim(period, user_id, str(uuid.uuid4())), message_id=message_id,
+                 lease_seconds=lease_seconds, now=now)
+
+
+def take_request(
+    session: Session, request_id: str, period: Period, user_id: int, *, message_id: str, lease_seconds: float,
+    now: datetime,
+) -> Claim | None:
+    """Claim the right to send for one ``send-now`` request; ``None`` when that request was served."""
+    return _take(session, Claim(period, user_id, str(uuid.uuid4()), request_id), message_id=message_id,
+                 lease_seconds=lease_seconds, now=now, extra={"requested_at": now})
+
+
+def _take(
+    session: Session, claim: Claim, *, message_id: str, lease_seconds: float, now: datetime,
+    extra: dict[str, Any] | None = None,
+) -> Claim | None:
+    model = claim._model
     lease_expires_at = now + timedelta(seconds=lease_seconds)
-    key = (Delivery.period == str(period), Delivery.user_id == user_id)
+    key_values = {"period": str(claim.period), "user_id": claim.user_id}
+    if claim.request_id is not None:
+        key_values["request_id"] = claim.request_id
     # RETURNING, not rowcount: drivers disagree on rowcount for ON CONFLICT DO NOTHING.
     inserted = session.execute(
-        insert_ignoring_conflicts(session, Delivery.__table__)
+        insert_ignoring_conflicts(session, model.__table__)
         .values(
-            period=str(period), user_id=user_id, state=DeliveryState.CLAIMED, message_id=message_id,
-            claim_token=token, lease_expires_at=lease_expires_at, claims=1, claimed_at=now,
+            **key_values, **(extra or {}), state=DeliveryState.CLAIMED, message_id=message_id,
+            claim_token=claim.token, lease_expires_at=lease_expires_at, claims=1, claimed_at=now,
         )
-        .returning(Delivery.__table__.c.user_id)
+        .returning(model.__table__.c.user_id)
     ).first() is not None
     if not inserted:
         inserted = session.execute(
-            update(Delivery)
-            .where(*key, Delivery.state == DeliveryState.CLAIMED, Delivery.lease_expires_at <= now)
-            .values(claim_token=token, lease_expires_at=lease_expires_at, claims=Delivery.claims + 1, claimed_at=now)
+            update(model)
+            .where(*claim._key(), model.state == DeliveryState.CLAIMED, model.lease_expires_at <= now)
+            .values(claim_token=claim.token, lease_expires_at=lease_expires_at, claims=model.claims + 1,
+                    claimed_at=now)
             .execution_options(synchronize_session=False)
         ).rowcount
     if inserted:
-        return Claim(period, user_id, token)
-    state, expires = session.execute(select(Delivery.state, Delivery.lease_expires_at).where(*key)).one()
+        return claim
+    state, expires = session.execute(select(model.state, model.lease_expires_at).where(*claim._key())).one()
     if state == DeliveryState.SENT:
         return None
     raise ClaimHeld(retry_after_seconds=max((expires - now).total_seconds(), 0.0))
 
 
+def is_sent(session: Session, period: Period, user_id: int) -> bool:
+    """Whether the monthly email of (period, user) went out."""
+    return session.scalar(
+        select(Delivery.state).where(Delivery.period == str(period), Delivery.user_id == user_id)
+    ) == DeliveryState.SENT
+
+
 def complete(session: Session, claim: Claim, *, now: datetime) -> bool:
     """Record the send; ``False`` if this claim had been taken over meanwhile (its lease ran out)."""
+    model = claim._model
     return bool(
         session.execute(
-            update(Delivery)
-            .where(
-                Delivery.period == str(claim.period),
-                Delivery.user_id == claim.user_id,
-                Delivery.claim_token == claim.token,
-            )
+            update(model)
+            .where(*claim._key(), model.claim_token == claim.token)
             .values(state=DeliveryState.SENT, sent_at=now)
             .execution_options(synchronize_session=False)
         ).rowcount
@@ -79,14 +115,10 @@ def complete(session: Session, claim: Claim, *, now: datetime) -> bool:
 
 def release(session: Session, claim: Claim, *, now: datetime) -> None:
     """End a claim's lease early after a send that failed, so the retry need not wait it out."""
+    model = claim._model
     session.execute(
-        update(Delivery)
-        .where(
-            Delivery.period == str(claim.period),
-            Delivery.user_id == claim.user_id,
-            Delivery.claim_token == claim.token,
-            Delivery.state == DeliveryState.CLAIMED,
-        )
+        update(model)
+        .where(*claim._key(), model.claim_token == claim.token, model.state == DeliveryState.CLAIMED)
         .values(lease_expires_at=now)
         .execution_options(synchronize_session=False)
     )

@@ -34,6 +34,9 @@ class ActorSpec:
 
 PLAN_PERIOD = ActorSpec("plan_period", DEFAULT_QUEUE)
 BUILD_REPORT = ActorSpec("build_report", BULK_QUEUE)
+SEND_NOW = ActorSpec("send_report_now", CRITICAL_QUEUE)
+
+_REQUEST_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
 def _fields(args: Sequence[Any], kwargs: Mapping[str, Any], expected: set[str]) -> Mapping[str, Any]:
@@ -52,6 +55,18 @@ def _period(value: Any) -> Period:
         return Period.parse(value)
     except BadInput as e:
         raise InvalidPayload(str(e)) from None
+
+
+def _user_id(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_USER_ID:
+        raise InvalidPayload(f"user_id must be an integer from 1 to {MAX_USER_ID}, got {value!r}.")
+    return value
+
+
+def _version(value: Any) -> str:
+    if not isinstance(value, str) or not _TEMPLATE_VERSION.fullmatch(value):
+        raise InvalidPayload(f"template_version is not a version name: {value!r}.")
+    return value
 
 
 @dataclass(frozen=True)
@@ -80,12 +95,30 @@ class ReportJob:
     @classmethod
     def parse(cls, args: Sequence[Any], kwargs: Mapping[str, Any]) -> ReportJob:
         fields = _fields(args, kwargs, {"period", "user_id", "template_version"})
-        user_id, version = fields["user_id"], fields["template_version"]
-        if not isinstance(user_id, int) or isinstance(user_id, bool) or not 1 <= user_id <= MAX_USER_ID:
-            raise InvalidPayload(f"user_id must be an integer from 1 to {MAX_USER_ID}, got {user_id!r}.")
-        if not isinstance(version, str) or not _TEMPLATE_VERSION.fullmatch(version):
-            raise InvalidPayload(f"template_version is not a version name: {version!r}.")
-        return cls(_period(fields["period"]), user_id, version)
+        return cls(_period(fields["period"]), _user_id(fields["user_id"]), _version(fields["template_version"]))
 
     def payload(self) -> dict[str, Any]:
         return {"period": str(self.period), "user_id": self.user_id, "template_version": self.template_version}
+
+
+@dataclass(frozen=True)
+class SendNowJob:
+    """Send one user's report for one period now, on request; one email per ``request_id``."""
+
+    period: Period
+    user_id: int
+    request_id: str
+    template_version: str
+
+    @classmethod
+    def parse(cls, args: Sequence[Any], kwargs: Mapping[str, Any]) -> SendNowJob:
+        fields = _fields(args, kwargs, {"period", "user_id", "request_id", "template_version"})
+        request_id = fields["request_id"]
+        if not isinstance(request_id, str) or not _REQUEST_ID.fullmatch(request_id):
+            raise InvalidPayload(f"request_id must be a lowercase UUID, got {request_id!r}.")
+        return cls(_period(fields["period"]), _user_id(fields["user_id"]), request_id,
+                   _version(fields["template_version"]))
+
+    def payload(self) -> dict[str, Any]:
+        return {"period": str(self.period), "user_id": self.user_id, "request_id": self.request_id,
+                "template_version": self.template_version}

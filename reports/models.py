@@ -65,6 +65,8 @@ class Activity(Base):
 
 class RunState(enum.StrEnum):
     ACTIVE = "active"
+    #: Stopped by an operator: no new sends; ``trigger`` makes it active again.
+    CANCELLED = "cancelled"
 
 
 class PeriodRun(Base):
@@ -134,17 +136,13 @@ class DeliveryState(enum.StrEnum):
     SENT = "sent"
 
 
-class Delivery(Base):
-    """The claim taken before an email is handed to the provider, and its outcome.
+class _ClaimColumns:
+    """A send's claim: taken before an email goes to the provider, then marked sent.
 
     A claim carries a lease: a worker that dies after claiming does not block the email
     forever, because a later attempt takes the claim over once the lease has run out.
     """
 
-    __tablename__ = "deliveries"
-
-    period: Mapped[PeriodKey] = mapped_column(primary_key=True)
-    user_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     state: Mapped[str] = mapped_column(String(16))
     message_id: Mapped[str] = mapped_column(Text)
     #: Random per claim, so only the holder can complete it.
@@ -154,6 +152,26 @@ class Delivery(Base):
     claims: Mapped[int] = mapped_column(Integer, default=1)
     claimed_at: Mapped[Timestamp]
     sent_at: Mapped[datetime | None] = mapped_column(DateTime())
+
+
+class Delivery(_ClaimColumns, Base):
+    """The claim on a period's one monthly email to a user."""
+
+    __tablename__ = "deliveries"
+
+    period: Mapped[PeriodKey] = mapped_column(primary_key=True)
+    user_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+
+
+class Resend(_ClaimColumns, Base):
+    """The claim on one ``send-now`` request: at most one email per request, however often it runs."""
+
+    __tablename__ = "resends"
+
+    request_id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    period: Mapped[PeriodKey]
+    user_id: Mapped[int] = mapped_column(Integer)
+    requested_at: Mapped[Timestamp]
 
 
 class DeadLetter(Base):

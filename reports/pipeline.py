@@ -19,9 +19,11 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from email.headerregistry import Address
 from email.message import EmailMessage
 
 import sqlalchemy.exc
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from reports import delivery, items
@@ -29,11 +31,12 @@ from reports.activity import load_summary
 from reports.breaker import CircuitBreaker, Permit, State
 from reports.clock import utcnow
 from reports.errors import CircuitOpen, PermanentError, is_provider_failure
-from reports.jobs import ReportJob
+from reports.jobs import ReportJob, SendNowJob
 from reports.mail.backend import Mailer
 from reports.mail.compose import compose, message_id, recipient
-from reports.models import FINAL_STATES, ItemState, Report, ReportItem, User
-from reports.render import render
+from reports.models import FINAL_STATES, ItemState, PeriodRun, Report, ReportItem, RunState, User
+from reports.periods import Period
+from reports.render import RenderedReport, render
 from reports.settings import Settings
 from reports.sql import upsert
 
@@ -47,9 +50,15 @@ class UnknownItem(PermanentError):
     """The message names a (period, user) that the coordinator never recorded."""
 
 
+class UnknownUser(PermanentError):
+    """The message names a user that does not exist."""
+
+
 class Outcome(enum.StrEnum):
     DELIVERED = "delivered"
     SKIPPED = "skipped"
+    #: The period was cancelled: nothing sent, the item left pending.
+    CANCELLED = "cancelled"
     #: Another copy of the message had already finished the item.
     ALREADY_DONE = "already_done"
 
@@ -67,24 +76,44 @@ class Context:
 
 
 def run(ctx: Context, job: ReportJob) -> Outcome:
+    """The monthly email for one (period, user)."""
     permit = _ask_breaker(ctx)
     with ctx.sessions.begin() as session:
         prepared = _prepare(ctx, session, job)
     if not isinstance(prepared, _Prepared):
         return prepared
+    _send(ctx, prepared, permit)
+    return Outcome.DELIVERED
 
+
+def send_now(ctx: Context, job: SendNowJob) -> Outcome:
+    """A report a person asked for now: sent if it never was, sent again (a new email) if it was.
+
+    The request's own claim makes it one email per request however often the message runs. If
+    the monthly email has not gone out, this *is* the monthly email (its claim and Message-ID),
+    so the monthly run will not send a second one.
+    """
+    permit = _ask_breaker(ctx)
+    with ctx.sessions.begin() as session:
+        prepared = _prepare_now(ctx, session, job)
+    if not isinstance(prepared, _Prepared):
+        return prepared
+    _send(ctx, prepared, permit)
+    return Outcome.DELIVERED
+
+
+def _send(ctx: Context, prepared: _Prepared, permit: Permit | None) -> None:
     try:
         ctx.mailer.send(prepared.email, recipient=prepared.address)
     except Exception as error:
         with ctx.sessions.begin() as session:
-            delivery.release(session, prepared.claim, now=ctx.clock())
+            for claim in prepared.claims:
+                delivery.release(session, claim, now=ctx.clock())
         _tell_breaker_failure(ctx, permit, error)
         raise
-
     if permit is not None and permit.probe:
         ctx.breaker.record_success()  # type: ignore[union-attr]
-    _record_sent(ctx, job, prepared.claim)
-    return Outcome.DELIVERED
+    _record_sent(ctx, prepared.claims)
 
 
 def _ask_breaker(ctx: Context) -> Permit | None:
@@ -113,19 +142,21 @@ def _millis(moment: datetime) -> int:
     return int(moment.replace(tzinfo=UTC).timestamp() * 1000)
 
 
-def _record_sent(ctx: Context, job: ReportJob, claim: delivery.Claim) -> None:
+def _record_sent(ctx: Context, claims: list[delivery.Claim]) -> None:
     """Record a send that happened; tried a few times, since failing here is what re-sends an email."""
     for pause in (*RECORD_SENT_PAUSES_SECONDS, None):
         try:
             with ctx.sessions.begin() as session:
                 now = ctx.clock()
-                # Item first, then delivery: the same lock order as _prepare, so copies cannot deadlock.
-                items.finish(session, job.period, job.user_id, ItemState.DELIVERED, now=now)
-                if not delivery.complete(session, claim, now=now):
-                    logger.warning(
-                        "Delivery claim was taken over while sending; a duplicate may follow.",
-                        extra={"period": str(job.period), "user_id": job.user_id},
-                    )
+                for claim in claims:
+                    if claim.request_id is None:
+                        # Item first, then delivery: the lock order of _prepare, so copies cannot deadlock.
+                        items.finish(session, claim.period, claim.user_id, ItemState.DELIVERED, now=now)
+                    if not delivery.complete(session, claim, now=now):
+                        logger.warning(
+                            "Delivery claim was taken over while sending; a duplicate may follow.",
+                            extra={"period": str(claim.period), "user_id": claim.user_id},
+                        )
             return
         except sqlalchemy.exc.OperationalError:
             if pause is None:
@@ -135,7 +166,7 @@ def _record_sent(ctx: Context, job: ReportJob, claim: delivery.Claim) -> None:
 
 @dataclass(frozen=True)
 class _Prepared:
-    claim: delivery.Claim
+    claims: list[delivery.Claim]
     email: EmailMessage
     address: str
 
@@ -148,6 +179,10 @@ def _prepare(ctx: Context, session: Session, job: ReportJob) -> _Prepared | Outc
         raise UnknownItem(f"No report item for period {job.period}, user {job.user_id}.")
     if item.state in FINAL_STATES:
         return Outcome.ALREADY_DONE
+    run_state = session.scalar(select(PeriodRun.state).where(PeriodRun.period == str(job.period)))
+    if run_state == RunState.CANCELLED:
+        # The item stays pending; `trigger` re-enqueues it when the period is resumed.
+        return Outcome.CANCELLED
     item.attempts += 1
     item.updated_at = now
 
@@ -156,14 +191,7 @@ def _prepare(ctx: Context, session: Session, job: ReportJob) -> _Prepared | Outc
         items.finish(session, job.period, job.user_id, ItemState.SKIPPED, now=now)
         return Outcome.SKIPPED
 
-    to = recipient(user.email, user.name)
-    rendered = render(ctx.settings.templates_dir, job.template_version, name=user.name,
-                      summary=load_summary(session, user.id, job.period))
-    session.execute(upsert(session, Report.__table__, {
-        "period": str(job.period), "user_id": user.id, "template_version": job.template_version,
-        "subject": rendered.subject, "body_text": rendered.text, "body_html": rendered.html, "rendered_at": now,
-    }, key=["period", "user_id"]))
-
+    to, rendered = _render_and_store(ctx, session, user, job.period, job.template_version, now)
     stable_id = message_id(job.period, user.id, ctx.settings.mail_domain)
     claim = delivery.take(session, job.period, user.id, message_id=stable_id,
                           lease_seconds=ctx.settings.claim_lease_seconds, now=now)
@@ -171,6 +199,45 @@ def _prepare(ctx: Context, session: Session, job: ReportJob) -> _Prepared | Outc
         # The email already went out; make the item say so.
         items.finish(session, job.period, job.user_id, ItemState.DELIVERED, now=now)
         return Outcome.ALREADY_DONE
-    email = compose(rendered, to=to, mail_from=ctx.settings.mail_from, period=job.period,
-                    user_id=user.id, domain=ctx.settings.mail_domain, date=now)
-    return _Prepared(claim=claim, email=email, address=to.addr_spec)
+    email = compose(rendered, to=to, mail_from=ctx.settings.mail_from, period=job.period, user_id=user.id,
+                    date=now, message_id=stable_id)
+    return _Prepared(claims=[claim], email=email, address=to.addr_spec)
+
+
+def _prepare_now(ctx: Context, session: Session, job: SendNowJob) -> _Prepared | Outcome:
+    now = ctx.clock()
+    # Lock the monthly item (if the period has one) first, as _prepare does.
+    session.get(ReportItem, (str(job.period), job.user_id), with_for_update=True)
+    user = session.get(User, job.user_id)
+    if user is None:
+        raise UnknownUser(f"No user with id {job.user_id}.")
+    to, rendered = _render_and_store(ctx, session, user, job.period, job.template_version, now)
+    request_id = message_id(job.period, user.id, ctx.settings.mail_domain, request_id=job.request_id)
+    lease = ctx.settings.claim_lease_seconds
+    request = delivery.take_request(session, job.request_id, job.period, user.id, message_id=request_id,
+                                    lease_seconds=lease, now=now)
+    if request is None:
+        return Outcome.ALREADY_DONE
+    claims, chosen_id = [request], request_id
+    if not delivery.is_sent(session, job.period, user.id):
+        monthly_id = message_id(job.period, user.id, ctx.settings.mail_domain)
+        monthly = delivery.take(session, job.period, user.id, message_id=monthly_id, lease_seconds=lease, now=now)
+        if monthly is not None:
+            claims, chosen_id = [monthly, request], monthly_id
+    email = compose(rendered, to=to, mail_from=ctx.settings.mail_from, period=job.period, user_id=user.id,
+                    date=now, message_id=chosen_id)
+    return _Prepared(claims=claims, email=email, address=to.addr_spec)
+
+
+def _render_and_store(
+    ctx: Context, session: Session, user: User, period: Period, template_version: str, now: datetime
+) -> tuple[Address, RenderedReport]:
+    """Read the user's activity, render the report, and store it as it is about to be sent."""
+    to = recipient(user.email, user.name)
+    rendered = render(ctx.settings.templates_dir, template_version, name=user.name,
+                      summary=load_summary(session, user.id, period))
+    session.execute(upsert(session, Report.__table__, {
+        "period": str(period), "user_id": user.id, "template_version": template_version,
+        "subject": rendered.subject, "body_text": rendered.text, "body_html": rendered.html, "rendered_at": now,
+    }, key=["period", "user_id"]))
+    return to, rendered

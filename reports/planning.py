@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from reports.clock import utcnow
 from reports.errors import PermanentError
 from reports.jobs import ReportJob
-from reports.models import ItemState, PeriodRun, ReportItem, User
+from reports.models import ItemState, PeriodRun, ReportItem, RunState, User
 from reports.periods import Period
 from reports.sql import insert_ignoring_conflicts
 
@@ -40,6 +40,8 @@ class SliceOutcome:
     enqueued: int = 0
     cursor: int = 0
     planned: bool = False
+    #: The period was cancelled: the walk stopped, and is not to be continued until resumed.
+    cancelled: bool = False
 
 
 def plan_slice(
@@ -59,6 +61,9 @@ def plan_slice(
     outcome = SliceOutcome()
     while True:
         cursor, planned, page = _record_page(sessions, period, page_size)
+        if cursor is None:
+            outcome.cancelled = True
+            return outcome
         if not planned:
             planned = _enqueue_page(sessions, period, cursor, page, send_jobs, outcome)
         outcome.planned = planned
@@ -66,11 +71,16 @@ def plan_slice(
             return outcome
 
 
-def _record_page(sessions: sessionmaker[Session], period: Period, page_size: int) -> tuple[int, bool, list[int]]:
+def _record_page(
+    sessions: sessionmaker[Session], period: Period, page_size: int
+) -> tuple[int | None, bool, list[int]]:
+    """Record one page of items; the cursor is ``None`` when the period is cancelled."""
     with sessions.begin() as session:
         run = session.get(PeriodRun, str(period))
         if run is None:
             raise UnknownRun(f"Period {period} was never triggered.")
+        if run.state == RunState.CANCELLED:
+            return None, False, []
         if run.planned:
             return run.cursor, True, []
         user_ids = list(
@@ -104,8 +114,9 @@ def _enqueue_page(
         run = session.scalars(
             select(PeriodRun).where(PeriodRun.period == str(period)).with_for_update()
         ).one()
-        if run.planned or run.cursor != cursor:
-            # Another coordinator moved on while this one recorded the page; follow it.
+        if run.planned or run.cursor != cursor or run.state == RunState.CANCELLED:
+            # Another coordinator moved on while this one recorded the page (follow it), or the
+            # period was cancelled meanwhile (the next page read says so).
             return run.planned
         now = utcnow()
         in_range = [ReportItem.period == str(period), ReportItem.user_id > cursor, ReportItem.enqueued_at.is_(None)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import func, select
@@ -47,8 +48,40 @@ def count(session: Session, period: Period) -> Progress:
             select(ReportItem.state, func.count()).where(ReportItem.period == str(period)).group_by(ReportItem.state)
         ).all()
     )
+    return _progress(str(period), planned, by_state)
+
+
+@dataclass(frozen=True)
+class PeriodSummary:
+    progress: Progress
+    #: The run's state: ``active`` or ``cancelled``.
+    state: str
+    triggered_at: datetime
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.progress.as_dict(), "state": self.state,
+                "triggered_at": self.triggered_at.isoformat(timespec="seconds") + "Z"}
+
+
+def every_period(session: Session) -> list[PeriodSummary]:
+    """Every period ever triggered, newest first, with its counts (one grouped query)."""
+    counts: dict[str, dict[str, int]] = {}
+    for period, state, n in session.execute(
+        select(ReportItem.period, ReportItem.state, func.count()).group_by(ReportItem.period, ReportItem.state)
+    ):
+        counts.setdefault(period, {})[state] = n
+    summaries = []
+    for run in session.scalars(select(PeriodRun).order_by(PeriodRun.period.desc())):
+        by_state = counts.get(run.period, {})
+        summaries.append(PeriodSummary(
+            progress=_progress(run.period, run.planned, by_state), state=run.state, triggered_at=run.triggered_at,
+        ))
+    return summaries
+
+
+def _progress(period: str, planned: bool, by_state: dict[str, int]) -> Progress:
     return Progress(
-        period=str(period),
+        period=period,
         total=sum(by_state.values()),
         planned=bool(planned),
         delivered=by_state.get(ItemState.DELIVERED, 0),

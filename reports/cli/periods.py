@@ -29,6 +29,8 @@ def trigger(obj: Obj, period: Period) -> None:
 
 def describe_trigger(triggered: runs.Triggered) -> str:
     run = triggered.run
+    if triggered.resumed:
+        return f"{run.period} resumed: pending reports re-enqueued" + ("" if run.planned else ", and the coordinator") + "."
     if triggered.created:
         return f"Triggered {run.period}: coordinator enqueued (template {run.template_version})."
     if triggered.needs_coordinator:

@@ -20,9 +20,14 @@ _ATOM = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~.-]+"
 _ADDRESS = re.compile(rf"{_ATOM}@(?:[A-Za-z0-9-]+\.)+[A-Za-z0-9-]+|{_ATOM}@localhost")
 
 
-def message_id(period: Period, user_id: int, domain: str) -> str:
-    """The same for every attempt and replay of one (period, user), so receivers can drop repeats."""
-    return f"<report.{period}.{user_id}@{domain}>"
+def message_id(period: Period, user_id: int, domain: str, *, request_id: str | None = None) -> str:
+    """The same for every attempt and replay of one (period, user), so receivers can drop repeats.
+
+    A ``send-now`` request that sends the report again gets its own, stable for that request:
+    a resend is a new email, which a receiver must not drop as a repeat of the first.
+    """
+    suffix = f".{request_id}" if request_id else ""
+    return f"<report.{period}.{user_id}{suffix}@{domain}>"
 
 
 def display_name(name: str | None) -> str:
@@ -47,15 +52,15 @@ def compose(
     mail_from: str,
     period: Period,
     user_id: int,
-    domain: str,
     date: datetime,
+    message_id: str,
 ) -> EmailMessage:
     message = EmailMessage(policy=SMTP)
     message["From"] = mail_from
     message["To"] = to
     message["Subject"] = rendered.subject
     message["Date"] = format_datetime(date.replace(tzinfo=UTC))
-    message["Message-ID"] = message_id(period, user_id, domain)
+    message["Message-ID"] = message_id
     message["X-Report-Period"] = str(period)
     message["X-Report-User-Id"] = str(user_id)
     message.set_content(rendered.text)

@@ -36,8 +36,8 @@ def compose_for(
         "mail_from": "Monthly Reports <reports@reports.test>",
         "period": period,
         "user_id": user_id,
-        "domain": "reports.test",
         "date": datetime(2026, 11, 1, 6, 0),
+        "message_id": message_id(period, user_id, "reports.test"),
         **overrides,
     }
     return compose(rendered_factory(), **arguments)  # type: ignore[arg-type]

@@ -1,0 +1,65 @@
+"""Admin operations: ``reports periods``, ``reports cancel`` and ``reports send-now``."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from reports import progress, runs
+from reports.broker import build_broker, send
+from reports.cli.app import Obj, cli, pass_obj, period_argument
+from reports.clock import utcnow
+from reports.errors import BadInput
+from reports.jobs import MAX_USER_ID, SEND_NOW, SendNowJob
+from reports.models import PeriodRun, User
+from reports.periods import Period
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON array.")
+@pass_obj
+def periods(obj: Obj, as_json: bool) -> None:
+    """Every period ever triggered, newest first, with its state and counts."""
+    with obj.session() as session:
+        summaries = progress.every_period(session)
+    if as_json:
+        click.echo(json.dumps([summary.as_dict() for summary in summaries]))
+        return
+    table = Table("period", "state", "planned", "total", "delivered", "skipped", "dead", "pending", "complete")
+    for summary in summaries:
+        p = summary.progress
+        table.add_row(p.period, summary.state, str(p.planned).lower(), str(p.total), str(p.delivered),
+                      str(p.skipped), str(p.dead), str(p.pending), str(p.complete).lower())
+    Console().print(table)
+    click.echo(f"{len(summaries)} period(s).")
+
+
+@cli.command()
+@period_argument(closed=False)
+@pass_obj
+def cancel(obj: Obj, period: Period) -> None:
+    """Stop PERIOD: no new sends; what is in flight finishes. `reports trigger PERIOD` resumes it."""
+    with obj.session() as session:
+        changed = runs.cancel(session, period, now=utcnow())
+    click.echo(f"{period} cancelled; `reports trigger {period}` resumes it." if changed
+               else f"{period} was already cancelled; nothing changed.")
+
+
+@cli.command("send-now")
+@click.argument("user_id", type=click.IntRange(min=1, max=MAX_USER_ID))
+@period_argument(closed=True)
+@pass_obj
+def send_now(obj: Obj, user_id: int, period: Period) -> None:
+    """Send USER_ID's report for PERIOD now, on the critical queue (again, if it was sent before)."""
+    with obj.session() as session:
+        if session.get(User, user_id) is None:
+            raise BadInput(f"No user with id {user_id}.")
+        run = session.get(PeriodRun, str(period))
+        version = run.template_version if run is not None else obj.settings.template_version
+    job = SendNowJob(period, user_id, str(uuid.uuid4()), version)
+    send(build_broker(obj.settings), SEND_NOW, job.payload())
+    click.echo(f"Queued send-now request {job.request_id}: user {user_id}, period {period}, critical queue.")
