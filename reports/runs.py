@@ -6,12 +6,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import dramatiq
+from sqlalchemy import exists, or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from reports.broker import send, send_many
 from reports.errors import BadInput
 from reports.jobs import BUILD_REPORT, PLAN_PERIOD, PlanJob
-from reports.models import PeriodRun, RunState
+from reports.models import ItemState, PeriodRun, ReportItem, RunState
 from reports.periods import Period
 from reports.reconcile import reconcile
 from reports.sql import insert_ignoring_conflicts
@@ -82,3 +83,14 @@ def trigger_and_enqueue(
     elif triggered.needs_coordinator:
         send(broker, PLAN_PERIOD, PlanJob(period).payload())
     return triggered
+
+
+def unfinished(session: Session) -> list[Period]:
+    """Active runs whose walk is unfinished or that still have a pending item, oldest first."""
+    pending = exists().where(ReportItem.period == PeriodRun.period, ReportItem.state == ItemState.PENDING)
+    rows = session.scalars(
+        select(PeriodRun.period)
+        .where(PeriodRun.state == RunState.ACTIVE, or_(PeriodRun.planned.is_(False), pending))
+        .order_by(PeriodRun.period)
+    ).all()
+    return [Period.parse(row) for row in rows]

@@ -13,6 +13,9 @@ from reports.errors import ConfigurationError
 #: Longest duration any setting accepts: ten years, in seconds.
 MAX_SECONDS = 10 * 366 * 86_400
 
+#: Longest look-back the scheduler accepts, in months.
+MAX_LOOKBACK_MONTHS = 120
+
 #: The repository's own ``templates/`` folder, used unless ``TEMPLATES_DIR`` says otherwise.
 DEFAULT_TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
 
@@ -63,7 +66,7 @@ class Settings:
     schedule_timezone: str = "UTC"
     #: How many past months the scheduler triggers on start if they were never triggered.
     schedule_lookback_months: int = 1
-    #: How often the scheduler reconciles unfinished periods, in seconds.
+    #: How often the scheduler reconciles unfinished periods, in seconds; 0 turns it off.
     schedule_reconcile_interval_seconds: float = 300.0
     log_level: str = "INFO"
     #: Where dead-letter alerts are posted (JSON); ``None`` sends none.
@@ -81,6 +84,8 @@ class Settings:
             object.__setattr__(self, "database_url", f"sqlite:///{self.var_dir / 'reports.db'}")
         if self.plan_page_size < 1:
             raise ConfigurationError("PLAN_PAGE_SIZE must be at least 1.")
+        if not 1 <= self.schedule_lookback_months <= MAX_LOOKBACK_MONTHS:
+            raise ConfigurationError(f"SCHEDULE_LOOKBACK_MONTHS must be from 1 to {MAX_LOOKBACK_MONTHS}.")
         for name in ("reconcile_stuck_after_seconds", "claim_lease_seconds", "smtp_timeout_seconds",
                      "plan_slice_seconds", "alert_window_seconds", "breaker_window_seconds",
                      "breaker_cooldown_seconds", "schedule_reconcile_interval_seconds"):

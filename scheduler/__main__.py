@@ -1,0 +1,5 @@
+import sys
+
+from scheduler.process import main
+
+sys.exit(main())

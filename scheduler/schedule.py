@@ -1,0 +1,112 @@
+"""When a period's run is due. Pure functions, time passed in: no clock, no database, no broker.
+
+A period (a calendar month in UTC) is due at its *fire time*, the 1st of the following month at
+``SCHEDULE_TIME`` in ``SCHEDULE_TIMEZONE``, but never before the month has ended in UTC: east of
+UTC the local 1st begins while the UTC month is still running, and a run triggered then would
+miss that month's last hours of activity.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime, time, tzinfo
+from zoneinfo import ZoneInfo
+
+from reports.errors import ConfigurationError
+from reports.periods import Period
+from reports.settings import MAX_LOOKBACK_MONTHS, Settings
+
+#: ``HH:MM`` on a 24-hour clock, ASCII digits only, both fields zero-padded.
+_TIME = re.compile(r"([01][0-9]|2[0-3]):([0-5][0-9])")
+
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The scheduler's validated configuration."""
+
+    #: Local time of day on the 1st at which the month that just ended is triggered.
+    at: time
+    timezone: tzinfo
+    #: How many past months the catch-up considers (the most recent closed month is the first).
+    lookback_months: int
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Schedule:
+        """Validate the schedule settings; :class:`ConfigurationError` names the variable to fix."""
+        return cls(
+            at=parse_time(settings.schedule_time),
+            timezone=parse_timezone(settings.schedule_timezone),
+            lookback_months=check_lookback(settings.schedule_lookback_months),
+        )
+
+    def fire_time(self, period: Period) -> datetime:
+        return fire_time(period, self.at, self.timezone)
+
+    def due_periods(self, now_utc: datetime) -> list[Period]:
+        return due_periods(now_utc, self.at, self.timezone, self.lookback_months)
+
+
+def parse_time(text: str) -> time:
+    """Parse ``HH:MM`` (``00:00`` to ``23:59``) strictly; anything else is a :class:`ConfigurationError`."""
+    match = _TIME.fullmatch(text) if isinstance(text, str) else None
+    if match is None:
+        raise ConfigurationError(f"SCHEDULE_TIME must be HH:MM on a 24-hour clock (00:00 to 23:59), got {text!r}.")
+    return time(int(match[1]), int(match[2]))
+
+
+def parse_timezone(name: str) -> tzinfo:
+    """The IANA timezone ``name`` (such as ``Europe/Paris``); :class:`ConfigurationError` if unknown."""
+    try:
+        return ZoneInfo(name)
+    except (ValueError, LookupError, OSError):
+        # LookupError covers ZoneInfoNotFoundError; ValueError a path such as "../x" or "/etc/x".
+        raise ConfigurationError(
+            f"SCHEDULE_TIMEZONE must be an IANA timezone name such as UTC or Europe/Paris, got {name!r}."
+        ) from None
+
+
+def check_lookback(months: int) -> int:
+    """``months`` if it is a valid look-back, else :class:`ConfigurationError`.
+
+    At least 1: the most recent closed month is part of the window, or nothing would ever be due.
+    """
+    if isinstance(months, bool) or not isinstance(months, int) or not 1 <= months <= MAX_LOOKBACK_MONTHS:
+        raise ConfigurationError(
+            f"SCHEDULE_LOOKBACK_MONTHS must be a whole number of months from 1 to {MAX_LOOKBACK_MONTHS}, "
+            f"got {months!r}."
+        )
+    return months
+
+
+def fire_time(period: Period, at: time, tz: tzinfo) -> datetime:
+    """When ``period``'s run is due by the clock: the 1st of the next month at ``at`` in ``tz``.
+
+    Returned as a naive UTC datetime, like every timestamp in the schema. A local time that a
+    daylight-saving change skips or repeats is read with ``fold=0`` (the offset in force before
+    the change), as :mod:`zoneinfo` does.
+    """
+    local = datetime.combine(period.end.date(), at.replace(tzinfo=None), tzinfo=tz)
+    return local.astimezone(UTC).replace(tzinfo=None)
+
+
+def due_periods(now_utc: datetime, at: time, tz: tzinfo, lookback_months: int) -> list[Period]:
+    """The periods due at ``now_utc``, oldest first.
+
+    They are among the last ``lookback_months`` months that have ended in UTC (the current UTC
+    month is never one of them, whatever ``tz``), and their fire time has passed.
+
+    :param now_utc: the current time, naive UTC (an aware datetime is converted).
+    :param lookback_months: how many closed months to consider, from 1.
+    """
+    if now_utc.tzinfo is not None:
+        now_utc = now_utc.astimezone(UTC).replace(tzinfo=None)
+    check_lookback(lookback_months)
+    due: list[Period] = []
+    period = Period.containing(now_utc)
+    for _ in range(lookback_months):
+        period = period.previous()
+        if fire_time(period, at, tz) <= now_utc:
+            due.append(period)
+    return sorted(due)
