@@ -6,12 +6,11 @@ import json
 import uuid
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from reports import progress, runs
 from reports.broker import build_broker, send
-from reports.cli.app import Obj, cli, pass_obj, period_argument
+from reports.cli.app import Obj, cli, pass_obj, period_argument, table_console
 from reports.clock import utcnow
 from reports.errors import BadInput
 from reports.jobs import MAX_USER_ID, SEND_NOW, SendNowJob
@@ -34,7 +33,7 @@ def periods(obj: Obj, as_json: bool) -> None:
         p = summary.progress
         table.add_row(p.period, summary.state, str(p.planned).lower(), str(p.total), str(p.delivered),
                       str(p.skipped), str(p.dead), str(p.pending), str(p.complete).lower())
-    Console().print(table)
+    table_console().print(table)
     click.echo(f"{len(summaries)} period(s).")
 
 

@@ -7,12 +7,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from reports import dead_letters
 from reports.broker import build_broker
-from reports.cli.app import Obj, cli, pass_obj
+from reports.cli.app import Obj, cli, pass_obj, table_console
 from reports.clock import utcnow
 from reports.errors import BadInput
 from reports.models import DeadLetter
@@ -66,7 +65,7 @@ def list_command(obj: Obj, period: str | None, reason: str | None, replayed: boo
         table.add_row(str(row["id"]), row["period"] or "-", str(row["user_id"] or "-"), row["actor"],
                       str(row["attempts"]), row["reason"], f"{row['error_class']}: {row['error_message']}"[:80],
                       row["died_at"])
-    Console().print(table)
+    table_console().print(table)
     click.echo(f"{len(rows)} dead letter(s).")
 
 
