@@ -35,7 +35,6 @@ import argparse
 import dataclasses
 import datetime
 import json
-import math
 import os
 import platform
 import shutil
@@ -54,17 +53,17 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import dramatiq  # noqa: E402
-import redis  # noqa: E402
-from dramatiq.brokers.redis import (  # noqa: E402
+import dramatiq
+import redis
+from dramatiq.brokers.redis import (
     DEFAULT_HEARTBEAT_TIMEOUT,
     DEFAULT_MAINTENANCE_CHANCE,
     RedisBroker,
 )
 
-from bench.recovery_keys import ACTOR, MODE_VARIABLE, QUEUE, ready_key, starts_key  # noqa: E402
-from reports.broker import build_broker  # noqa: E402
-from reports.settings import Settings  # noqa: E402
+from bench.recovery_keys import ACTOR, MODE_VARIABLE, QUEUE, ready_key, starts_key
+from reports.broker import build_broker
+from reports.settings import Settings
 
 REDIS_SERVER = "/usr/bin/redis-server"
 #: Environment variables that would change what is measured; the workers get the bench's values.
@@ -295,11 +294,11 @@ def one_run(ctx: Context, mode: Mode, index: int) -> RunResult:
             if os.getpgid(int(second["pid"])) != standby.pid:
                 raise RunFailed(f"redelivered to pid {second['pid']}, not in the standby group")
             result.seconds = float(second["t"]) - killed_at
+    except Interrupted:
+        raise
     except RunFailed as exc:
         result.error = str(exc)
-    except Exception as exc:  # noqa: BLE001  (report, do not crash the other runs)
-        if isinstance(exc, Interrupted):
-            raise
+    except Exception as exc:  # noqa: BLE001  (report it; do not crash the other runs)
         result.error = f"{type(exc).__name__}: {exc}"
     finally:
         for group in groups:
@@ -437,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="recovery-bench-"))
     stop = threading.Event()
     results: dict[str, list[RunResult]] = {m.name: [] for m in modes}
-    failed = True
+    keep_logs = False
     try:
         if args.redis_url:
             redis_url, redis_desc = args.redis_url, f"Redis at {args.redis_url}"
@@ -477,15 +476,15 @@ def main(argv: list[str] | None = None) -> int:
             while thread.is_alive():
                 thread.join(timeout=0.5)
         finished = datetime.datetime.now()
-        failed = report(ctx, modes, results, redis_desc, started, finished)
-        return 1 if failed else 0
+        keep_logs = report(ctx, modes, results, redis_desc, started, finished)
+        return 1 if keep_logs else 0
     except KeyboardInterrupt:
         print("interrupted: killing every process the bench started", file=sys.stderr, flush=True)
         return 130
     finally:
         stop.set()
         processes.kill_all()
-        if not failed:
+        if not keep_logs:  # kept only when a run failed, for its worker logs
             shutil.rmtree(workdir, ignore_errors=True)
 
 

@@ -113,7 +113,7 @@ def private_redis(tmp_path: Path) -> Iterator[str]:
 def queued_messages(redis_url: str, namespace: str, queue: str) -> int:
     """Messages waiting in ``queue`` (ready and delayed)."""
     client = redis.Redis.from_url(redis_url)
-    return client.llen(f"{namespace}:{queue}") + client.zcard(f"{namespace}:{queue}.DQ")
+    return client.llen(f"{namespace}:{queue}") + client.llen(f"{namespace}:{queue}.DQ")
 
 
 # --- Databases -------------------------------------------------------------------------------
@@ -404,4 +404,5 @@ def run_cli(settings: Settings, *args: str, timeout: float = 60) -> subprocess.C
     return subprocess.run(
         [sys.executable, "-m", "reports", *args],
         env={**os.environ, **settings.as_environ()}, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+        check=False,
     )

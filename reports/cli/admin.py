@@ -6,11 +6,10 @@ import json
 import uuid
 
 import click
-from rich.table import Table
 
 from reports import progress, runs
 from reports.broker import build_broker, send
-from reports.cli.app import Obj, cli, pass_obj, period_argument, table_console
+from reports.cli.app import Obj, cli, pass_obj, period_argument
 from reports.clock import utcnow
 from reports.errors import BadInput
 from reports.jobs import MAX_USER_ID, SEND_NOW, SendNowJob
@@ -28,12 +27,14 @@ def periods(obj: Obj, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps([summary.as_dict() for summary in summaries]))
         return
-    table = Table("period", "state", "planned", "total", "delivered", "skipped", "dead", "pending", "complete")
+    # One plain line per period: nothing to cut on a narrow terminal, easy to grep.
     for summary in summaries:
         p = summary.progress
-        table.add_row(p.period, summary.state, str(p.planned).lower(), str(p.total), str(p.delivered),
-                      str(p.skipped), str(p.dead), str(p.pending), str(p.complete).lower())
-    table_console().print(table)
+        click.echo(
+            f"{p.period}  {summary.state:<9}  {p.finished}/{p.total} finished (delivered {p.delivered}, "
+            f"skipped {p.skipped}, dead {p.dead}, pending {p.pending})  planned={str(p.planned).lower()} "
+            f"complete={str(p.complete).lower()}"
+        )
     click.echo(f"{len(summaries)} period(s).")
 
 

@@ -10,7 +10,6 @@ from typing import Any
 import click
 import redis
 import sqlalchemy.exc
-from rich.console import Console
 from sqlalchemy.orm import Session, sessionmaker
 
 from reports.clock import utcnow
@@ -42,14 +41,6 @@ class Obj:
 
 
 pass_obj = click.make_pass_decorator(Obj)
-
-#: Width for tables when stdout is not a terminal (piped, captured): wide enough that no column
-#: is cut, where Rich would otherwise assume 80.
-PIPED_WIDTH = 200
-
-
-def table_console() -> Console:
-    return Console() if sys.stdout.isatty() else Console(width=PIPED_WIDTH)
 
 
 @click.group()

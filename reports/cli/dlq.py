@@ -7,11 +7,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import click
-from rich.table import Table
 
 from reports import dead_letters
 from reports.broker import build_broker
-from reports.cli.app import Obj, cli, pass_obj, table_console
+from reports.cli.app import Obj, cli, pass_obj
 from reports.clock import utcnow
 from reports.errors import BadInput
 from reports.models import DeadLetter
@@ -60,12 +59,13 @@ def list_command(obj: Obj, period: str | None, reason: str | None, replayed: boo
     if as_json:
         click.echo(json.dumps(rows))
         return
-    table = Table("id", "period", "user", "actor", "attempts", "reason", "error", "died at")
+    # One plain line per dead letter: nothing to cut on a narrow terminal, easy to grep.
     for row in rows:
-        table.add_row(str(row["id"]), row["period"] or "-", str(row["user_id"] or "-"), row["actor"],
-                      str(row["attempts"]), row["reason"], f"{row['error_class']}: {row['error_message']}"[:80],
-                      row["died_at"])
-    table_console().print(table)
+        click.echo(
+            f"#{row['id']}  {row['died_at']}  {row['period'] or '-'}  user {row['user_id'] or '-'}  "
+            f"{row['actor']}  {row['reason']} after {row['attempts']}  "
+            f"{row['error_class']}: {row['error_message'][:120]}"
+        )
     click.echo(f"{len(rows)} dead letter(s).")
 
 
