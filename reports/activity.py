@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, case, func, select
+from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
 from reports.models import Activity
@@ -64,7 +64,7 @@ def summarize(period: Period, rows: Iterable[Row]) -> Summary:
     )
 
 
-def _occurred_at(session: Session) -> tuple[ColumnElement[Any], Callable[[datetime], Any]]:
+def _occurred_at(session: Session) -> tuple[Any, Callable[[datetime], Any]]:
     """The column to compare and how to write a bound, for the session's database.
 
     SQLite keeps timestamps as text in whatever form the writer used ('2026-10-01 00:00:00',

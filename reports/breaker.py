@@ -14,6 +14,7 @@ from __future__ import annotations
 import enum
 import logging
 from dataclasses import dataclass
+from typing import cast
 
 import redis
 
@@ -99,7 +100,7 @@ class CircuitBreaker:
         self._success = client.register_script(_SUCCESS)
 
     def state(self) -> State:
-        raw = self.client.hget(self._state_key, "state")
+        raw = cast(bytes | None, self.client.hget(self._state_key, "state"))
         return State(raw.decode()) if raw else State.CLOSED
 
     def allow(self, now_ms: int) -> Permit:

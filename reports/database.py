@@ -29,7 +29,7 @@ def create_db_engine(url: str) -> Engine:
     engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
 
     @event.listens_for(engine, "connect")
-    def _configure(dbapi_connection, _record):  # type: ignore[no-untyped-def]
+    def _configure(dbapi_connection, _record):
         # Let SQLAlchemy's "begin" event open transactions, so they can be IMMEDIATE.
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
@@ -39,7 +39,7 @@ def create_db_engine(url: str) -> Engine:
         cursor.close()
 
     @event.listens_for(engine, "begin")
-    def _begin(connection):  # type: ignore[no-untyped-def]
+    def _begin(connection):
         # A deferred transaction that reads and then writes fails at once with "database is
         # locked" when another process wrote in between; IMMEDIATE waits for the lock instead.
         connection.exec_driver_sql("BEGIN IMMEDIATE")

@@ -12,6 +12,7 @@ from typing import Any
 
 import dramatiq
 import redis
+from dramatiq.broker import MessageProxy
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import Middleware
 from sqlalchemy.orm import Session, sessionmaker
@@ -61,7 +62,7 @@ class BrokerDeadLetters(Middleware):
     def after_worker_boot(self, broker: dramatiq.Broker, worker: dramatiq.Worker) -> None:
         self._sweep(broker)
 
-    def after_nack(self, broker: dramatiq.Broker, message: dramatiq.Message[Any]) -> None:
+    def after_nack(self, broker: dramatiq.Broker, message: MessageProxy) -> None:
         self._sweep(broker)
 
     def _sweep(self, broker: dramatiq.Broker) -> None:

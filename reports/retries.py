@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import dramatiq
+from dramatiq.broker import MessageProxy
 from dramatiq.middleware import Middleware
 
 from reports.backoff import full_jitter_ms
@@ -73,12 +74,12 @@ class JitteredRetries(Middleware):
     def actor_options(self) -> set[str]:
         return {"max_retries", "min_backoff", "max_backoff"}
 
-    def _option(self, broker: dramatiq.Broker, message: dramatiq.Message[Any], name: str, default: int) -> int:
+    def _option(self, broker: dramatiq.Broker, message: MessageProxy, name: str, default: int) -> int:
         actor_options = broker.get_actor(message.actor_name).options if message.actor_name in broker.actors else {}
         return int(message.options.get(name, actor_options.get(name, default)))
 
     def after_process_message(
-        self, broker: dramatiq.Broker, message: dramatiq.Message[Any], *, result: Any = None,
+        self, broker: dramatiq.Broker, message: MessageProxy, *, result: Any = None,
         exception: BaseException | None = None,
     ) -> None:
         if exception is None:
@@ -101,9 +102,10 @@ class JitteredRetries(Middleware):
             "Retrying message %s (%s) in %d ms after %s.", message.message_id, message.actor_name, delay,
             type(exception).__name__,
         )
-        broker.enqueue(message, delay=delay)
+        # Dramatiq's own Retries enqueues the proxy the same way: it copies what it enqueues.
+        broker.enqueue(message, delay=delay)  # type: ignore[arg-type]
 
-    def _die(self, message: dramatiq.Message[Any], exception: BaseException, retries: int, now_ms: int) -> None:
+    def _die(self, message: MessageProxy, exception: BaseException, retries: int, now_ms: int) -> None:
         dead = DeadMessage(
             message_id=message.message_id,
             actor=message.actor_name,

@@ -53,7 +53,7 @@ def seed(session: Session, *, users: int, period: Period, inactive_percent: int 
                     "amount_cents": rng.randrange(100, 20_000),
                 })
                 next_activity += 1
-    for table, rows in ((User.__table__, user_rows), (Activity.__table__, activity_rows)):
+    for table, rows in ((User, user_rows), (Activity, activity_rows)):
         for start in range(0, len(rows), _BATCH):
             session.execute(insert(table), rows[start:start + _BATCH])
     return Seeded(users, inactive, len(activity_rows), first_id, first_id + users - 1)

@@ -52,8 +52,10 @@ class Settings:
     claim_lease_seconds: float = 30.0
     #: A worker that has not called Redis for this long is dead and its messages go back, in ms.
     heartbeat_timeout_ms: int = 10_000
-    #: Chance, in millionths, that a broker call runs the dead-worker sweep.
-    maintenance_chance: int = 100_000
+    #: Chance, in millionths, that a broker call runs the dead-worker sweep. Every call: the sweep
+    #: is one ZRANGEBYSCORE on the heartbeats when nobody died, and a dead worker's messages then
+    #: come back within a poll of its heartbeat going stale.
+    maintenance_chance: int = 1_000_000
     max_retries: int = 5
     #: Shortest and longest backoff between retries, in milliseconds.
     min_backoff_ms: int = 1_000

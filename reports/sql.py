@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from sqlalchemy import Table
+from typing import Any, cast
+
+from sqlalchemy import CursorResult, FromClause, Result
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 
-def _insert(session: Session, table: Table):  # type: ignore[no-untyped-def]
+def _insert(session: Session, table: FromClause):
     dialect = session.get_bind().dialect.name
     module = {"postgresql": postgresql, "sqlite": sqlite}.get(dialect)
     if module is None:
@@ -15,14 +17,19 @@ def _insert(session: Session, table: Table):  # type: ignore[no-untyped-def]
     return module.insert(table)
 
 
-def insert_ignoring_conflicts(session: Session, table: Table):  # type: ignore[no-untyped-def]
+def insert_ignoring_conflicts(session: Session, table: FromClause):
     """``INSERT … ON CONFLICT DO NOTHING`` for the session's dialect."""
     return _insert(session, table).on_conflict_do_nothing()
 
 
-def upsert(session: Session, table: Table, values: dict, *, key: list[str]):  # type: ignore[no-untyped-def]
+def upsert(session: Session, table: FromClause, values: dict, *, key: list[str]):
     """``INSERT … ON CONFLICT (key) DO UPDATE`` setting every non-key column from ``values``."""
     statement = _insert(session, table).values(values)
     return statement.on_conflict_do_update(
         index_elements=key, set_={column: statement.excluded[column] for column in values if column not in key}
     )
+
+
+def rowcount(result: Result[Any]) -> int:
+    """Rows an UPDATE or DELETE touched (``Session.execute`` types its result as the general kind)."""
+    return cast(CursorResult[Any], result).rowcount

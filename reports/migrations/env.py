@@ -27,7 +27,7 @@ def run_migrations_online() -> None:
     if connection is not None:
         _run(connection)
         return
-    engine = create_db_engine(config.get_main_option("sqlalchemy.url"))
+    engine = create_db_engine(config.get_main_option("sqlalchemy.url") or "")
     try:
         with engine.connect() as connection:
             _run(connection)

@@ -440,6 +440,7 @@ LATENCY_USERS = 50
 
 
 @ON_POSTGRESQL
+@pytest.mark.serial
 def test_a_critical_message_is_processed_within_a_second_behind_a_50000_message_bulk_backlog(
         settings, sessions, smtp_server, start_workers):
     settings = replace(settings, smtp_url=smtp_server.url, plan_page_size=LATENCY_USERS)
