@@ -6,6 +6,7 @@ import threading
 
 import redis
 
+from reports import metrics
 from reports.alerts import WebhookAlerts
 from reports.breaker import CircuitBreaker
 from reports.database import create_db_engine, session_factory
@@ -51,6 +52,8 @@ class Runtime:
                 cooldown_ms=int(settings.breaker_cooldown_seconds * 1000),
                 # A probe that never reports back (its worker died) frees the slot after this.
                 probe_timeout_ms=int(settings.smtp_timeout_seconds * 3000),
+                on_change=lambda _before, after: metrics.count(
+                    self.redis, settings.broker_namespace, "breaker_transitions", "mail", str(after)),
             )
         engine = create_db_engine(settings.database_url)
         return Context(settings=settings, sessions=session_factory(engine), mailer=build_mailer(settings),
@@ -62,4 +65,8 @@ class Runtime:
         if settings.alert_webhook_url:
             alerts = WebhookAlerts(settings.alert_webhook_url, self.redis, namespace=settings.broker_namespace,
                                    window_seconds=settings.alert_window_seconds)
-        return DeadLetterSink(self.context.sessions, alerts=alerts)
+        return DeadLetterSink(
+            self.context.sessions, alerts=alerts,
+            on_stored=lambda dead: metrics.count(
+                self.redis, settings.broker_namespace, "dead_letters", dead.queue, dead.actor, dead.reason),
+        )

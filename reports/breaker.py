@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
@@ -86,6 +87,7 @@ class CircuitBreaker:
         window_ms: int,
         cooldown_ms: int,
         probe_timeout_ms: int,
+        on_change: Callable[[State, State], None] | None = None,
     ) -> None:
         self.client = client
         self.name = name
@@ -93,6 +95,7 @@ class CircuitBreaker:
         self.window_ms = window_ms
         self.cooldown_ms = cooldown_ms
         self.probe_timeout_ms = probe_timeout_ms
+        self._on_change = on_change
         self._state_key = f"{name}:state"
         self._failures_key = f"{name}:failures"
         self._allow = client.register_script(_ALLOW)
@@ -129,3 +132,5 @@ class CircuitBreaker:
     def _log(self, before: State, after: State) -> None:
         logger.warning("Circuit breaker %s: %s -> %s.", self.name, before, after,
                        extra={"breaker": self.name, "from_state": str(before), "to_state": str(after)})
+        if self._on_change is not None:
+            self._on_change(before, after)

@@ -8,6 +8,7 @@ into the same store, when they are rejected and again whenever a worker boots.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import dramatiq
@@ -27,15 +28,21 @@ logger = logging.getLogger(__name__)
 class DeadLetterSink:
     """Called by the retry middleware with every message that died."""
 
-    def __init__(self, sessions: sessionmaker[Session], *, alerts: WebhookAlerts | None) -> None:
+    def __init__(
+        self, sessions: sessionmaker[Session], *, alerts: WebhookAlerts | None,
+        on_stored: Callable[[DeadMessage], None] | None = None,
+    ) -> None:
         self.sessions = sessions
         self.alerts = alerts
+        self.on_stored = on_stored
 
     def __call__(self, dead: DeadMessage) -> None:
         with self.sessions.begin() as session:
             stored = dead_letters.record(session, dead)
         if not stored:
             return  # a redelivered copy of a message already stored
+        if self.on_stored is not None:
+            self.on_stored(dead)
         subject = " ".join(f"{k}={dead.kwargs[k]}" for k in ("period", "user_id") if k in dead.kwargs)
         logger.error(
             "Dead letter: message %s of %s on %s (%s), %s after %d attempt(s): %s.",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import email
 import email.policy
+import json
 import os
 import shutil
 import signal
@@ -20,6 +21,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from email.message import EmailMessage
 from pathlib import Path
 
@@ -108,6 +110,26 @@ def private_redis(tmp_path: Path) -> Iterator[str]:
     finally:
         process.terminate()
         process.wait(timeout=10)
+
+
+def month_from_now(offset: int) -> str:
+    """``YYYY-MM`` of the UTC month ``offset`` months from the current one (negative: the past)."""
+    now = datetime.now(UTC)
+    index = now.year * 12 + now.month - 1 + offset
+    return f"{index // 12:04d}-{index % 12 + 1:02d}"
+
+
+def queue_counts(settings: Settings) -> dict[str, int]:
+    """Messages waiting in the default and bulk queues of the test's namespace."""
+    return {queue: queued_messages(settings.broker_url, settings.broker_namespace, queue)
+            for queue in ("default", "bulk")}
+
+
+def messages_in_queue(settings: Settings, queue: str) -> list[dict]:
+    """The decoded messages ready in ``queue``, in queue order."""
+    client = redis.Redis.from_url(settings.broker_url)
+    key = f"{settings.broker_namespace}:{queue}"
+    return [json.loads(client.hget(f"{key}.msgs", message_id)) for message_id in client.lrange(key, 0, -1)]
 
 
 def queued_messages(redis_url: str, namespace: str, queue: str) -> int:

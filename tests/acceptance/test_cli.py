@@ -9,16 +9,14 @@ from __future__ import annotations
 import json
 import subprocess
 from dataclasses import replace
-from datetime import UTC, datetime
 
 import pytest
-import redis
 from sqlalchemy import func, inspect, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from reports.database import create_db_engine
 from reports.settings import Settings
-from tests.conftest import load_users, queued_messages, run_cli, wait_until
+from tests.conftest import load_users, messages_in_queue, month_from_now, queue_counts, run_cli, wait_until
 
 pytestmark = pytest.mark.acceptance
 
@@ -26,17 +24,12 @@ SECRET = "s3cretpw"
 PROGRESS_KEYS = {"period", "total", "planned", "delivered", "skipped", "dead", "pending", "complete"}
 
 
-def _month(year: int, month: int) -> str:
-    """``YYYY-MM`` for a month given as a year and a possibly out-of-range month number."""
-    year, month = year + (month - 1) // 12, (month - 1) % 12 + 1
-    return f"{year:04d}-{month:02d}"
 
 
-_NOW = datetime.now(UTC)
-CURRENT_MONTH = _month(_NOW.year, _NOW.month)
-NEXT_MONTH = _month(_NOW.year, _NOW.month + 1)
-NEXT_YEAR = _month(_NOW.year + 1, _NOW.month)
-LAST_MONTH = _month(_NOW.year, _NOW.month - 1)
+CURRENT_MONTH = month_from_now(0)
+NEXT_MONTH = month_from_now(1)
+NEXT_YEAR = month_from_now(12)
+LAST_MONTH = month_from_now(-1)
 
 MALFORMED_PERIODS = ("2026-1", "2026/10", "October", "", "2026-13", "2026-00")
 UNENDED_PERIODS = (CURRENT_MONTH, NEXT_MONTH, NEXT_YEAR)
@@ -71,17 +64,8 @@ def count_rows(sessions: sessionmaker[Session], table: str) -> int:
         return session.execute(text(f"SELECT count(*) FROM {table}")).scalar_one()
 
 
-def queue_counts(settings: Settings) -> dict[str, int]:
-    return {queue: queued_messages(settings.broker_url, settings.broker_namespace, queue)
-            for queue in ("default", "bulk")}
 
 
-def messages_in_queue(settings: Settings, queue: str) -> list[dict]:
-    """The decoded messages waiting in ``queue`` (ready ones), in queue order."""
-    client = redis.Redis.from_url(settings.broker_url)
-    key = f"{settings.broker_namespace}:{queue}"
-    ids = client.lrange(key, 0, -1)
-    return [json.loads(client.hget(f"{key}.msgs", message_id)) for message_id in ids]
 
 
 def assert_nothing_changed(settings: Settings, sessions: sessionmaker[Session]) -> None:

@@ -39,7 +39,16 @@ from reports.jobs import BUILD_REPORT as BUILD_REPORT_SPEC
 from reports.jobs import BULK_QUEUE, CRITICAL_QUEUE, DEFAULT_QUEUE, SEND_NOW, SendNowJob
 from reports.periods import Period
 from reports.settings import Settings
-from tests.conftest import REPO, SmtpServer, WorkerGroup, load_users, queued_messages, run_cli, wait_until
+from tests.conftest import (
+    REPO,
+    SmtpServer,
+    WorkerGroup,
+    load_users,
+    month_from_now,
+    queued_messages,
+    run_cli,
+    wait_until,
+)
 
 pytestmark = pytest.mark.acceptance
 
@@ -55,14 +64,10 @@ PERIODS_KEYS = {"period", "state", "planned", "total", "delivered", "skipped", "
                 "triggered_at"}
 
 
-def _month(year: int, month: int) -> str:
-    year, month = year + (month - 1) // 12, (month - 1) % 12 + 1
-    return f"{year:04d}-{month:02d}"
 
 
-_NOW = datetime.now(UTC)
-CURRENT_MONTH = _month(_NOW.year, _NOW.month)
-NEXT_MONTH = _month(_NOW.year, _NOW.month + 1)
+CURRENT_MONTH = month_from_now(0)
+NEXT_MONTH = month_from_now(1)
 
 
 # --- helpers ---------------------------------------------------------------------------------

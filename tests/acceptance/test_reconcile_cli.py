@@ -7,7 +7,6 @@ import subprocess
 from datetime import timedelta
 
 import pytest
-import redis
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -17,7 +16,7 @@ from reports.models import ReportItem
 from reports.periods import Period
 from reports.planning import plan_slice
 from reports.settings import Settings
-from tests.conftest import load_users, queued_messages, run_cli
+from tests.conftest import load_users, messages_in_queue, queue_counts, run_cli
 
 pytestmark = pytest.mark.acceptance
 
@@ -30,15 +29,8 @@ KEYS = {"period", "planned", "active_users", "items", "active_without_item", "fi
 # --- helpers ---------------------------------------------------------------------------------
 
 
-def queue_counts(settings: Settings) -> dict[str, int]:
-    return {queue: queued_messages(settings.broker_url, settings.broker_namespace, queue)
-            for queue in ("default", "bulk")}
 
 
-def messages_in_queue(settings: Settings, queue: str) -> list[dict]:
-    client = redis.Redis.from_url(settings.broker_url)
-    key = f"{settings.broker_namespace}:{queue}"
-    return [json.loads(client.hget(f"{key}.msgs", message_id)) for message_id in client.lrange(key, 0, -1)]
 
 
 def trigger(sessions: sessionmaker[Session], settings: Settings) -> None:

@@ -1,0 +1,42 @@
+"""``reports exporter``: serve Prometheus metrics read from Redis and the database."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from types import FrameType
+
+import click
+import redis
+from prometheus_client import start_http_server
+from prometheus_client.registry import CollectorRegistry
+
+from reports.cli.app import Obj, cli, pass_obj
+from reports.jobs import BULK_QUEUE, CRITICAL_QUEUE, DEFAULT_QUEUE
+from reports.metrics import ReportsCollector
+
+
+@cli.command()
+@click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(1, 65535), default=9300, show_default=True)
+@pass_obj
+def exporter(obj: Obj, host: str, port: int) -> None:
+    """Serve /metrics for Prometheus: queues, dead letters, the breaker, periods. Stops on SIGTERM."""
+    settings = obj.settings
+    registry = CollectorRegistry()
+    registry.register(ReportsCollector(
+        redis.Redis.from_url(settings.broker_url), namespace=settings.broker_namespace, sessions=obj.sessions(),
+        queues=(CRITICAL_QUEUE, DEFAULT_QUEUE, BULK_QUEUE), breaker_name=f"{settings.broker_namespace}:breaker:mail",
+    ))
+    server, thread = start_http_server(port, addr=host, registry=registry)
+    click.echo(f"Serving metrics on http://{host}:{port}/metrics", err=True)
+    stop = threading.Event()
+
+    def _stop(_signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    stop.wait()
+    server.shutdown()
+    thread.join(timeout=5)

@@ -1,0 +1,161 @@
+"""Prometheus metrics read at scrape time from Redis and the database, for ``reports exporter``.
+
+Reading the durable state at each scrape (rather than counting inside worker processes) keeps
+the figures right under the ``dramatiq`` CLI's many processes: nothing stale survives a restart,
+nothing is counted twice, and no gauge drifts. Counters that only a moment can produce (a
+message dying, the breaker changing state) are kept in Redis, fleet-wide, by the code where the
+moment happens (:func:`count`), and read here.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any, cast
+
+import redis
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from reports.breaker import STATE_VALUES, State
+from reports.models import DeadLetter, PeriodRun, ReportItem
+
+#: Separates label values inside one Redis hash field.
+_SEP = "\x1f"
+
+#: Periods whose item counts are exported: the most recent ones.
+PERIODS_EXPORTED = 12
+
+
+def counter_key(namespace: str, name: str) -> str:
+    return f"{namespace}:metrics:{name}"
+
+
+def count(client: redis.Redis, namespace: str, name: str, *labels: str) -> None:
+    """Add one to the fleet-wide counter ``name`` for these label values."""
+    client.hincrby(counter_key(namespace, name), _SEP.join(labels), 1)
+
+
+class ReportsCollector(Collector):
+    def __init__(
+        self, client: redis.Redis, *, namespace: str, sessions: sessionmaker[Session], queues: Iterable[str],
+        breaker_name: str,
+    ) -> None:
+        self.client = client
+        self.namespace = namespace
+        self.sessions = sessions
+        self.queues = tuple(queues)
+        self.breaker_name = breaker_name
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._queues()
+        yield from self._counters()
+        yield from self._breaker()
+        yield from self._database()
+        yield from self._scheduler()
+
+    def _queues(self) -> Iterator[Metric]:
+        depth = GaugeMetricFamily("reports_queue_messages", "Messages in a queue, by state.",
+                                  labels=["queue", "state"])
+        oldest = GaugeMetricFamily("reports_queue_oldest_message_age_seconds",
+                                   "Age of the oldest ready message in a queue (0 when empty).", labels=["queue"])
+        now = time.time()
+        for queue in self.queues:
+            key = f"{self.namespace}:{queue}"
+            with self.client.pipeline(transaction=False) as pipe:
+                pipe.llen(key)
+                pipe.llen(f"{key}.DQ")
+                pipe.zcard(f"{key}.XQ")
+                pipe.lindex(key, 0)
+                ready, delayed, broker_dead, head = pipe.execute()
+            depth.add_metric([queue, "ready"], ready)
+            depth.add_metric([queue, "delayed"], delayed)
+            depth.add_metric([queue, "broker_dead"], broker_dead)
+            depth.add_metric([queue, "in_progress"], self._unacked(queue))
+            oldest.add_metric([queue], self._age(key, head, now))
+        yield depth
+        yield oldest
+
+    def _unacked(self, queue: str) -> int:
+        total = 0
+        for acks in self.client.scan_iter(match=f"{self.namespace}:__acks__.*.{queue}", count=1000):
+            total += cast(int, self.client.scard(acks))
+        return total
+
+    def _age(self, key: str, head: bytes | None, now: float) -> float:
+        if head is None:
+            return 0.0
+        raw = cast(bytes | None, self.client.hget(f"{key}.msgs", head))
+        if raw is None:
+            return 0.0
+        return max(now - json.loads(raw)["message_timestamp"] / 1000, 0.0)
+
+    def _counters(self) -> Iterator[Metric]:
+        dead = CounterMetricFamily("reports_dead_letters", "Messages that died, by queue, actor and reason.",
+                                   labels=["queue", "actor", "reason"])
+        for labels, value in self._hash("dead_letters"):
+            dead.add_metric(labels, value)
+        yield dead
+        transitions = CounterMetricFamily("reports_breaker_transitions",
+                                          "Circuit breaker state changes, by the state entered.",
+                                          labels=["breaker", "state"])
+        for labels, value in self._hash("breaker_transitions"):
+            transitions.add_metric(labels, value)
+        yield transitions
+
+    def _hash(self, name: str) -> Iterator[tuple[list[str], float]]:
+        raw = cast(dict[bytes, bytes], self.client.hgetall(counter_key(self.namespace, name)))
+        for field, value in sorted(raw.items()):
+            yield field.decode().split(_SEP), float(value)
+
+    def _breaker(self) -> Iterator[Metric]:
+        raw = cast(bytes | None, self.client.hget(f"{self.breaker_name}:state", "state"))
+        state = State(raw.decode()) if raw else State.CLOSED
+        gauge = GaugeMetricFamily("reports_breaker_state", "Circuit breaker state: 0 closed, 1 half-open, 2 open.",
+                                  labels=["breaker"])
+        gauge.add_metric(["mail"], STATE_VALUES[state])
+        yield gauge
+
+    def _database(self) -> Iterator[Metric]:
+        items = GaugeMetricFamily("reports_period_items", "Report items of a period, by state.",
+                                  labels=["period", "state"])
+        planned = GaugeMetricFamily("reports_period_planned", "1 once the coordinator has walked every user.",
+                                    labels=["period"])
+        stored = GaugeMetricFamily("reports_dead_letters_stored", "Dead letters in the store, by replayed.",
+                                   labels=["replayed"])
+        with self.sessions.begin() as session:
+            runs = session.execute(
+                select(PeriodRun.period, PeriodRun.planned).order_by(PeriodRun.period.desc()).limit(PERIODS_EXPORTED)
+            ).all()
+            periods = [period for period, _ in runs]
+            counts: dict[str, dict[str, int]] = {}
+            for period, state, n in session.execute(
+                select(ReportItem.period, ReportItem.state, func.count())
+                .where(ReportItem.period.in_(periods))
+                .group_by(ReportItem.period, ReportItem.state)
+            ):
+                counts.setdefault(period, {})[state] = n
+            was_replayed = DeadLetter.replayed_at.is_not(None)
+            letters = {bool(k): n for k, n in session.execute(select(was_replayed, func.count()).group_by(was_replayed))}
+        for period, is_planned in runs:
+            by_state = counts.get(period, {})
+            for state in ("pending", "delivered", "skipped", "dead"):
+                items.add_metric([period, state], by_state.get(state, 0))
+            planned.add_metric([period], 1.0 if is_planned else 0.0)
+        for replayed in (False, True):
+            stored.add_metric([str(replayed).lower()], letters.get(replayed, 0))
+        yield items
+        yield planned
+        yield stored
+
+    def _scheduler(self) -> Iterator[Metric]:
+        raw = cast(bytes | None, self.client.get(f"{self.namespace}:scheduler:last_trigger"))
+        gauge = GaugeMetricFamily("reports_scheduler_last_trigger_timestamp_seconds",
+                                  "When the scheduler last triggered a period (Unix time).")
+        if raw is not None:
+            last: dict[str, Any] = json.loads(raw)
+            gauge.add_metric([], float(last["at"]))
+        yield gauge

@@ -1,0 +1,123 @@
+"""`reports exporter` serves what Prometheus scrapes: queues, dead letters, the breaker, periods."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import replace
+
+import pytest
+import redis
+from prometheus_client.parser import text_string_to_metric_families
+
+from reports import metrics, planning, runs
+from reports.breaker import CircuitBreaker
+from reports.broker import build_broker, send_many
+from reports.clock import utcnow
+from reports.jobs import BUILD_REPORT
+from reports.periods import Period
+from reports.progress import count
+from tests.conftest import REPO, free_port, load_users, run_cli, wait_until
+
+pytestmark = pytest.mark.acceptance
+
+PERIOD = "2026-10"
+
+
+@pytest.fixture
+def exporter(settings):
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "reports", "exporter", "--host", "127.0.0.1", "--port", str(port)],
+        env={**os.environ, **settings.as_environ()}, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )
+
+    def scrape() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            text = response.read().decode()
+        return {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples
+        }
+
+    def up() -> bool:
+        try:
+            return bool(scrape())
+        except OSError:
+            assert process.poll() is None, process.stderr.read() if process.stderr else ""
+            return False
+
+    wait_until(up, timeout=20, what="the exporter to serve")
+    yield process, scrape
+    if process.poll() is None:
+        process.kill()
+        process.wait()
+
+
+def value(samples, name: str, **labels: str) -> float:
+    return samples[(name, tuple(sorted(labels.items())))]
+
+
+def test_the_exporter_serves_queue_depths_dead_letters_breaker_state_and_period_counts(
+    settings, sessions, smtp_server, start_workers, exporter
+):
+    process, scrape = exporter
+    settings = replace(settings, smtp_url=smtp_server.url)
+    population = load_users(sessions, count=12, inactive_every=1000)
+    smtp_server.handler.fault = lambda rcpt, attempt: "550 5.1.1 No such user" if rcpt == "user3@example.test" else None
+    period = Period.parse(PERIOD)
+    with sessions.begin() as session:
+        runs.trigger(session, period, template_version="v1", now=utcnow())
+    broker = build_broker(settings)
+    planning.plan_slice(sessions, period, lambda payloads: send_many(broker, BUILD_REPORT, payloads),
+                        page_size=50, budget_seconds=60)
+
+    # Before any worker: every message waits in the bulk queue, the oldest for a while now.
+    time.sleep(1.1)
+    before = scrape()
+    assert value(before, "reports_queue_messages", queue="bulk", state="ready") == len(population.active)
+    assert value(before, "reports_queue_oldest_message_age_seconds", queue="bulk") >= 1.0
+    assert value(before, "reports_period_items", period=PERIOD, state="pending") == len(population.active)
+    assert value(before, "reports_period_planned", period=PERIOD) == 1.0
+    assert value(before, "reports_breaker_state", breaker="mail") == 0.0
+
+    start_workers(settings, processes=1, threads=4)
+
+    def complete() -> bool:
+        with sessions.begin() as session:
+            return count(session, period).complete
+
+    wait_until(complete, timeout=60, what="the period")
+    after = scrape()
+    assert value(after, "reports_queue_messages", queue="bulk", state="ready") == 0
+    assert value(after, "reports_queue_oldest_message_age_seconds", queue="bulk") == 0
+    assert value(after, "reports_period_items", period=PERIOD, state="delivered") == len(population.active) - 1
+    assert value(after, "reports_period_items", period=PERIOD, state="dead") == 1
+    assert value(after, "reports_dead_letters_total", queue="bulk", actor="build_report", reason="permanent") == 1
+    assert value(after, "reports_dead_letters_stored", replayed="false") == 1
+
+    # The breaker as the workers' runtime builds it: its transitions are counted fleet-wide.
+    client = redis.Redis.from_url(settings.broker_url)
+    breaker = CircuitBreaker(
+        client, name=f"{settings.broker_namespace}:breaker:mail", failure_threshold=1, window_ms=10_000,
+        cooldown_ms=60_000, probe_timeout_ms=1_000,
+        on_change=lambda _b, a: metrics.count(client, settings.broker_namespace, "breaker_transitions", "mail", str(a)),
+    )
+    breaker.record_failure(int(time.time() * 1000), token="t")
+    opened = scrape()
+    assert value(opened, "reports_breaker_state", breaker="mail") == 2.0
+    assert value(opened, "reports_breaker_transitions_total", breaker="mail", state="open") == 1
+
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=10) == 0
+
+
+def test_the_exporter_rejects_a_bad_port_in_one_line(settings):
+    result = run_cli(settings, "exporter", "--port", "70000")
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1
