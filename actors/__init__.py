@@ -10,6 +10,7 @@ from __future__ import annotations
 import dramatiq
 
 from actors.runtime import Runtime
+from reports.actor_metrics import ActorMetrics
 from reports.broker import build_broker
 from reports.dead_letter_sink import BrokerDeadLetters
 from reports.retries import JitteredRetries
@@ -30,6 +31,8 @@ broker.add_middleware(
         on_dead=lambda dead: runtime.dead_letter_sink(dead),
     )
 )
+# Before the retries: after-hooks run in reverse, so it records the retry middleware's verdict.
+broker.add_middleware(ActorMetrics(broker.client, namespace=_settings.broker_namespace), before=JitteredRetries)
 broker.add_middleware(BrokerDeadLetters(lambda: runtime.dead_letter_sink))
 broker.add_middleware(Heartbeat(interval_seconds=_settings.heartbeat_timeout_ms / 4000))
 broker.add_middleware(DrainOnce(window_seconds=REPEATED_SIGTERM_WINDOW_SECONDS))

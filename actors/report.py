@@ -18,23 +18,25 @@ from reports.jobs import BUILD_REPORT, SEND_NOW, ReportJob, SendNowJob
 DEFER_JITTER = 0.5
 
 
-def _deferring(step: Callable[[], object]) -> None:
+def _deferring(step: Callable[[], pipeline.Outcome]) -> str:
+    """Run ``step``; its outcome is the message's result, which the metrics middleware counts."""
     try:
-        step()
+        return str(step())
     except Deferred as deferred:
         # Another copy holds the claim, or the provider's breaker is open: come back later,
         # without spending a retry.
         wait_ms = deferred.retry_after_seconds * 1000
         defer_current(broker, delay_ms=int(wait_ms + random.uniform(100, 100 + wait_ms * DEFER_JITTER)))
+        return "deferred"
 
 
 @dramatiq.actor(actor_name=BUILD_REPORT.name, queue_name=BUILD_REPORT.queue)
-def build_report(*args: Any, **kwargs: Any) -> None:
+def build_report(*args: Any, **kwargs: Any) -> str:
     job = ReportJob.parse(args, kwargs)
-    _deferring(lambda: pipeline.run(runtime.context, job))
+    return _deferring(lambda: pipeline.run(runtime.context, job))
 
 
 @dramatiq.actor(actor_name=SEND_NOW.name, queue_name=SEND_NOW.queue)
-def send_report_now(*args: Any, **kwargs: Any) -> None:
+def send_report_now(*args: Any, **kwargs: Any) -> str:
     job = SendNowJob.parse(args, kwargs)
-    _deferring(lambda: pipeline.send_now(runtime.context, job))
+    return _deferring(lambda: pipeline.send_now(runtime.context, job))

@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Iterator
+from datetime import UTC
 from typing import Any, cast
 
 import redis
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
@@ -24,7 +25,10 @@ from reports.breaker import STATE_VALUES, State
 from reports.models import DeadLetter, PeriodRun, ReportItem
 
 #: Separates label values inside one Redis hash field.
-_SEP = "\x1f"
+SEP = "\x1f"
+
+#: Upper bounds of the processing-time histogram's buckets, in seconds (+Inf is implied).
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 #: Periods whose item counts are exported: the most recent ones.
 PERIODS_EXPORTED = 12
@@ -36,7 +40,7 @@ def counter_key(namespace: str, name: str) -> str:
 
 def count(client: redis.Redis, namespace: str, name: str, *labels: str) -> None:
     """Add one to the fleet-wide counter ``name`` for these label values."""
-    client.hincrby(counter_key(namespace, name), _SEP.join(labels), 1)
+    client.hincrby(counter_key(namespace, name), SEP.join(labels), 1)
 
 
 class ReportsCollector(Collector):
@@ -53,6 +57,7 @@ class ReportsCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         yield from self._queues()
         yield from self._counters()
+        yield from self._actors()
         yield from self._breaker()
         yield from self._database()
         yield from self._scheduler()
@@ -106,10 +111,30 @@ class ReportsCollector(Collector):
             transitions.add_metric(labels, value)
         yield transitions
 
+    def _actors(self) -> Iterator[Metric]:
+        outcomes = CounterMetricFamily("reports_actor_outcomes", "Messages processed, by actor and outcome.",
+                                       labels=["actor", "outcome"])
+        for labels, value in self._hash("actor_outcomes"):
+            outcomes.add_metric(labels, value)
+        yield outcomes
+        per_bucket: dict[str, dict[str, float]] = {}
+        for (actor, le), value in self._hash("actor_duration_buckets"):
+            per_bucket.setdefault(actor, {})[le] = value
+        sums = {labels[0]: value for labels, value in self._hash("actor_duration_sum")}
+        durations = HistogramMetricFamily("reports_actor_duration_seconds", "Time to process a message, by actor.",
+                                          labels=["actor"])
+        for actor, counts in sorted(per_bucket.items()):
+            cumulative, buckets = 0.0, []
+            for le in [*map(repr, DURATION_BUCKETS), "+Inf"]:
+                cumulative += counts.get(le, 0.0)
+                buckets.append((le, cumulative))
+            durations.add_metric([actor], buckets, sum_value=sums.get(actor, 0.0))
+        yield durations
+
     def _hash(self, name: str) -> Iterator[tuple[list[str], float]]:
         raw = cast(dict[bytes, bytes], self.client.hgetall(counter_key(self.namespace, name)))
         for field, value in sorted(raw.items()):
-            yield field.decode().split(_SEP), float(value)
+            yield field.decode().split(SEP), float(value)
 
     def _breaker(self) -> Iterator[Metric]:
         raw = cast(bytes | None, self.client.hget(f"{self.breaker_name}:state", "state"))
@@ -124,13 +149,17 @@ class ReportsCollector(Collector):
                                   labels=["period", "state"])
         planned = GaugeMetricFamily("reports_period_planned", "1 once the coordinator has walked every user.",
                                     labels=["period"])
+        total = GaugeMetricFamily("reports_period_total", "Report items recorded for a period.", labels=["period"])
+        triggered = GaugeMetricFamily("reports_period_triggered_timestamp_seconds",
+                                      "When a period was first triggered (Unix time).", labels=["period"])
         stored = GaugeMetricFamily("reports_dead_letters_stored", "Dead letters in the store, by replayed.",
                                    labels=["replayed"])
         with self.sessions.begin() as session:
             runs = session.execute(
-                select(PeriodRun.period, PeriodRun.planned).order_by(PeriodRun.period.desc()).limit(PERIODS_EXPORTED)
+                select(PeriodRun.period, PeriodRun.planned, PeriodRun.triggered_at)
+                .order_by(PeriodRun.period.desc()).limit(PERIODS_EXPORTED)
             ).all()
-            periods = [period for period, _ in runs]
+            periods = [period for period, _, _ in runs]
             counts: dict[str, dict[str, int]] = {}
             for period, state, n in session.execute(
                 select(ReportItem.period, ReportItem.state, func.count())
@@ -140,15 +169,19 @@ class ReportsCollector(Collector):
                 counts.setdefault(period, {})[state] = n
             was_replayed = DeadLetter.replayed_at.is_not(None)
             letters = {bool(k): n for k, n in session.execute(select(was_replayed, func.count()).group_by(was_replayed))}
-        for period, is_planned in runs:
+        for period, is_planned, triggered_at in runs:
             by_state = counts.get(period, {})
             for state in ("pending", "delivered", "skipped", "dead"):
                 items.add_metric([period, state], by_state.get(state, 0))
+            total.add_metric([period], sum(by_state.values()))
             planned.add_metric([period], 1.0 if is_planned else 0.0)
+            triggered.add_metric([period], triggered_at.replace(tzinfo=UTC).timestamp())
         for replayed in (False, True):
             stored.add_metric([str(replayed).lower()], letters.get(replayed, 0))
         yield items
+        yield total
         yield planned
+        yield triggered
         yield stored
 
     def _scheduler(self) -> Iterator[Metric]:

@@ -25,6 +25,9 @@ from reports.errors import PermanentError
 
 logger = logging.getLogger(__name__)
 
+#: Where the verdict is left for the metrics middleware: ``retry`` or ``dead``.
+OUTCOME_OPTION = "reports_outcome"
+
 
 @dataclass(frozen=True)
 class DeadMessage:
@@ -90,6 +93,7 @@ class JitteredRetries(Middleware):
         max_retries = self._option(broker, message, "max_retries", self.max_retries)
         if is_permanent(exception) or retries >= max_retries:
             self._die(message, exception, retries, now_ms)
+            message.options[OUTCOME_OPTION] = "dead"
             return
         message.options["retries"] = retries + 1
         delay = full_jitter_ms(
@@ -104,6 +108,8 @@ class JitteredRetries(Middleware):
         )
         # Dramatiq's own Retries enqueues the proxy the same way: it copies what it enqueues.
         broker.enqueue(message, delay=delay)  # type: ignore[arg-type]
+        # After the enqueue, so the retried copy does not carry it.
+        message.options[OUTCOME_OPTION] = "retry"
 
     def _die(self, message: MessageProxy, exception: BaseException, retries: int, now_ms: int) -> None:
         dead = DeadMessage(

@@ -100,6 +100,16 @@ def test_the_exporter_serves_queue_depths_dead_letters_breaker_state_and_period_
     assert value(after, "reports_period_items", period=PERIOD, state="dead") == 1
     assert value(after, "reports_dead_letters_total", queue="bulk", actor="build_report", reason="permanent") == 1
     assert value(after, "reports_dead_letters_stored", replayed="false") == 1
+    assert value(after, "reports_period_total", period=PERIOD) == len(population.active)
+    assert value(after, "reports_period_triggered_timestamp_seconds", period=PERIOD) > time.time() - 600
+    # Every message counted once with its outcome, and timed.
+    assert value(after, "reports_actor_outcomes_total", actor="build_report", outcome="success") == (
+        len(population.active) - 1)
+    assert value(after, "reports_actor_outcomes_total", actor="build_report", outcome="dead") == 1
+    assert value(after, "reports_actor_duration_seconds_count", actor="build_report") == len(population.active)
+    assert value(after, "reports_actor_duration_seconds_bucket", actor="build_report", le="+Inf") == (
+        len(population.active))
+    assert 0 < value(after, "reports_actor_duration_seconds_sum", actor="build_report") < 60
 
     # The breaker as the workers' runtime builds it: its transitions are counted fleet-wide.
     client = redis.Redis.from_url(settings.broker_url)
