@@ -22,13 +22,17 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from reports.breaker import STATE_VALUES, State
-from reports.models import DeadLetter, PeriodRun, ReportItem
+from reports.jobs import BUILD_REPORT, PLAN_PERIOD, SEND_NOW
+from reports.models import DeadLetter, PeriodRun, ReportItem, RunState
 
 #: Separates label values inside one Redis hash field.
 SEP = "\x1f"
 
 #: Upper bounds of the processing-time histogram's buckets, in seconds (+Inf is implied).
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+#: Why a message died (see :mod:`reports.retries` and :mod:`reports.dead_letters`).
+DEAD_REASONS = ("permanent", "retries_exhausted", "broker")
 
 #: Periods whose item counts are exported: the most recent ones.
 PERIODS_EXPORTED = 12
@@ -101,8 +105,12 @@ class ReportsCollector(Collector):
     def _counters(self) -> Iterator[Metric]:
         dead = CounterMetricFamily("reports_dead_letters", "Messages that died, by queue, actor and reason.",
                                    labels=["queue", "actor", "reason"])
-        for labels, value in self._hash("dead_letters"):
-            dead.add_metric(labels, value)
+        # Every known series from 0, so the first dead letter is an increase Prometheus can see.
+        counts = {SEP.join((spec.queue, spec.name, reason)): 0.0 for spec in (PLAN_PERIOD, BUILD_REPORT, SEND_NOW)
+                  for reason in DEAD_REASONS}
+        counts.update({SEP.join(labels): value for labels, value in self._hash("dead_letters")})
+        for key, value in sorted(counts.items()):
+            dead.add_metric(key.split(SEP), value)
         yield dead
         transitions = CounterMetricFamily("reports_breaker_transitions",
                                           "Circuit breaker state changes, by the state entered.",
@@ -150,16 +158,18 @@ class ReportsCollector(Collector):
         planned = GaugeMetricFamily("reports_period_planned", "1 once the coordinator has walked every user.",
                                     labels=["period"])
         total = GaugeMetricFamily("reports_period_total", "Report items recorded for a period.", labels=["period"])
+        cancelled = GaugeMetricFamily("reports_period_cancelled", "1 while an operator has the period cancelled.",
+                                      labels=["period"])
         triggered = GaugeMetricFamily("reports_period_triggered_timestamp_seconds",
                                       "When a period was first triggered (Unix time).", labels=["period"])
         stored = GaugeMetricFamily("reports_dead_letters_stored", "Dead letters in the store, by replayed.",
                                    labels=["replayed"])
         with self.sessions.begin() as session:
             runs = session.execute(
-                select(PeriodRun.period, PeriodRun.planned, PeriodRun.triggered_at)
+                select(PeriodRun.period, PeriodRun.planned, PeriodRun.triggered_at, PeriodRun.state)
                 .order_by(PeriodRun.period.desc()).limit(PERIODS_EXPORTED)
             ).all()
-            periods = [period for period, _, _ in runs]
+            periods = [period for period, _, _, _ in runs]
             counts: dict[str, dict[str, int]] = {}
             for period, state, n in session.execute(
                 select(ReportItem.period, ReportItem.state, func.count())
@@ -169,19 +179,21 @@ class ReportsCollector(Collector):
                 counts.setdefault(period, {})[state] = n
             was_replayed = DeadLetter.replayed_at.is_not(None)
             letters = {bool(k): n for k, n in session.execute(select(was_replayed, func.count()).group_by(was_replayed))}
-        for period, is_planned, triggered_at in runs:
+        for period, is_planned, triggered_at, state in runs:
             by_state = counts.get(period, {})
             for state in ("pending", "delivered", "skipped", "dead"):
                 items.add_metric([period, state], by_state.get(state, 0))
             total.add_metric([period], sum(by_state.values()))
             planned.add_metric([period], 1.0 if is_planned else 0.0)
             triggered.add_metric([period], triggered_at.replace(tzinfo=UTC).timestamp())
+            cancelled.add_metric([period], 1.0 if state == RunState.CANCELLED else 0.0)
         for replayed in (False, True):
             stored.add_metric([str(replayed).lower()], letters.get(replayed, 0))
         yield items
         yield total
         yield planned
         yield triggered
+        yield cancelled
         yield stored
 
     def _scheduler(self) -> Iterator[Metric]:
