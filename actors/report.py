@@ -10,6 +10,7 @@ import dramatiq
 
 from actors import broker, runtime
 from reports import pipeline
+from reports.actor_metrics import note_outcome
 from reports.broker import defer_current
 from reports.errors import Deferred
 from reports.jobs import BUILD_REPORT, SEND_NOW, ReportJob, SendNowJob
@@ -18,25 +19,25 @@ from reports.jobs import BUILD_REPORT, SEND_NOW, ReportJob, SendNowJob
 DEFER_JITTER = 0.5
 
 
-def _deferring(step: Callable[[], pipeline.Outcome]) -> str:
-    """Run ``step``; its outcome is the message's result, which the metrics middleware counts."""
+def _deferring(step: Callable[[], pipeline.Outcome]) -> None:
+    """Run ``step`` and note its outcome for the metrics; a deferral re-enqueues the message."""
     try:
-        return str(step())
+        note_outcome(str(step()))
     except Deferred as deferred:
         # Another copy holds the claim, or the provider's breaker is open: come back later,
         # without spending a retry.
         wait_ms = deferred.retry_after_seconds * 1000
         defer_current(broker, delay_ms=int(wait_ms + random.uniform(100, 100 + wait_ms * DEFER_JITTER)))
-        return "deferred"
+        note_outcome("deferred")  # after the copy is enqueued, so the copy does not carry it
 
 
 @dramatiq.actor(actor_name=BUILD_REPORT.name, queue_name=BUILD_REPORT.queue)
-def build_report(*args: Any, **kwargs: Any) -> str:
+def build_report(*args: Any, **kwargs: Any) -> None:
     job = ReportJob.parse(args, kwargs)
-    return _deferring(lambda: pipeline.run(runtime.context, job))
+    _deferring(lambda: pipeline.run(runtime.context, job))
 
 
 @dramatiq.actor(actor_name=SEND_NOW.name, queue_name=SEND_NOW.queue)
-def send_report_now(*args: Any, **kwargs: Any) -> str:
+def send_report_now(*args: Any, **kwargs: Any) -> None:
     job = SendNowJob.parse(args, kwargs)
-    return _deferring(lambda: pipeline.send_now(runtime.context, job))
+    _deferring(lambda: pipeline.send_now(runtime.context, job))

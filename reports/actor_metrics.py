@@ -17,7 +17,7 @@ from typing import Any
 import dramatiq
 import redis
 from dramatiq.broker import MessageProxy
-from dramatiq.middleware import Middleware
+from dramatiq.middleware import CurrentMessage, Middleware
 
 from reports.metrics import DURATION_BUCKETS, SEP, counter_key
 from reports.retries import OUTCOME_OPTION
@@ -32,13 +32,23 @@ def bucket_label(seconds: float) -> str:
     return repr(DURATION_BUCKETS[index]) if index < len(DURATION_BUCKETS) else "+Inf"
 
 
-def outcome_of(result: Any, exception: BaseException | None, message: MessageProxy) -> str:
-    """``success``, or what the actor returned (``skipped``, ``deferred``…), or the retry verdict."""
+def note_outcome(outcome: str) -> None:
+    """Tell the metrics what the running message came to (``skipped``, ``deferred``…).
+
+    Left on the message rather than returned: Dramatiq warns about every actor result that no
+    Results middleware stores.
+    """
+    message = CurrentMessage.get_current_message()
+    if message is not None:
+        message.options[OUTCOME_OPTION] = outcome
+
+
+def outcome_of(exception: BaseException | None, message: MessageProxy) -> str:
+    """The retry verdict after a failure; otherwise ``success`` or what the actor noted."""
     if exception is not None:
         return str(message.options.get(OUTCOME_OPTION, "retry"))
-    if not isinstance(result, str) or result == "delivered":
-        return "success"
-    return result
+    noted = message.options.get(OUTCOME_OPTION)
+    return "success" if noted in (None, "delivered") else str(noted)
 
 
 class ActorMetrics(Middleware):
@@ -65,7 +75,7 @@ class ActorMetrics(Middleware):
         try:
             with self.client.pipeline(transaction=False) as pipe:
                 pipe.hincrby(counter_key(self.namespace, "actor_outcomes"),
-                             SEP.join((actor, outcome_of(result, exception, message))), 1)
+                             SEP.join((actor, outcome_of(exception, message))), 1)
                 pipe.hincrby(counter_key(self.namespace, "actor_duration_buckets"),
                              SEP.join((actor, bucket_label(seconds))), 1)
                 pipe.hincrbyfloat(counter_key(self.namespace, "actor_duration_sum"), actor, seconds)
