@@ -13,6 +13,9 @@ from reports.errors import ConfigurationError
 #: Longest duration any setting accepts: ten years, in seconds.
 MAX_SECONDS = 10 * 366 * 86_400
 
+#: Broker URL schemes the Redis broker accepts.
+BROKER_SCHEMES = ("redis", "rediss", "unix")
+
 #: Longest look-back the scheduler accepts, in months.
 MAX_LOOKBACK_MONTHS = 120
 
@@ -86,6 +89,12 @@ class Settings:
             object.__setattr__(self, "database_url", f"sqlite:///{self.var_dir / 'reports.db'}")
         if self.plan_page_size < 1:
             raise ConfigurationError("PLAN_PAGE_SIZE must be at least 1.")
+        scheme = self.broker_url.partition("://")[0]
+        if scheme not in BROKER_SCHEMES:
+            raise ConfigurationError(
+                f"BROKER_URL must start with {', '.join(s + '://' for s in BROKER_SCHEMES)}"
+                f" (RabbitMQ is not supported yet), got {redact_url(self.broker_url)}."
+            )
         if not 1 <= self.schedule_lookback_months <= MAX_LOOKBACK_MONTHS:
             raise ConfigurationError(f"SCHEDULE_LOOKBACK_MONTHS must be from 1 to {MAX_LOOKBACK_MONTHS}.")
         for name in ("reconcile_stuck_after_seconds", "claim_lease_seconds", "smtp_timeout_seconds",

@@ -225,3 +225,15 @@ def test_a_redacted_url_keeps_its_host_and_port_readable() -> None:
 )
 def test_redact_url_never_raises_and_never_shows_the_password(url: str) -> None:
     assert "secret" not in redact_url(url)
+
+
+@pytest.mark.parametrize("url", ["amqp://guest:s3cret@127.0.0.1:5672/", "http://redis", "localhost:6379"])
+def test_a_broker_url_the_redis_broker_cannot_use_is_a_configuration_error_without_its_password(url: str) -> None:
+    with pytest.raises(ConfigurationError, match="BROKER_URL") as raised:
+        Settings.from_env({"BROKER_URL": url})
+    assert "s3cret" not in str(raised.value)
+
+
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:6379/0", "rediss://h:6380/1", "unix:///tmp/redis.sock"])
+def test_redis_tls_and_unix_socket_broker_urls_are_accepted(url: str) -> None:
+    assert Settings.from_env({"BROKER_URL": url}).broker_url == url
