@@ -9,7 +9,7 @@ import dramatiq
 
 from actors import broker, runtime
 from reports import planning
-from reports.broker import send, send_many
+from reports.broker import backlog, send, send_many
 from reports.jobs import BUILD_REPORT, PLAN_PERIOD, PlanJob
 from reports.worker_lifecycle import draining
 
@@ -27,11 +27,16 @@ def plan_period(*args: Any, **kwargs: Any) -> None:
         budget_seconds=runtime.settings.plan_slice_seconds,
         # On SIGTERM, stop at the next page: the checkpoint and the continuation carry on.
         should_stop=draining.is_set,
+        backlog=lambda: backlog(broker, BUILD_REPORT.queue),
+        high_water=runtime.settings.plan_high_water,
     )
     logger.info(
         "Planned %d pages, enqueued %d reports for %s (cursor %d, planned=%s).",
         outcome.pages, outcome.enqueued, job.period, outcome.cursor, outcome.planned,
     )
-    if not outcome.planned and not outcome.cancelled:
+    if outcome.backlogged:
+        # The bulk queue is full enough: look again later, so Redis holds a bounded backlog.
+        send(broker, PLAN_PERIOD, job.payload(), delay_ms=int(runtime.settings.plan_pause_seconds * 1000))
+    elif not outcome.planned and not outcome.cancelled:
         # Short slices keep the coordinator drainable on SIGTERM; the checkpoint carries the walk on.
         send(broker, PLAN_PERIOD, job.payload())

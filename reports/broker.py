@@ -93,6 +93,17 @@ def _dispatch_enqueue(broker: RedisBroker, messages: list[dramatiq.Message[Any]]
     return len(messages)
 
 
+def backlog(broker: dramatiq.Broker, queue: str) -> int:
+    """Messages waiting in ``queue``, ready or delayed (Redis keys as the broker lays them out)."""
+    if not isinstance(broker, RedisBroker):
+        raise TypeError("backlog() reads a Redis broker's queues.")
+    with broker.client.pipeline(transaction=False) as pipe:
+        pipe.llen(f"{broker.namespace}:{queue}")
+        pipe.llen(f"{broker.namespace}:{queue}.DQ")
+        ready, delayed = pipe.execute()
+    return int(ready) + int(delayed)
+
+
 def defer_current(broker: dramatiq.Broker, *, delay_ms: int) -> None:
     """Run the message being processed again after ``delay_ms``, without spending a retry."""
     message = CurrentMessage.get_current_message()

@@ -42,6 +42,8 @@ class SliceOutcome:
     planned: bool = False
     #: The period was cancelled: the walk stopped, and is not to be continued until resumed.
     cancelled: bool = False
+    #: The walk paused because the queue held ``high_water`` messages or more.
+    backlogged: bool = False
 
 
 def plan_slice(
@@ -52,14 +54,21 @@ def plan_slice(
     page_size: int,
     budget_seconds: float,
     should_stop: Callable[[], bool] = lambda: False,
+    backlog: Callable[[], int] | None = None,
+    high_water: int = 0,
 ) -> SliceOutcome:
-    """Walk pages until the period is planned, ``budget_seconds`` have passed or ``should_stop()``.
+    """Walk pages until the period is planned, ``budget_seconds`` have passed or ``should_stop()``,
+    or ``backlog()`` (messages waiting) reaches ``high_water``.
 
-    The caller re-enqueues the coordinator when the outcome is not ``planned``.
+    The caller re-enqueues the coordinator when the outcome is not ``planned`` (with a delay when
+    it is ``backlogged``).
     """
     deadline = time.monotonic() + budget_seconds
     outcome = SliceOutcome()
     while True:
+        if backlog is not None and backlog() >= high_water:
+            outcome.backlogged = True
+            return outcome
         cursor, planned, page = _record_page(sessions, period, page_size)
         if cursor is None:
             outcome.cancelled = True

@@ -50,6 +50,11 @@ class Settings:
     plan_page_size: int = 1000
     #: Longest the coordinator walks in one message before it re-enqueues itself, in seconds.
     plan_slice_seconds: float = 10.0
+    #: Messages waiting in the bulk queue above which the coordinator pauses its walk, so Redis
+    #: holds a bounded backlog whatever the number of users.
+    plan_high_water: int = 100_000
+    #: How long the coordinator waits before it looks at the backlog again, in seconds.
+    plan_pause_seconds: float = 5.0
     #: How long a delivery claim keeps other copies of the message from sending, in seconds.
     #: Longer than the slowest send (connect + data, both bounded by the SMTP timeout).
     claim_lease_seconds: float = 30.0
@@ -98,7 +103,7 @@ class Settings:
         if not 1 <= self.schedule_lookback_months <= MAX_LOOKBACK_MONTHS:
             raise ConfigurationError(f"SCHEDULE_LOOKBACK_MONTHS must be from 1 to {MAX_LOOKBACK_MONTHS}.")
         for name in ("reconcile_stuck_after_seconds", "claim_lease_seconds", "smtp_timeout_seconds",
-                     "plan_slice_seconds", "alert_window_seconds", "breaker_window_seconds",
+                     "plan_slice_seconds", "plan_pause_seconds", "alert_window_seconds", "breaker_window_seconds",
                      "breaker_cooldown_seconds", "schedule_reconcile_interval_seconds"):
             value = getattr(self, name)
             if not (math.isfinite(value) and 0 <= value <= MAX_SECONDS):
@@ -151,6 +156,8 @@ ENVIRONMENT = {
     "template_version": "REPORT_TEMPLATE_VERSION",
     "plan_page_size": "PLAN_PAGE_SIZE",
     "plan_slice_seconds": "PLAN_SLICE_SECONDS",
+    "plan_high_water": "PLAN_HIGH_WATER",
+    "plan_pause_seconds": "PLAN_PAUSE_SECONDS",
     "claim_lease_seconds": "CLAIM_LEASE_SECONDS",
     "heartbeat_timeout_ms": "HEARTBEAT_TIMEOUT_MS",
     "maintenance_chance": "MAINTENANCE_CHANCE",

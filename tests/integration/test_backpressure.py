@@ -1,0 +1,56 @@
+"""The coordinator pauses while the bulk queue holds its high-water mark, so Redis stays bounded."""
+
+from __future__ import annotations
+
+import redis
+
+from reports import planning, runs
+from reports.broker import backlog, send_many
+from reports.clock import utcnow
+from reports.jobs import BUILD_REPORT
+from reports.periods import Period
+from reports.progress import count
+from tests.conftest import load_users
+
+PERIOD = Period(2026, 10)
+
+
+def _walk(sessions, broker, *, high_water: int):
+    return planning.plan_slice(
+        sessions, PERIOD, lambda payloads: send_many(broker, BUILD_REPORT, payloads), page_size=7,
+        budget_seconds=60, backlog=lambda: backlog(broker, BUILD_REPORT.queue), high_water=high_water,
+    )
+
+
+def _drain(settings) -> None:
+    client = redis.Redis.from_url(settings.broker_url)
+    client.delete(f"{settings.broker_namespace}:bulk", f"{settings.broker_namespace}:bulk.msgs")
+
+
+def test_the_walk_pauses_at_the_high_water_mark_and_resumes_below_it(settings, sessions, broker):
+    population = load_users(sessions, count=30, inactive_every=1000)
+    with sessions.begin() as session:
+        runs.trigger(session, PERIOD, template_version="v1", now=utcnow())
+
+    # A backlog already at the mark: nothing is recorded or enqueued.
+    send_many(broker, BUILD_REPORT, [{"period": "2026-10", "user_id": 1, "template_version": "v1"}] * 10)
+    paused = _walk(sessions, broker, high_water=10)
+    assert (paused.backlogged, paused.pages, paused.planned) == (True, 0, False)
+    assert backlog(broker, BUILD_REPORT.queue) == 10
+
+    # Below the mark the walk goes on, one page at a time, until the backlog reaches it again.
+    _drain(settings)
+    partial = _walk(sessions, broker, high_water=10)
+    assert (partial.backlogged, partial.pages, partial.planned) == (True, 2, False)
+    assert backlog(broker, BUILD_REPORT.queue) == 14
+    with sessions.begin() as session:
+        assert count(session, PERIOD).total == 14
+
+    # Consumers drained it: the walk finishes from its checkpoint, every user once.
+    _drain(settings)
+    done = _walk(sessions, broker, high_water=1000)
+    assert done.planned and not done.backlogged
+    with sessions.begin() as session:
+        final = count(session, PERIOD)
+    assert (final.total, final.planned) == (len(population.active), True)
+    assert backlog(broker, BUILD_REPORT.queue) == len(population.active) - 14
