@@ -77,13 +77,7 @@ class Context:
 
 def run(ctx: Context, job: ReportJob) -> Outcome:
     """The monthly email for one (period, user)."""
-    permit = _ask_breaker(ctx)
-    with ctx.sessions.begin() as session:
-        prepared = _prepare(ctx, session, job)
-    if not isinstance(prepared, _Prepared):
-        return prepared
-    _send(ctx, prepared, permit)
-    return Outcome.DELIVERED
+    return _deliver(ctx, lambda session: _prepare(ctx, session, job))
 
 
 def send_now(ctx: Context, job: SendNowJob) -> Outcome:
@@ -93,9 +87,13 @@ def send_now(ctx: Context, job: SendNowJob) -> Outcome:
     the monthly email has not gone out, this *is* the monthly email (its claim and Message-ID),
     so the monthly run will not send a second one.
     """
+    return _deliver(ctx, lambda session: _prepare_now(ctx, session, job))
+
+
+def _deliver(ctx: Context, prepare: Callable[[Session], _Prepared | Outcome]) -> Outcome:
     permit = _ask_breaker(ctx)
     with ctx.sessions.begin() as session:
-        prepared = _prepare_now(ctx, session, job)
+        prepared = prepare(session)
     if not isinstance(prepared, _Prepared):
         return prepared
     _send(ctx, prepared, permit)
