@@ -49,7 +49,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Self
 
@@ -58,10 +58,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import dramatiq
-import psycopg
 import redis
 from aiosmtpd.controller import Controller
 from sqlalchemy import text
+from support import temporary_database  # bench/support.py, beside this script
 
 from reports import planning, runs
 from reports.broker import build_broker, send, send_many
@@ -149,19 +149,6 @@ class Pools:
 # --------------------------------------------------------------------------- database
 
 
-@contextlib.contextmanager
-def database(admin_url: str) -> Iterator[str]:
-    name = f"reports_bench_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(admin_url, autocommit=True) as connection:
-        connection.execute(f'CREATE DATABASE "{name}"')
-    base = admin_url.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
-    try:
-        yield f"{base}/{name}"
-    finally:
-        with psycopg.connect(admin_url, autocommit=True) as connection:
-            connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
 def load_users(settings: Settings, count: int) -> None:
     """Active users with a few activities in the period and the month before, by plain SQL."""
     engine = create_db_engine(settings.database_url)
@@ -229,7 +216,7 @@ def run(args: argparse.Namespace) -> None:
     controller.start()
     pools: Pools | None = None
     try:
-        with database(args.postgres_url) as database_url:
+        with temporary_database(args.postgres_url) as database_url:
             settings = Settings(
                 var_dir=workdir / "var", database_url=database_url, broker_url=args.redis_url,
                 broker_namespace=namespace, smtp_url=f"smtp://127.0.0.1:{port}",

@@ -18,6 +18,7 @@ from datetime import datetime
 
 import psycopg
 import redis
+from support import temporary_database  # bench/support.py, beside this script
 
 from reports import runs
 from reports.database import create_db_engine, session_factory, upgrade
@@ -25,7 +26,6 @@ from reports.metrics import ReportsCollector
 from reports.periods import Period
 from reports.settings import Settings
 
-ADMIN_URL = os.environ.get("TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
@@ -36,10 +36,11 @@ def main() -> None:
     parser.add_argument("--scrapes", type=int, default=15)
     args = parser.parse_args()
 
-    name = f"reports_bench_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    url = f"{ADMIN_URL.rsplit('/', 1)[0].replace('postgresql://', 'postgresql+psycopg://', 1)}/{name}"
+    with temporary_database() as url:
+        measure(url, args)
+
+
+def measure(url: str, args: argparse.Namespace) -> None:
     engine = None
     try:
         upgrade(Settings(database_url=url))
@@ -72,8 +73,6 @@ def main() -> None:
     finally:
         if engine is not None:
             engine.dispose()
-        with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.message import EmailMessage
 from pathlib import Path
+from typing import NoReturn
 
 import psycopg
 import pytest
@@ -32,6 +33,7 @@ from aiosmtpd.controller import Controller
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
+from bench.support import temporary_database
 from reports.database import create_db_engine, session_factory, upgrade
 from reports.settings import Settings
 
@@ -41,11 +43,15 @@ IN_CI = bool(os.environ.get("CI"))
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _unavailable(what: str, error: Exception) -> None:
-    message = f"{what} is not reachable ({type(error).__name__}: {error})"
+def missing(message: str) -> NoReturn:
+    """A service or tool the test needs is not there: skip locally, fail in CI (which installs it)."""
     if IN_CI:
         pytest.fail(message)
     pytest.skip(message)
+
+
+def _unavailable(what: str, error: Exception) -> NoReturn:
+    missing(f"{what} is not reachable ({type(error).__name__}: {error})")
 
 
 def wait_until(predicate: Callable[[], object], *, timeout: float, interval: float = 0.1, what: str = "condition") -> object:
@@ -151,25 +157,14 @@ def postgres_admin() -> str:
     return POSTGRES_ADMIN_URL
 
 
-def _postgres_database(admin_url: str) -> Iterator[str]:
-    name = f"reports_test_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(admin_url, autocommit=True) as connection:
-        connection.execute(f'CREATE DATABASE "{name}"')
-    base = admin_url.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
-    try:
-        yield f"{base}/{name}"
-    finally:
-        with psycopg.connect(admin_url, autocommit=True) as connection:
-            connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
 @pytest.fixture(params=["sqlite", "postgresql"])
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A fresh, empty database: every test runs once on SQLite and once on PostgreSQL."""
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'reports.db'}"
     else:
-        yield from _postgres_database(request.getfixturevalue("postgres_admin"))
+        with temporary_database(request.getfixturevalue("postgres_admin"), prefix="reports_test") as url:
+            yield url
 
 
 @pytest.fixture

@@ -21,8 +21,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from bench.support import temporary_database
 from reports.settings import ENVIRONMENT
-from tests.conftest import _postgres_database
 
 pytestmark = pytest.mark.acceptance
 
@@ -137,7 +137,7 @@ def test_the_demo_mails_every_active_user_once_and_a_second_run_sends_nothing_ag
 @pytest.fixture
 def postgres_url_with_password(postgres_admin: str) -> Iterator[str]:
     """A fresh PostgreSQL database, addressed by a URL that carries a password (ignored under trust)."""
-    for url in _postgres_database(postgres_admin):
+    with temporary_database(postgres_admin, prefix="reports_test") as url:
         yield url.replace("://postgres@", f"://postgres:{SECRET}@", 1)
 
 

@@ -24,7 +24,7 @@ import pytest
 
 from reports.periods import Period
 from reports.progress import count
-from tests.conftest import IN_CI, REPO, free_port, load_users, run_cli, wait_until
+from tests.conftest import REPO, free_port, load_users, missing, run_cli, wait_until
 
 pytestmark = pytest.mark.acceptance
 
@@ -50,10 +50,7 @@ def binary(name: str) -> str:
     """The path of ``name``; missing, the test fails in CI (``.ci/run`` installs it) and is skipped locally."""
     path = shutil.which(name)
     if path is None:
-        message = f"{name} is not installed (apt-get install prometheus; .ci/run installs it when missing)"
-        if IN_CI:
-            pytest.fail(message)
-        pytest.skip(message)
+        missing(f"{name} is not installed (apt-get install prometheus; scripts/test installs it when missing)")
     return path
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import pytest
@@ -25,6 +25,28 @@ from reports.planning import SliceOutcome, plan_slice
 from reports.settings import Settings
 
 PERIOD = Period.parse("2026-10")
+
+
+def run_together(*calls: Callable[[], object], timeout: float = 60) -> None:
+    """Run ``calls`` in threads released at the same instant; re-raise the first failure."""
+    barrier = threading.Barrier(len(calls))
+    errors: list[BaseException] = []
+
+    def run(call: Callable[[], object]) -> None:
+        try:
+            barrier.wait(timeout=10)
+            call()
+        except BaseException as e:  # noqa: BLE001 - re-raised by the calling thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(call,)) for call in calls]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=timeout)
+    assert not any(thread.is_alive() for thread in threads), "a concurrent call did not finish"
+    if errors:
+        raise errors[0]
 
 
 @pytest.fixture

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 
 import pytest
@@ -18,6 +17,7 @@ from tests.integration.conftest import (
     count_items,
     item_user_ids,
     queued_user_ids,
+    run_together,
     trigger,
 )
 
@@ -125,23 +125,7 @@ def test_two_coordinators_at_once_enqueue_every_active_user_exactly_once(setting
     population = load_users(sessions, count=100)
     trigger(sessions, settings)
     senders = [RecordingSender(broker, pause_seconds=0.01), RecordingSender(broker, pause_seconds=0.01)]
-    barrier = threading.Barrier(len(senders))
-    errors: list[BaseException] = []
-
-    def coordinate(sender: RecordingSender) -> None:
-        try:
-            barrier.wait(timeout=10)
-            plan(sessions, settings, sender)
-        except BaseException as e:  # noqa: BLE001 - reported by the main thread
-            errors.append(e)
-
-    threads = [threading.Thread(target=coordinate, args=(sender,)) for sender in senders]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    assert not any(thread.is_alive() for thread in threads)
-    assert errors == []
+    run_together(*(lambda sender=sender: plan(sessions, settings, sender) for sender in senders))
 
     first, second = (Counter(sender.user_ids) for sender in senders)
     assert set(first) | set(second) == set(population.active)

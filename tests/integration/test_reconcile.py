@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterable
@@ -25,7 +24,7 @@ from reports.planning import plan_slice
 from reports.reconcile import Reconciliation
 from reports.settings import Settings
 from tests.conftest import load_users, queued_messages
-from tests.integration.conftest import PERIOD, item_user_ids, plan_everything, queued_user_ids, trigger
+from tests.integration.conftest import PERIOD, item_user_ids, plan_everything, queued_user_ids, run_together, trigger
 
 STUCK_AFTER = timedelta(minutes=10)
 
@@ -376,9 +375,7 @@ def test_two_reconciles_at_once_re_enqueue_each_stuck_item_once_between_them(ses
     assert plan_slice(sessions, PERIOD, lambda payloads: len(list(payloads)), page_size=500,
                       budget_seconds=60).planned
     now = later()
-    start = threading.Barrier(2)
     recorders = [Recorder(), Recorder()]
-    errors: list[BaseException] = []
 
     def run(recorder: Recorder) -> None:
         def slow_send(payloads: Iterable[dict[str, Any]]) -> int:
@@ -386,20 +383,10 @@ def test_two_reconciles_at_once_re_enqueue_each_stuck_item_once_between_them(ses
             time.sleep(0.01)  # hold the transaction a moment, so the two really overlap
             return sent
 
-        try:
-            start.wait(timeout=10)
-            reconciling.reconcile(sessions, PERIOD, slow_send, recorder.send_coordinator,
-                                  stuck_after=STUCK_AFTER, now=now)
-        except BaseException as e:  # noqa: BLE001 - reported in the main thread
-            errors.append(e)
+        reconciling.reconcile(sessions, PERIOD, slow_send, recorder.send_coordinator,
+                              stuck_after=STUCK_AFTER, now=now)
 
-    threads = [threading.Thread(target=run, args=(recorder,)) for recorder in recorders]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    assert not any(thread.is_alive() for thread in threads)
-    assert errors == []
+    run_together(*(lambda recorder=recorder: run(recorder) for recorder in recorders))
 
     sent = Counter(recorders[0].user_ids + recorders[1].user_ids)
     assert sent == Counter(population.active)
