@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -35,10 +34,12 @@ def build_broker(settings: Settings) -> RedisBroker:
     )
 
 
-def message_for(spec: ActorSpec, payload: Mapping[str, Any]) -> dramatiq.Message[Any]:
+def message_for(
+    spec: ActorSpec, payload: Mapping[str, Any], *, options: dict[str, Any] | None = None
+) -> dramatiq.Message[Any]:
     """A message for ``spec``'s actor, built without importing the actors (producers need only names)."""
     return dramatiq.Message(
-        queue_name=spec.queue, actor_name=spec.name, args=(), kwargs=dict(payload), options={}
+        queue_name=spec.queue, actor_name=spec.name, args=spec.arguments(payload), kwargs={}, options=options or {}
     )
 
 
@@ -46,16 +47,17 @@ def send(broker: dramatiq.Broker, spec: ActorSpec, payload: Mapping[str, Any], *
     broker.enqueue(message_for(spec, payload), delay=delay_ms)
 
 
-#: Messages per Redis pipeline round trip in :func:`send_many`.
+#: Messages per Redis round trip in :func:`send_many`.
 ENQUEUE_CHUNK = 1000
 
 
 def send_many(broker: dramatiq.Broker, spec: ActorSpec, payloads: Iterable[Mapping[str, Any]]) -> int:
-    """Enqueue one message per payload, pipelined on Redis; returns how many were sent.
+    """Enqueue one message per payload, a chunk per Redis round trip; returns how many were sent.
 
-    Dramatiq has no bulk enqueue: ``actor.send`` costs one round trip per message. This runs the
-    broker's own ``dispatch`` script, exactly as ``RedisBroker.enqueue`` does, for a chunk of
-    messages per round trip. It leans on the broker's private script table; Dramatiq is pinned.
+    Dramatiq has no bulk enqueue: ``actor.send`` costs one round trip and one script call per
+    message. For a chunk of messages this writes, in one MULTI, exactly what the broker's
+    ``dispatch`` script writes for each (the message in the queue's hash, its id on the queue's
+    list), as one HSET and one RPUSH. It leans on the broker's key layout; Dramatiq is pinned.
     """
     if not isinstance(broker, RedisBroker):
         sent = 0
@@ -66,27 +68,24 @@ def send_many(broker: dramatiq.Broker, spec: ActorSpec, payloads: Iterable[Mappi
     sent = 0
     chunk: list[dramatiq.Message[Any]] = []
     for payload in payloads:
-        chunk.append(message_for(spec, payload).copy(options={"redis_message_id": str(uuid.uuid4())}))
+        # The first enqueue of a message: the id RedisBroker.enqueue would draw, drawn here.
+        chunk.append(message_for(spec, payload, options={"redis_message_id": str(uuid.uuid4())}))
         if len(chunk) == ENQUEUE_CHUNK:
-            sent += _dispatch_enqueue(broker, chunk)
+            sent += _enqueue_chunk(broker, spec.queue, chunk)
             chunk = []
     if chunk:
-        sent += _dispatch_enqueue(broker, chunk)
+        sent += _enqueue_chunk(broker, spec.queue, chunk)
     return sent
 
 
-def _dispatch_enqueue(broker: RedisBroker, messages: list[dramatiq.Message[Any]]) -> int:
-    dispatch = broker.scripts["dispatch"]
-    with broker.client.pipeline(transaction=False) as pipe:
-        for message in messages:
-            broker.emit_before("enqueue", message, None)
-            dispatch(
-                keys=[broker.namespace],
-                args=["enqueue", int(time.time() * 1000), message.queue_name, broker.broker_id,
-                      broker.heartbeat_timeout, broker.dead_message_ttl, "0", broker._max_unpack_size(),
-                      message.options["redis_message_id"], message.encode()],
-                client=pipe,
-            )
+def _enqueue_chunk(broker: RedisBroker, queue: str, messages: list[dramatiq.Message[Any]]) -> int:
+    encoded: dict[str, bytes] = {}
+    for message in messages:
+        broker.emit_before("enqueue", message, None)
+        encoded[message.options["redis_message_id"]] = message.encode()
+    with broker.client.pipeline(transaction=True) as pipe:
+        pipe.hset(f"{broker.namespace}:{queue}.msgs", mapping=encoded)
+        pipe.rpush(f"{broker.namespace}:{queue}", *encoded)
         pipe.execute()
     for message in messages:
         broker.emit_after("enqueue", message, None)

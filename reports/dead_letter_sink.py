@@ -43,14 +43,15 @@ class DeadLetterSink:
             return  # a redelivered copy of a message already stored
         if self.on_stored is not None:
             self.on_stored(dead)
-        subject = " ".join(f"{k}={dead.kwargs[k]}" for k in ("period", "user_id") if k in dead.kwargs)
+        about = dead_letters.ids(dead)
+        subject = " ".join(f"{k}={v}" for k, v in about.items())
         logger.error(
             "Dead letter: message %s of %s on %s (%s), %s after %d attempt(s): %s.",
             dead.message_id, dead.actor, dead.queue, subject or "no ids", dead.reason, dead.attempts,
             dead.error_class,
             extra={"message_id": dead.message_id, "actor": dead.actor, "queue": dead.queue,
                    "reason": dead.reason, "attempts": dead.attempts, "error_class": dead.error_class,
-                   **{k: dead.kwargs[k] for k in ("period", "user_id") if k in dead.kwargs}},
+                   **about},
         )
         if self.alerts is not None:
             try:

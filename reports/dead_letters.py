@@ -43,6 +43,14 @@ def _job(actor: str, args: Sequence[Any], kwargs: dict[str, Any]) -> ReportJob |
         return None
 
 
+def ids(dead: DeadMessage) -> dict[str, Any]:
+    """The period and user a dead message was for, as far as its payload parses (for logs)."""
+    job = _job(dead.actor, dead.args, dead.kwargs)
+    if job is None:
+        return {}
+    return {"period": str(job.period), **({"user_id": job.user_id} if isinstance(job, ReportJob) else {})}
+
+
 def record(session: Session, dead: DeadMessage) -> bool:
     """Store ``dead`` and mark its report item ``dead``; ``False`` if it was stored already."""
     job = _job(dead.actor, dead.args, dead.kwargs)

@@ -1,12 +1,12 @@
 """The coordinator: walk a period's active users in keyset pages and enqueue one job per user.
 
-Each page is two short transactions. The first records the page's items (one per user, under
-the unique (period, user) key). The second takes the run's row lock, hands every item in the
-page's id range that has no ``enqueued_at`` to the broker, stamps it, and advances the cursor.
-A crash between the two leaves items recorded but not enqueued, below no checkpoint: the next
-run walks the same page and sends them. A crash after sending but before the commit re-sends
-on the next run, which the consumer's delivery claim absorbs. Two coordinators at once
-serialize on the row lock, and the second finds the cursor moved and continues from it.
+Each page is one short transaction under the run's row lock. It records the page's items in
+the database itself (INSERT … SELECT, one per user under the unique (period, user) key), hands
+every item in the page's id range that has no ``enqueued_at`` to the broker, stamps it, and
+advances the cursor. A crash before the commit leaves nothing of the page: the next run walks
+it again. A crash after sending but before the commit re-sends on the next run, which the
+consumer's delivery claim absorbs. Two coordinators at once serialize on the row lock, and the
+second finds the cursor moved and continues from it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import DateTime, func, literal, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from reports.clock import utcnow
@@ -24,7 +24,7 @@ from reports.errors import PermanentError
 from reports.jobs import ReportJob
 from reports.models import ItemState, PeriodRun, ReportItem, RunState, User
 from reports.periods import Period
-from reports.sql import insert_ignoring_conflicts
+from reports.sql import dialect_insert
 
 #: Hands a batch of report-job payloads to the broker.
 SendJobs = Callable[[Iterable[dict[str, Any]]], int]
@@ -69,79 +69,65 @@ def plan_slice(
         if backlog is not None and backlog() >= high_water:
             outcome.backlogged = True
             return outcome
-        cursor, planned, page = _record_page(sessions, period, page_size)
-        if cursor is None:
+        planned = _plan_page(sessions, period, page_size, send_jobs, outcome)
+        if planned is None:
             outcome.cancelled = True
             return outcome
-        if not planned:
-            planned = _enqueue_page(sessions, period, cursor, page, send_jobs, outcome)
         outcome.planned = planned
         if planned or time.monotonic() >= deadline or should_stop():
             return outcome
 
 
-def _record_page(
-    sessions: sessionmaker[Session], period: Period, page_size: int
-) -> tuple[int | None, bool, list[int]]:
-    """Record one page of items; the cursor is ``None`` when the period is cancelled."""
-    with sessions.begin() as session:
-        run = session.get(PeriodRun, str(period))
-        if run is None:
-            raise UnknownRun(f"Period {period} was never triggered.")
-        if run.state == RunState.CANCELLED:
-            return None, False, []
-        if run.planned:
-            return run.cursor, True, []
-        user_ids = list(
-            session.scalars(
-                select(User.id).where(User.active, User.id > run.cursor).order_by(User.id).limit(page_size)
-            )
-        )
-        if user_ids:
-            now = utcnow()
-            session.execute(
-                insert_ignoring_conflicts(session, ReportItem.__table__),
-                [
-                    {"period": str(period), "user_id": user_id, "state": ItemState.PENDING, "attempts": 0,
-                     "created_at": now, "updated_at": now}
-                    for user_id in user_ids
-                ],
-            )
-        return run.cursor, False, user_ids
-
-
-def _enqueue_page(
-    sessions: sessionmaker[Session],
-    period: Period,
-    cursor: int,
-    page: list[int],
-    send_jobs: SendJobs,
-    outcome: SliceOutcome,
-) -> bool:
-    """Send the page's unsent items and advance the cursor; returns whether the walk is done."""
+def _plan_page(
+    sessions: sessionmaker[Session], period: Period, page_size: int, send_jobs: SendJobs, outcome: SliceOutcome
+) -> bool | None:
+    """Record and send one page and advance the cursor; returns whether the walk is done, or
+    ``None`` when the period is cancelled."""
     with sessions.begin() as session:
         run = session.scalars(
             select(PeriodRun).where(PeriodRun.period == str(period)).with_for_update()
-        ).one()
-        if run.planned or run.cursor != cursor or run.state == RunState.CANCELLED:
-            # Another coordinator moved on while this one recorded the page (follow it), or the
-            # period was cancelled meanwhile (the next page read says so).
-            return run.planned
+        ).one_or_none()
+        if run is None:
+            raise UnknownRun(f"Period {period} was never triggered.")
+        if run.state == RunState.CANCELLED:
+            return None
+        outcome.cursor = run.cursor
+        if run.planned:
+            return True
+        page = select(User.id).where(User.active, User.id > run.cursor).order_by(User.id).limit(page_size)
+        last = session.scalar(select(func.max(page.subquery().c.id)))
         now = utcnow()
-        in_range = [ReportItem.period == str(period), ReportItem.user_id > cursor, ReportItem.enqueued_at.is_(None)]
-        if page:
-            in_range.append(ReportItem.user_id <= page[-1])
-        claimed = session.scalars(
-            update(ReportItem).where(*in_range).values(enqueued_at=now).returning(ReportItem.user_id)
-        ).all()
+        if last is None:
+            # The walk is over: sweep up any item never sent (an earlier release recorded and sent
+            # a page in two transactions, and could stop between them). Once per period.
+            claimed = session.scalars(
+                update(ReportItem)
+                .where(ReportItem.period == str(period), ReportItem.enqueued_at.is_(None))
+                .values(enqueued_at=now)
+                .returning(ReportItem.user_id)
+            ).all()
+        else:
+            # Recorded and stamped in the database itself; an item already there is claimed
+            # only if it was never sent.
+            recorded = dialect_insert(session, ReportItem.__table__).from_select(
+                ["period", "user_id", "state", "attempts", "enqueued_at", "created_at", "updated_at"],
+                select(literal(str(period)), User.id, literal(ItemState.PENDING.value), literal(0),
+                       *[literal(now, DateTime())] * 3)
+                .where(User.active, User.id > run.cursor, User.id <= last),
+            )
+            claimed = session.scalars(
+                recorded.on_conflict_do_update(
+                    index_elements=["period", "user_id"], set_={"enqueued_at": now},
+                    where=ReportItem.__table__.c.enqueued_at.is_(None),
+                ).returning(ReportItem.__table__.c.user_id)
+            ).all()
         outcome.enqueued += send_jobs(
             ReportJob(period, user_id, run.template_version).payload() for user_id in sorted(claimed)
         )
         outcome.pages += 1
         run.updated_at = now
-        if page:
-            run.cursor = outcome.cursor = page[-1]
+        if last is not None:
+            run.cursor = outcome.cursor = last
             return False
         run.planned, run.planned_at = True, now
-        outcome.cursor = run.cursor
         return True

@@ -9,7 +9,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 
-def _insert(session: Session, table: FromClause):
+def dialect_insert(session: Session, table: FromClause):
+    """The session's dialect's INSERT, the one with ``on_conflict_do_nothing`` and ``on_conflict_do_update``."""
     dialect = session.get_bind().dialect.name
     module = {"postgresql": postgresql, "sqlite": sqlite}.get(dialect)
     if module is None:
@@ -19,12 +20,12 @@ def _insert(session: Session, table: FromClause):
 
 def insert_ignoring_conflicts(session: Session, table: FromClause):
     """``INSERT … ON CONFLICT DO NOTHING`` for the session's dialect."""
-    return _insert(session, table).on_conflict_do_nothing()
+    return dialect_insert(session, table).on_conflict_do_nothing()
 
 
 def upsert(session: Session, table: FromClause, values: dict, *, key: list[str]):
     """``INSERT … ON CONFLICT (key) DO UPDATE`` setting every non-key column from ``values``."""
-    statement = _insert(session, table).values(values)
+    statement = dialect_insert(session, table).values(values)
     return statement.on_conflict_do_update(
         index_elements=key, set_={column: statement.excluded[column] for column in values if column not in key}
     )

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.message import EmailMessage
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, TypeVar
 
 import psycopg
 import pytest
@@ -35,6 +35,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from bench.support import temporary_database
 from reports.database import create_db_engine, session_factory, upgrade
+from reports.jobs import PlanJob, ReportJob, SendNowJob
 from reports.settings import Settings
 
 POSTGRES_ADMIN_URL = os.environ.get("TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -136,6 +137,14 @@ def messages_in_queue(settings: Settings, queue: str) -> list[dict]:
     client = redis.Redis.from_url(settings.broker_url)
     key = f"{settings.broker_namespace}:{queue}"
     return [json.loads(client.hget(f"{key}.msgs", message_id)) for message_id in client.lrange(key, 0, -1)]
+
+
+JobT = TypeVar("JobT", PlanJob, ReportJob, SendNowJob)
+
+
+def jobs_in_queue(settings: Settings, queue: str, job: type[JobT]) -> list[JobT]:
+    """The messages ready in ``queue``, parsed into jobs as their actor parses them."""
+    return [job.parse(m["args"], m["kwargs"]) for m in messages_in_queue(settings, queue)]
 
 
 def queued_messages(redis_url: str, namespace: str, queue: str) -> int:

@@ -225,7 +225,9 @@ def test_malformed_payloads_become_dead_letters_with_a_clear_reason_and_the_work
         "extra field": ("build_report", (), {**valid, "coupon": "FREE"}, "InvalidPayload", "coupon"),
         "user_id as a string": ("build_report", (), {**valid, "user_id": "2"}, "InvalidPayload", "user_id"),
         "malformed period": ("build_report", (), {**valid, "period": "2026-13"}, "InvalidPayload", "2026-13"),
-        "positional args": ("build_report", (PERIOD, 2, "v1"), {}, "InvalidPayload", "Positional"),
+        "positional and named": ("build_report", (PERIOD,), {"user_id": 2, "template_version": "v1"},
+                                 "InvalidPayload", "either all positional"),
+        "a positional too many": ("build_report", (PERIOD, 2, "v1", "x"), {}, "InvalidPayload", "Expected 3"),
         "unknown template": ("build_report", (), {**valid, "user_id": 1, "template_version": "v999"},
                              "UnknownTemplateVersion", "v999"),
         "unknown actor": ("no_such_actor", (), dict(valid), "BrokerDeadLetter", "actor"),
@@ -407,7 +409,9 @@ def test_dead_letters_raise_few_webhook_posts_and_one_id_only_error_line_each(
     lines = [line for line in group.log().splitlines() if "Dead letter" in line and "ERROR" in line]
     assert len(lines) == len(bounced), "\n".join(lines)
     for letter in letters:
-        assert sum(letter["message_id"] in line for line in lines) == 1, letter["message_id"]
+        # One line per dead letter, naming the IDs it was for (parsed from the positional payload).
+        (line,) = [line for line in lines if letter["message_id"] in line]
+        assert f"period={letter['period']} user_id={letter['user_id']}" in line, line
     for line in lines:
         assert "@" not in line, line
         assert "Zebediah" not in line and "Quux" not in line, line

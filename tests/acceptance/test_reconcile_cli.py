@@ -12,11 +12,12 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from reports import runs
 from reports.clock import utcnow
+from reports.jobs import PlanJob, ReportJob
 from reports.models import ReportItem
 from reports.periods import Period
 from reports.planning import plan_slice
 from reports.settings import Settings
-from tests.conftest import load_users, messages_in_queue, queue_counts, run_cli
+from tests.conftest import jobs_in_queue, load_users, messages_in_queue, queue_counts, run_cli
 
 pytestmark = pytest.mark.acceptance
 
@@ -86,7 +87,7 @@ def test_reconcile_json_prints_one_object_with_every_count(settings, sessions):
         "finished": 0, "pending": active, "requeued": active, "coordinator_enqueued": False,
     }
     assert queue_counts(settings) == {"default": 0, "bulk": active}
-    sent = sorted(message["kwargs"]["user_id"] for message in messages_in_queue(settings, "bulk"))
+    sent = sorted(job.user_id for job in jobs_in_queue(settings, "bulk", ReportJob))
     assert sent == population.active
 
 
@@ -159,7 +160,7 @@ def test_reconcile_of_a_triggered_but_unplanned_period_re_enqueues_the_coordinat
     assert queue_counts(settings) == {"default": 1, "bulk": 0}
     [message] = messages_in_queue(settings, "default")
     assert message["actor_name"] == "plan_period"
-    assert message["kwargs"] == {"period": PERIOD}
+    assert jobs_in_queue(settings, "default", PlanJob) == [PlanJob(Period.parse(PERIOD))]
 
 
 def test_the_human_form_says_the_coordinator_was_re_enqueued(settings, sessions):

@@ -21,12 +21,13 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from reports import runs
 from reports.clock import utcnow
+from reports.jobs import PlanJob
 from reports.models import PeriodRun
 from reports.periods import Period, previous_month
 from reports.settings import Settings
 from scheduler.process import last_trigger_key
 from scheduler.schedule import due_periods
-from tests.conftest import REPO, wait_until
+from tests.conftest import REPO, jobs_in_queue, messages_in_queue, wait_until
 
 pytestmark = pytest.mark.acceptance
 
@@ -78,17 +79,10 @@ def wait_for_log(scheduler: SchedulerProcess, text: str, *, timeout: float = 20)
     assert text in scheduler.log(), f"scheduler exited {scheduler.process.returncode}:\n{scheduler.log()}"
 
 
-def queued(settings: Settings, queue: str) -> list[dict]:
-    """The messages waiting in ``queue``, decoded as Dramatiq stored them."""
-    client = redis.Redis.from_url(settings.broker_url)
-    key = f"{settings.broker_namespace}:{queue}"
-    return [json.loads(client.hget(f"{key}.msgs", message_id)) for message_id in client.lrange(key, 0, -1)]
-
-
 def plan_messages(settings: Settings) -> list[str]:
-    messages = queued(settings, "default")
+    messages = messages_in_queue(settings, "default")
     assert all(m["actor_name"] == "plan_period" and m["queue_name"] == "default" for m in messages), messages
-    return sorted(m["kwargs"]["period"] for m in messages)
+    return sorted(str(job.period) for job in jobs_in_queue(settings, "default", PlanJob))
 
 
 def triggered_periods(sessions: sessionmaker[Session]) -> list[str]:

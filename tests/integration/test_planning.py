@@ -7,6 +7,7 @@ from collections import Counter
 import pytest
 from sqlalchemy import select
 
+from reports.clock import utcnow
 from reports.models import ItemState, PeriodRun, ReportItem
 from reports.periods import Period
 from reports.planning import UnknownRun, plan_slice
@@ -32,7 +33,7 @@ class CrashingSender(RecordingSender):
     def __call__(self, payloads):  # type: ignore[no-untyped-def]
         if self.calls >= 1:
             self.calls += 1
-            raise SenderCrash("killed between recording a page and enqueueing it")
+            raise SenderCrash("killed after recording a page, before enqueueing it")
         return super().__call__(payloads)
 
 
@@ -104,11 +105,11 @@ def test_a_coordinator_crash_between_recording_and_enqueueing_a_page_loses_no_us
     with pytest.raises(SenderCrash):
         plan(sessions, settings, crashing)
 
-    # The second page is recorded, but nothing of it reached the broker or moved the checkpoint.
+    # Nothing of the second page stays: not its items, not a message, not the checkpoint.
     assert crashing.user_ids == population.active[:page]
     assert run_row(sessions).cursor == population.active[page - 1]
-    assert count_items(sessions) == 2 * page
-    assert count_items(sessions, ReportItem.enqueued_at.is_(None)) == page
+    assert item_user_ids(sessions) == Counter(population.active[:page])
+    assert count_items(sessions, ReportItem.enqueued_at.is_(None)) == 0
 
     resumed = RecordingSender(broker)
     outcome = plan(sessions, settings, resumed)
@@ -182,3 +183,27 @@ def test_planning_a_period_that_was_never_triggered_is_refused(settings, session
     assert count_items(sessions) == 0
     with sessions() as session:
         assert session.scalars(select(PeriodRun.period)).all() == ["2026-09"]
+
+
+def test_items_an_earlier_release_recorded_but_never_sent_are_sent_once(settings, sessions, broker, redis_url):
+    """That release recorded a page and sent it in two transactions; a crash between them left
+    items with no ``enqueued_at``, in the next page's range and (the user since deactivated)
+    below the checkpoint."""
+    population = load_users(sessions, count=30, inactive_every=4)
+    trigger(sessions, settings)
+    deactivated = population.inactive[0]
+    above = [user_id for user_id in population.active if user_id > deactivated]
+    in_next_page = above[0]
+    with sessions.begin() as session:
+        for user_id in (in_next_page, deactivated):
+            session.add(ReportItem(period=str(PERIOD), user_id=user_id, state=ItemState.PENDING, attempts=0,
+                                   created_at=utcnow(), updated_at=utcnow()))
+        session.get(PeriodRun, str(PERIOD)).cursor = deactivated  # type: ignore[union-attr]
+
+    sender = RecordingSender(broker)
+    outcome = plan(sessions, settings, sender)
+
+    assert outcome.planned is True
+    assert Counter(sender.user_ids) == Counter([deactivated, *above])
+    assert queued_user_ids(settings) == Counter([deactivated, *above])
+    assert count_items(sessions, ReportItem.enqueued_at.is_(None)) == 0

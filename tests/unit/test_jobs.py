@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from reports.errors import InvalidPayload, PermanentError
-from reports.jobs import PlanJob, ReportJob
+from reports.jobs import BUILD_REPORT, PlanJob, ReportJob
 from reports.periods import Period
 
 
@@ -82,16 +82,50 @@ def test_a_user_id_that_is_not_a_positive_integer_is_rejected(user_id: object) -
         ReportJob.parse((), report_payload(user_id=user_id))
 
 
+def test_positional_fields_parse_in_the_order_the_actor_spec_names() -> None:
+    assert ReportJob.parse(("2026-10", 42, "v1"), {}) == ReportJob(Period(2026, 10), 42, "v1")
+
+
+def test_fields_both_positional_and_named_are_rejected() -> None:
+    with pytest.raises(InvalidPayload, match="either all positional or all named"):
+        ReportJob.parse(("2026-10",), {"user_id": 42, "template_version": "v1"})
+
+
 @pytest.mark.parametrize(
     "args",
     [
-        pytest.param(("2026-10", 42, "v1"), id="all-positional"),
-        pytest.param(("2026-10",), id="one-positional"),
+        pytest.param(("2026-10",), id="too-few"),
+        pytest.param(("2026-10", 42, "v1", "extra"), id="too-many"),
     ],
 )
-def test_positional_arguments_are_rejected(args: tuple[Any, ...]) -> None:
-    with pytest.raises(InvalidPayload, match="Positional arguments"):
-        ReportJob.parse(args, report_payload())
+def test_a_wrong_number_of_positional_fields_is_rejected(args: tuple[Any, ...]) -> None:
+    with pytest.raises(InvalidPayload, match="Expected 3 positional fields"):
+        ReportJob.parse(args, {})
+
+
+@pytest.mark.parametrize(("args", "kwargs"), [(("2026-10", 0, "v1"), {}), ((), report_payload(user_id=0))])
+def test_positional_and_named_fields_are_checked_alike(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    with pytest.raises(InvalidPayload, match="user_id must be an integer"):
+        ReportJob.parse(args, kwargs)
+
+
+def test_a_payload_travels_as_positional_arguments_and_parses_back() -> None:
+    job = ReportJob(Period(2026, 10), 42, "v1")
+    args = BUILD_REPORT.arguments(job.payload())
+    assert args == ("2026-10", 42, "v1")
+    assert ReportJob.parse(tuple(json.loads(json.dumps(args))), {}) == job
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        pytest.param({"period": "2026-10", "user_id": 42}, id="missing-field"),
+        pytest.param({**report_payload(), "email": "someone@example.com"}, id="extra-field"),
+    ],
+)
+def test_a_payload_without_exactly_the_specs_fields_is_not_sent(payload: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match="build_report payload has the fields"):
+        BUILD_REPORT.arguments(payload)
 
 
 @pytest.mark.parametrize("period", ["2026-13", "2026-1", "26-10", "", 202610, None, ["2026-10"]])
@@ -159,7 +193,8 @@ def test_a_valid_plan_payload_is_parsed(text: str, period: Period) -> None:
     [
         pytest.param((), {}, "missing \\['period'\\]", id="missing-period"),
         pytest.param((), {"period": "2026-10", "user_id": 1}, "unexpected \\['user_id'\\]", id="extra-field"),
-        pytest.param(("2026-10",), {}, "Positional arguments", id="positional"),
+        pytest.param(("2026-10",), {"period": "2026-10"}, "either all positional", id="positional-and-named"),
+        pytest.param(("2026-10", 1), {}, "Expected 1 positional", id="too-many-positional"),
         pytest.param((), {"period": "2026-13"}, "2026-13", id="month-13"),
         pytest.param((), {"period": "2026/10"}, "2026/10", id="slash"),
         pytest.param((), {"period": 202610}, "period must be a string", id="integer"),
