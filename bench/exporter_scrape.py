@@ -14,17 +14,13 @@ import os
 import statistics
 import time
 import uuid
-from datetime import datetime
 
-import psycopg
 import redis
+from items import period_of_items  # bench/items.py, beside this script
 from support import temporary_database  # bench/support.py, beside this script
 
-from reports import runs
-from reports.database import create_db_engine, session_factory, upgrade
 from reports.metrics import ReportsCollector
-from reports.periods import Period
-from reports.settings import Settings
+from reports.models import ItemState
 
 REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
@@ -41,24 +37,7 @@ def main() -> None:
 
 
 def measure(url: str, args: argparse.Namespace) -> None:
-    engine = None
-    try:
-        upgrade(Settings(database_url=url))
-        with psycopg.connect(url.replace("+psycopg", ""), autocommit=True) as connection:
-            started = time.perf_counter()
-            connection.execute(
-                "INSERT INTO report_items (period, user_id, state, attempts, created_at, updated_at) "
-                "SELECT '2026-10', g, CASE WHEN g %% 100 < %s THEN 'pending' ELSE 'delivered' END, 1, now(), now() "
-                "FROM generate_series(1, %s) g",
-                (args.pending_percent, args.items),
-            )
-            connection.execute("VACUUM ANALYZE report_items")
-            print(f"loaded {args.items:,} items ({args.pending_percent}% pending) in "
-                  f"{time.perf_counter() - started:.1f} s")
-        engine = create_db_engine(url)
-        sessions = session_factory(engine)
-        with sessions.begin() as session:
-            runs.trigger(session, Period(2026, 10), template_version="v1", now=datetime.now())
+    with period_of_items(url, items=args.items, percent={ItemState.PENDING: args.pending_percent}) as sessions:
         namespace = f"bench-{uuid.uuid4().hex[:8]}"
         collector = ReportsCollector(redis.Redis.from_url(REDIS_URL), namespace=namespace, sessions=sessions,
                                      queues=("critical", "default", "bulk"), breaker_name=f"{namespace}:breaker:mail")
@@ -70,9 +49,6 @@ def measure(url: str, args: argparse.Namespace) -> None:
         print(f"one scrape ({samples} samples, the period still pending so counted every time): "
               f"median {statistics.median(timings) * 1000:.1f} ms, max {max(timings) * 1000:.1f} ms "
               f"over {args.scrapes} scrapes")
-    finally:
-        if engine is not None:
-            engine.dispose()
 
 
 if __name__ == "__main__":

@@ -21,9 +21,10 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from reports import progress
 from reports.breaker import STATE_VALUES, State
 from reports.jobs import BUILD_REPORT, PLAN_PERIOD, SEND_NOW
-from reports.models import DeadLetter, PeriodRun, ReportItem, RunState
+from reports.models import DeadLetter, PeriodRun, RunState
 
 #: Separates label values inside one Redis hash field.
 SEP = "\x1f"
@@ -33,9 +34,6 @@ DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.
 
 #: Why a message died (see :mod:`reports.retries` and :mod:`reports.dead_letters`).
 DEAD_REASONS = ("permanent", "retries_exhausted", "broker")
-
-#: How long the counts of a period with nothing pending are reused before counting again, in seconds.
-COMPLETE_PERIOD_RECOUNT_SECONDS = 60.0
 
 #: Periods whose item counts are exported: the most recent ones.
 PERIODS_EXPORTED = 12
@@ -60,8 +58,6 @@ class ReportsCollector(Collector):
         self.sessions = sessions
         self.queues = tuple(queues)
         self.breaker_name = breaker_name
-        #: period → (monotonic time to count again, counts) for periods with nothing pending.
-        self._complete: dict[str, tuple[float, dict[str, int]]] = {}
 
     def collect(self) -> Iterator[Metric]:
         yield from self._queues()
@@ -174,7 +170,7 @@ class ReportsCollector(Collector):
                 select(PeriodRun.period, PeriodRun.planned, PeriodRun.triggered_at, PeriodRun.state)
                 .order_by(PeriodRun.period.desc()).limit(PERIODS_EXPORTED)
             ).all()
-            counts = {period: self._counts(session, period, planned=planned) for period, planned, _, _ in runs}
+            counts = progress.items_by_state(session, [period for period, _, _, _ in runs])
             was_replayed = DeadLetter.replayed_at.is_not(None)
             letters = {bool(k): n for k, n in session.execute(select(was_replayed, func.count()).group_by(was_replayed))}
         for period, is_planned, triggered_at, state in runs:
@@ -193,21 +189,6 @@ class ReportsCollector(Collector):
         yield triggered
         yield cancelled
         yield stored
-
-    def _counts(self, session: Session, period: str, *, planned: bool) -> dict[str, int]:
-        """A period's items by state. A complete period is counted again only after a while: at a
-        million items a count costs tens of milliseconds, and a complete period rarely changes
-        (a dead-letter replay is what moves it)."""
-        cached = self._complete.get(period)
-        now = time.monotonic()
-        if cached is not None and cached[0] > now:
-            return cached[1]
-        by_state: dict[str, int] = {state: n for state, n in session.execute(
-            select(ReportItem.state, func.count()).where(ReportItem.period == period).group_by(ReportItem.state)
-        )}
-        if planned and not by_state.get("pending"):
-            self._complete[period] = (now + COMPLETE_PERIOD_RECOUNT_SECONDS, by_state)
-        return by_state
 
     def _scheduler(self) -> Iterator[Metric]:
         raw = cast(bytes | None, self.client.get(f"{self.namespace}:scheduler:last_trigger"))

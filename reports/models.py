@@ -14,6 +14,7 @@ from sqlalchemy import (
     Index,
     Integer,
     MetaData,
+    SmallInteger,
     String,
     Text,
     text,
@@ -113,8 +114,30 @@ class ReportItem(Base):
     finished_at: Mapped[datetime | None] = mapped_column(DateTime())
     last_error: Mapped[str | None] = mapped_column(Text)
 
-    # Progress counts by state; the coordinator looks for not-yet-enqueued items by user range.
+    # Reconcile looks for items still pending by period and state.
     __table_args__ = (Index("ix_report_items_period_state", "period", "state"),)
+
+
+#: The counter an item adds to in ``item_counts`` when it is recorded, whatever its state.
+RECORDED = "recorded"
+
+
+class ItemCount(Base):
+    """A period's items counted as they change, by triggers on ``report_items`` (migration 0004).
+
+    Progress at a million items is a sum over a few dozen rows here rather than a count over a
+    million index entries. ``counter`` is ``recorded`` (every item) or a final state; pending is
+    recorded minus finished. Each count is split over ``shard`` (``user_id % 16``) so that the
+    workers finishing items at once rarely wait on the same row. The triggers run in the
+    transaction that changes the item, so the counts are exactly as durable as the items.
+    """
+
+    __tablename__ = "item_counts"
+
+    period: Mapped[PeriodKey] = mapped_column(primary_key=True)
+    shard: Mapped[int] = mapped_column(SmallInteger, primary_key=True, autoincrement=False)
+    counter: Mapped[str] = mapped_column(String(16), primary_key=True)
+    n: Mapped[int] = mapped_column(BigInteger)
 
 
 class Report(Base):

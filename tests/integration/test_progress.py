@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import pytest
+from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from reports import items, progress
 from reports.clock import utcnow
+from reports.database import create_db_engine, session_factory, upgrade
 from reports.errors import BadInput
-from reports.models import ItemState
+from reports.models import ItemState, ReportItem
 from reports.periods import Period
 from reports.planning import plan_slice
 from tests.conftest import load_users
-from tests.integration.conftest import PERIOD, RecordingSender, plan_everything, trigger
+from tests.integration.conftest import PERIOD, RecordingSender, plan_everything, run_together, trigger
 
 
 def counted(sessions: sessionmaker[Session], period: Period = PERIOD) -> progress.Progress:
@@ -97,3 +99,93 @@ def test_progress_of_a_period_that_was_never_triggered_is_bad_input(settings, se
 
     with pytest.raises(BadInput):
         counted(sessions, Period.parse("2026-09"))
+
+
+# --- the kept counts -------------------------------------------------------------------------
+
+
+def counted_item_by_item(sessions: sessionmaker[Session], period: Period = PERIOD) -> dict[str, int]:
+    """What progress used to do: count the items themselves."""
+    with sessions() as session:
+        rows = session.execute(
+            select(ReportItem.state, func.count()).where(ReportItem.period == str(period)).group_by(ReportItem.state)
+        ).all()
+    by_state = {state: 0 for state in ItemState} | dict(rows)  # type: ignore[arg-type]
+    return {"total": sum(by_state.values()), **{str(state): n for state, n in by_state.items()}}
+
+
+def kept(sessions: sessionmaker[Session], period: Period = PERIOD) -> dict[str, int]:
+    result = counted(sessions, period).as_dict()
+    return {key: result[key] for key in ("total", "pending", "delivered", "skipped", "dead")}
+
+
+def test_the_kept_counts_follow_every_change_an_item_can_go_through(settings, sessions):
+    population = load_users(sessions, count=60, inactive_every=100)
+    plan_everything(sessions, settings)
+    users = population.active
+    assert kept(sessions) == counted_item_by_item(sessions)
+
+    for user_id, state in zip(users[:12], [ItemState.DELIVERED, ItemState.SKIPPED, ItemState.DEAD] * 4, strict=True):
+        finish(sessions, user_id, state)
+    assert kept(sessions) == counted_item_by_item(sessions)
+
+    with sessions.begin() as session:
+        # A dead-letter replay puts dead items back to pending; an operator deletes a few items;
+        # rows arrive by plain SQL, already finished, in one statement.
+        session.execute(update(ReportItem).where(ReportItem.state == ItemState.DEAD).values(state=ItemState.PENDING))
+        session.execute(delete(ReportItem).where(ReportItem.user_id.in_([users[0], users[1], users[20]])))
+        session.execute(text(
+            "INSERT INTO report_items (period, user_id, state, attempts, created_at, updated_at) VALUES "
+            "(:p, 1001, 'delivered', 1, :now, :now), (:p, 1002, 'dead', 1, :now, :now), "
+            "(:p, 1003, 'pending', 0, :now, :now), (:q, 1001, 'skipped', 1, :now, :now)"
+        ), {"p": str(PERIOD), "q": "2026-09", "now": utcnow()})
+        # Touching an item without changing its state changes no count.
+        session.execute(update(ReportItem).where(ReportItem.user_id == users[30]).values(attempts=5))
+
+    expected = counted_item_by_item(sessions)
+    assert kept(sessions) == expected
+    assert expected["dead"] == 1 and expected["total"] == len(users) - 3 + 3
+
+
+def test_items_finished_by_many_workers_at_once_are_each_counted_once(settings, sessions):
+    population = load_users(sessions, count=400, inactive_every=1000)
+    plan_everything(sessions, settings)
+    states = [ItemState.DELIVERED, ItemState.DELIVERED, ItemState.SKIPPED, ItemState.DEAD]
+    lanes = [population.active[lane::16] for lane in range(16)]
+
+    def finish_lane(user_ids: list[int]) -> None:
+        for user_id in user_ids:
+            finish(sessions, user_id, states[user_id % len(states)])
+
+    run_together(*(lambda lane=lane: finish_lane(lane) for lane in lanes))
+
+    assert kept(sessions) == counted_item_by_item(sessions)
+    assert counted(sessions).complete is True
+
+
+def test_items_recorded_before_the_counts_existed_are_counted(settings):
+    """Migration 0004 counts what a database at 0003 already holds."""
+    upgrade(settings, "0003")
+    engine = create_db_engine(settings.database_url)
+    try:
+        sessions = session_factory(engine)
+        load_users(sessions, count=30, inactive_every=100)
+        with sessions.begin() as session:
+            session.execute(text(
+                "INSERT INTO period_runs (period, template_version, triggered_at, updated_at, cursor, planned, state) "
+                "VALUES (:p, 'v1', :now, :now, 0, true, 'active')"
+            ), {"p": str(PERIOD), "now": utcnow()})
+            session.execute(text(
+                "INSERT INTO report_items (period, user_id, state, attempts, created_at, updated_at) "
+                "SELECT :p, id, CASE id % 4 WHEN 0 THEN 'delivered' WHEN 1 THEN 'dead' ELSE 'pending' END, 1, :now, :now "
+                "FROM users"
+            ), {"p": str(PERIOD), "now": utcnow()})
+        before = counted_item_by_item(sessions)
+
+        upgrade(settings)
+
+        assert kept(sessions) == before
+        finish(sessions, 2, ItemState.SKIPPED)  # and the triggers carry on from there
+        assert kept(sessions) == counted_item_by_item(sessions)
+    finally:
+        engine.dispose()
