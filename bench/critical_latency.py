@@ -34,16 +34,13 @@ It prints p50, p99 and max for each, the bulk backlog at the start and end of ea
 from __future__ import annotations
 
 import argparse
-import contextlib
 import email.parser
 import email.policy
 import os
 import random
 import shutil
 import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -61,7 +58,7 @@ import dramatiq
 import redis
 from aiosmtpd.controller import Controller
 from sqlalchemy import text
-from support import temporary_database  # bench/support.py, beside this script
+from support import Pools, free_port, temporary_database  # bench/support.py, beside this script
 
 from reports import planning, runs
 from reports.broker import build_broker, send, send_many
@@ -99,51 +96,6 @@ class ArrivalRecorder:
         with self.condition:
             self.condition.wait_for(lambda: message_id in self.arrived, timeout=timeout)
             return self.arrived.get(message_id)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-# --------------------------------------------------------------------------- processes
-
-
-class Pools:
-    """Worker pools started like Procfile lines, each in a session of its own; all stopped at the end."""
-
-    def __init__(self, workdir: Path, env: dict[str, str]) -> None:
-        self.workdir, self.env = workdir, env
-        self.started: list[tuple[str, subprocess.Popen[bytes], Path]] = []
-
-    def start(self, name: str, queue: str, processes: int, threads: int, extra_env: dict[str, str]) -> None:
-        log_path = self.workdir / f"{name}.log"
-        argv = [sys.executable, "-m", "dramatiq", "actors", "--queues", queue, "--processes", str(processes),
-                "--threads", str(threads), "--worker-shutdown-timeout", "20000"]
-        with log_path.open("wb") as log:
-            process = subprocess.Popen(argv, cwd=ROOT, env={**self.env, **extra_env}, stdout=log,
-                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        self.started.append((name, process, log_path))
-        deadline = time.monotonic() + 60
-        while log_path.read_text(errors="replace").count("Worker process is ready") < processes:
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{name} pool did not boot; see {log_path}:\n{log_path.read_text()[-3000:]}")
-            time.sleep(0.1)
-
-    def stop_all(self) -> None:
-        for _, process, _ in self.started:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 25
-        for _, process, _ in self.started:
-            try:
-                process.wait(timeout=max(deadline - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-        self.started.clear()
 
 
 # --------------------------------------------------------------------------- database

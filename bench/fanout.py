@@ -1,28 +1,33 @@
 """Fan-out: how fast the coordinator plans and enqueues, and what the broker's memory holds.
 
 Usage: python bench/fanout.py [--users 1000000] [--loop-messages 20000] [--high-water 100000]
+                              [--drain-rate 8000] [--pause-seconds 1]
 
 On a PostgreSQL database of its own (TEST_POSTGRES_URL's server) and a private redis-server:
 1. the coordinator (reports.planning.plan_slice, batched inserts, pipelined enqueue) plans every
    user with no high-water mark; prints users/s, Redis used_memory and bytes per queued message;
 2. a loop of `broker.enqueue` (what `actor.send` does) for --loop-messages, in the same run: msg/s,
    and the ratio;
-3. the walk again on a fresh period with the high-water mark: where Redis memory stops.
+3. the whole walk again on a fresh period with the high-water mark, while a stand-in for the
+   workers takes messages off the queue at --drain-rate a second (slower than the coordinator, so
+   the backlog reaches the mark): the walk pauses, looks again after --pause-seconds (the actor
+   re-enqueues itself with PLAN_PAUSE_SECONDS), and goes on; Redis used_memory is sampled every
+   0.1 s and its peak printed.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
-import shutil
-import subprocess
-import tempfile
+import threading
 import time
+from collections.abc import Callable, Iterator
 from datetime import datetime
 
 import psycopg
 import redis
-from support import temporary_database  # bench/support.py, beside this script
+from support import redis_server, temporary_database  # bench/support.py, beside this script
 
 from reports import planning, runs
 from reports.broker import backlog, build_broker, message_for, send_many
@@ -32,16 +37,57 @@ from reports.periods import Period
 from reports.settings import Settings
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _used_memory(client: redis.Redis) -> int:
     return int(client.info("memory")["used_memory"])
+
+
+@contextlib.contextmanager
+def every(seconds: float, step: Callable[[], None]) -> Iterator[None]:
+    """Run ``step`` every ``seconds`` in a thread while the block runs, and once more at its end."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(seconds):
+            step()
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        step()
+
+
+class Drain:
+    """A stand-in for the worker fleet: takes ``rate`` messages a second off the bulk queue (ids
+    from its list, bodies from its hash), a slice at each :meth:`step`."""
+
+    TICK = 0.05
+
+    def __init__(self, settings: Settings, *, rate: int) -> None:
+        self.client = redis.Redis.from_url(settings.broker_url)
+        self.queue = f"{settings.broker_namespace}:{BUILD_REPORT.queue}"
+        self.rate = rate
+        self.taken = 0
+
+    def step(self) -> None:
+        ids = self.client.lpop(self.queue, int(self.rate * self.TICK)) or []
+        if ids:
+            self.client.hdel(f"{self.queue}.msgs", *ids)
+            self.taken += len(ids)
+
+
+class Peak:
+    """The highest Redis used_memory seen at any :meth:`step`."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self.bytes = _used_memory(client)
+
+    def step(self) -> None:
+        self.bytes = max(self.bytes, _used_memory(self.client))
 
 
 def main() -> None:
@@ -50,24 +96,15 @@ def main() -> None:
     parser.add_argument("--loop-messages", type=int, default=20_000)
     parser.add_argument("--high-water", type=int, default=100_000)
     parser.add_argument("--page-size", type=int, default=1000)
+    parser.add_argument("--drain-rate", type=int, default=8000, help="messages/s the stand-in workers take")
+    parser.add_argument("--pause-seconds", type=float, default=1.0)
     args = parser.parse_args()
 
-    folder = tempfile.mkdtemp(prefix="fanout-bench-")
-    port = _free_port()
-    server = subprocess.Popen([shutil.which("redis-server") or "redis-server", "--port", str(port), "--bind",
-                               "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", folder],
-                              stdout=subprocess.DEVNULL)
-    with temporary_database() as url:
+    with redis_server() as redis_url, temporary_database() as url:
         engine = None
         try:
-            settings = Settings(database_url=url, broker_url=f"redis://127.0.0.1:{port}/0", broker_namespace="bench")
+            settings = Settings(database_url=url, broker_url=redis_url, broker_namespace="bench")
             client = redis.Redis.from_url(settings.broker_url)
-            for _ in range(100):
-                try:
-                    client.ping()
-                    break
-                except redis.ConnectionError:
-                    time.sleep(0.05)
             upgrade(settings)
             with psycopg.connect(url.replace("+psycopg", ""), autocommit=True) as connection:
                 connection.execute(
@@ -107,26 +144,33 @@ def main() -> None:
             loop_rate = args.loop_messages / (time.perf_counter() - started)
             print(f"loop of broker.enqueue: {loop_rate:,.0f} msg/s; coordinator / loop = {rate / loop_rate:.1f}x")
 
-            # 3. The same walk with the high-water mark: the backlog, and Redis, stop there.
+            # 3. The whole walk with the high-water mark, drained as workers would: Redis stays bounded.
             client.flushall()
             second = Period(2026, 9)
             with sessions.begin() as session:
                 runs.trigger(session, second, template_version="v1", now=datetime.now())
-            before = _used_memory(client)
-            paused = planning.plan_slice(
-                sessions, second, lambda p: send_many(broker, BUILD_REPORT, p), page_size=args.page_size,
-                budget_seconds=3600, backlog=lambda: backlog(broker, BUILD_REPORT.queue), high_water=args.high_water,
-            )
-            peak = _used_memory(client)
-            print(f"with high water {args.high_water:,}: paused={paused.backlogged} after "
-                  f"{backlog(broker, BUILD_REPORT.queue):,} queued; used_memory {peak / 1e6:.1f} MB "
-                  f"(+{(peak - before) / 1e6:.1f} MB), whatever the number of users")
+            base = _used_memory(client)
+            drain, peak = Drain(settings, rate=args.drain_rate), Peak(client)
+            with every(Drain.TICK, drain.step), every(0.1, peak.step):
+                started = time.perf_counter()
+                pauses = 0
+                outcome = planning.SliceOutcome()
+                while not outcome.planned:
+                    outcome = planning.plan_slice(
+                        sessions, second, lambda p: send_many(broker, BUILD_REPORT, p), page_size=args.page_size,
+                        budget_seconds=3600, backlog=lambda: backlog(broker, BUILD_REPORT.queue),
+                        high_water=args.high_water,
+                    )
+                    if outcome.backlogged:
+                        pauses += 1
+                        time.sleep(args.pause_seconds)
+                walked_s = time.perf_counter() - started
+            print(f"with high water {args.high_water:,} and workers taking {args.drain_rate:,} msg/s: walked "
+                  f"{args.users:,} users in {walked_s:.0f} s, {pauses} pauses, {drain.taken:,} messages taken; "
+                  f"peak used_memory {peak.bytes / 1e6:.1f} MB (empty: {base / 1e6:.1f} MB), whatever the number of users")
         finally:
             if engine is not None:
                 engine.dispose()
-            server.terminate()
-            server.wait(timeout=10)
-            shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -1,16 +1,44 @@
-"""What every benchmark (and the test suite) sets up: a PostgreSQL database of its own, dropped after."""
+"""What the benchmarks (and the test suite) set up: a PostgreSQL database of their own, dropped after;
+and, for the benchmarks, a private redis-server, seeded users, real worker pools and their memory."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psycopg
+import redis
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from reports import progress
+from reports.clock import utcnow
+from reports.database import create_db_engine, session_factory, upgrade
+from reports.models import User
+from reports.periods import Period, previous_month
+from reports.seed import seed
+from reports.settings import ENVIRONMENT, Settings
+
+if TYPE_CHECKING:
+    from smtp_sink import SmtpSink
 
 #: The server the benchmarks make their databases on (the test suite's variable).
 ADMIN_URL = os.environ.get("TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+#: The repository's root: where worker pools run (``dramatiq actors`` imports ``actors`` from there).
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @contextlib.contextmanager
@@ -25,3 +53,207 @@ def temporary_database(admin_url: str = ADMIN_URL, *, prefix: str = "reports_ben
     finally:
         with psycopg.connect(admin_url, autocommit=True) as connection:
             connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def interrupt_on_sigterm() -> None:
+    """Make SIGTERM raise KeyboardInterrupt, so a benchmark stopped that way still stops what it started."""
+
+    def interrupted(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, interrupted)
+
+
+def free_port() -> int:
+    """A TCP port on the loopback that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def redis_server(folder: str | Path | None = None) -> Iterator[str]:
+    """A throwaway redis-server (no persistence) on a free loopback port; yields its URL once it answers.
+
+    It works in ``folder``, or in a temporary folder removed after.
+    """
+    if folder is None:
+        with tempfile.TemporaryDirectory(prefix="bench-redis-") as temporary, redis_server(temporary) as url:
+            yield url
+        return
+    port = free_port()
+    server = subprocess.Popen([shutil.which("redis-server") or "redis-server", "--port", str(port), "--bind",
+                               "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(folder)],
+                              stdout=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        client = redis.Redis.from_url(url)
+        for _ in range(100):
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        client.close()
+        yield url
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def seed_users(database_url: str, *, users: int, period: Period, inactive_percent: int = 10,
+               chunk: int = 50_000) -> set[int]:
+    """Add demo users with activities the way ``reports seed`` does (``reports.seed.seed``), committed
+    ``chunk`` users at a time so a large seed stays small in memory; then VACUUM ANALYZE.
+
+    Returns the ids of the active users: those a period run reports on.
+    """
+    engine = create_db_engine(database_url)
+    try:
+        sessions = session_factory(engine)
+        for index, start in enumerate(range(0, users, chunk)):
+            with sessions.begin() as session:
+                # One chunk is exactly `reports seed --users N`; later chunks draw other random numbers.
+                seed(session, users=min(chunk, users - start), period=period,
+                     inactive_percent=inactive_percent, seed=index + 1)
+        with sessions.begin() as session:
+            active = set(session.scalars(select(User.id).where(User.active)))
+    finally:
+        engine.dispose()
+    with psycopg.connect(database_url.replace("+psycopg", ""), autocommit=True) as connection:
+        connection.execute("VACUUM ANALYZE")
+    return active
+
+
+@dataclass(frozen=True)
+class MailBench:
+    """A database with seeded users, a private Redis and an SMTP sink: what a run that mails needs."""
+
+    workdir: Path
+    settings: Settings
+    sink: SmtpSink
+    #: Last month: the seeded activities are in it and the month before.
+    period: Period
+    #: The active users' ids: those a period run mails.
+    active: set[int]
+
+
+@contextlib.contextmanager
+def mail_bench(*, users: int, inactive_percent: int, prefix: str) -> Iterator[MailBench]:
+    """Set up a :class:`MailBench` in a temporary folder (worker logs go there); take it all down after."""
+    from smtp_sink import SmtpSink  # bench/smtp_sink.py, beside this file
+
+    workdir = Path(tempfile.mkdtemp(prefix=prefix))
+    period = previous_month(utcnow())
+    try:
+        with redis_server(workdir) as redis_url, SmtpSink() as sink, temporary_database() as url:
+            settings = Settings(var_dir=workdir / "var", database_url=url, broker_url=redis_url,
+                                broker_namespace="bench", smtp_url=sink.url,
+                                mail_from="Monthly Reports <reports@bench.test>")
+            upgrade(settings)
+            started = time.monotonic()
+            active = seed_users(url, users=users, period=period, inactive_percent=inactive_percent)
+            print(f"{users:,} users seeded ({len(active):,} active) with activities in {period.previous()} and "
+                  f"{period} in {time.monotonic() - started:.1f} s; nproc {os.cpu_count()}; "
+                  f"{datetime.now():%Y-%m-%d %H:%M}", flush=True)
+            yield MailBench(workdir, settings, sink, period, active)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def settings_environ(settings: Settings) -> dict[str, str]:
+    """This process's environment with none of the project's variables but ``settings``' own."""
+    env = {k: v for k, v in os.environ.items() if k not in ENVIRONMENT.values() and not k.startswith("dramatiq_")}
+    env.update(settings.as_environ())
+    return env
+
+
+class Pools:
+    """Worker pools started like Procfile lines, each in a session of its own; all stopped at the end."""
+
+    def __init__(self, workdir: Path, env: dict[str, str]) -> None:
+        self.workdir, self.env = workdir, env
+        self.started: list[tuple[str, subprocess.Popen[bytes], Path]] = []
+
+    def start(self, name: str, queue: str, processes: int, threads: int,
+              extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        log_path = self.workdir / f"{name}.log"
+        argv = [sys.executable, "-m", "dramatiq", "actors", "--queues", queue, "--processes", str(processes),
+                "--threads", str(threads), "--worker-shutdown-timeout", "20000"]
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(argv, cwd=ROOT, env={**self.env, **(extra_env or {})}, stdout=log,
+                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        self.started.append((name, process, log_path))
+        deadline = time.monotonic() + 60
+        while log_path.read_text(errors="replace").count("Worker process is ready") < processes:
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{name} pool did not boot; see {log_path}:\n{log_path.read_text()[-3000:]}")
+            time.sleep(0.1)
+        return process
+
+    def check(self) -> None:
+        """Raise if a pool has exited."""
+        for name, process, log_path in self.started:
+            if process.poll() is not None:
+                raise RuntimeError(f"{name} pool exited with {process.returncode}; see {log_path}")
+
+    def stop_all(self) -> None:
+        for _, process, _ in self.started:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 25
+        for _, process, _ in self.started:
+            try:
+                process.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        self.started.clear()
+
+
+def watch_period(sessions: sessionmaker[Session], period: Period, *, expected: int, timeout: float,
+                 interval: float = 0.25, on_progress: Callable[[progress.Progress], None] | None = None,
+                 alive: Callable[[], None] = lambda: None) -> tuple[progress.Progress, float | None]:
+    """Poll the period's progress (``reports.progress.count``) until it is complete with ``expected`` items.
+
+    Calls ``on_progress`` with each reading and ``alive`` between readings (to raise if workers died);
+    returns the last reading and the monotonic time the walk was first seen planned.
+    """
+    deadline = time.monotonic() + timeout
+    planned_at = None
+    while True:
+        with sessions.begin() as session:
+            current = progress.count(session, period)
+        if current.planned and planned_at is None:
+            planned_at = time.monotonic()
+        if on_progress is not None:
+            on_progress(current)
+        if current.complete and current.total >= expected:
+            return current, planned_at
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"period not complete after {timeout:.0f} s: {current}")
+        alive()
+        time.sleep(interval)
+
+
+def tree_rss_kib(root: int) -> dict[int, int]:
+    """VmRSS (KiB) of ``root`` and every process below it, read from /proc; by pid."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            parent = int(stat.rsplit(")", 1)[1].split()[1])  # the name, in parentheses, may hold spaces
+            children.setdefault(parent, []).append(int(entry))
+    rss: dict[int, int] = {}
+    pending = [root]
+    while pending:
+        pid = pending.pop()
+        pending += children.get(pid, [])
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    rss[pid] = int(line.split()[1])
+    return rss

@@ -1,0 +1,185 @@
+"""A local SMTP sink in a process of its own, so receiving mail never shares a GIL with a benchmark.
+
+Usage (the benchmarks start it through ``SmtpSink``)::
+
+    .venv/bin/python bench/smtp_sink.py --port PORT
+
+An aiosmtpd server on 127.0.0.1 that accepts every message and counts them per ``Message-ID`` and
+per ``X-Report-User-Id``, and counts the connections it accepted (to show whether senders reuse
+them). It prints ``ready PORT`` once it listens, then answers one line per command on stdin:
+``stats`` (one JSON object), ``users`` (JSON: user id -> emails), ``reset`` (``ok``). It stops at
+the end of its stdin.
+"""
+
+from __future__ import annotations
+
+import argparse
+import email.parser
+import email.policy
+import json
+import subprocess
+import sys
+import threading
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Self
+
+_HEADERS = email.parser.BytesHeaderParser(policy=email.policy.compat32)
+
+
+class Recorder:
+    """Counts, guarded by a lock: the SMTP loop writes them, the command loop reads them."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        with self.lock:
+            self.connections = 0
+            self.messages = 0
+            self.by_message_id: Counter[str] = Counter()
+            self.by_user: Counter[str] = Counter()
+
+    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:  # aiosmtpd's hook
+        headers = _HEADERS.parsebytes(envelope.content, headersonly=True)
+        with self.lock:
+            self.messages += 1
+            self.by_message_id[str(headers.get("Message-ID", "")).strip()] += 1
+            self.by_user[str(headers.get("X-Report-User-Id", "")).strip()] += 1
+        return "250 Message accepted for delivery"
+
+    def stats(self) -> dict[str, int]:
+        with self.lock:
+            return {
+                "messages": self.messages,
+                "connections": self.connections,
+                "message_ids": len(self.by_message_id),
+                "repeated_message_ids": sum(1 for n in self.by_message_id.values() if n > 1),
+                "users": len(self.by_user),
+            }
+
+
+def serve(port: int) -> None:
+    from aiosmtpd.controller import Controller
+
+    recorder = Recorder()
+
+    class CountingController(Controller):
+        def factory(self):  # called once per accepted connection
+            with recorder.lock:
+                recorder.connections += 1
+            return super().factory()
+
+    # A fixed server name: aiosmtpd would otherwise look up this host's FQDN on every connection.
+    controller = CountingController(recorder, hostname="127.0.0.1", port=port, server_hostname="sink.bench.test")
+    controller.start()
+    print(f"ready {controller.port}", flush=True)
+    try:
+        for line in sys.stdin:
+            command = line.strip()
+            if command == "stats":
+                answer = json.dumps(recorder.stats())
+            elif command == "users":
+                with recorder.lock:
+                    answer = json.dumps(dict(recorder.by_user))
+            elif command == "reset":
+                recorder.reset()
+                answer = "ok"
+            else:
+                answer = json.dumps({"error": f"unknown command {command!r}"})
+            print(answer, flush=True)
+    finally:
+        controller.stop()
+
+
+@dataclass(frozen=True)
+class Delivered:
+    """What the sink received against what was expected: every user exactly one email."""
+
+    stats: dict[str, int]
+    expected: int
+    missing: int
+    repeated: int
+    unexpected: int
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.repeated or self.unexpected) and self.stats["messages"] == self.expected
+
+    def describe(self) -> str:
+        s = self.stats
+        verdict = "every user exactly one email" if self.ok else "NOT one email per user"
+        return (f"{s['messages']:,} emails for {s['users']:,} users ({self.expected:,} expected): {self.missing:,} "
+                f"missing, {self.repeated:,} users mailed more than once, {self.unexpected:,} unexpected, "
+                f"{s['repeated_message_ids']:,} repeated Message-IDs: {verdict}")
+
+
+class SmtpSink:
+    """The sink's process, seen from a benchmark."""
+
+    def __init__(self, port: int | None = None) -> None:
+        from support import free_port  # bench/support.py, beside this script
+
+        port = port or free_port()
+        self.process = subprocess.Popen([sys.executable, __file__, "--port", str(port)], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, text=True, start_new_session=True)
+        first = self._read()
+        if not first.startswith("ready "):
+            self.close()
+            raise RuntimeError(f"the SMTP sink did not start: {first!r}")
+        self.port = int(first.split()[1])
+        self.url = f"smtp://127.0.0.1:{self.port}"
+
+    def _read(self) -> str:
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the SMTP sink exited ({self.process.poll()})")
+        return line.strip()
+
+    def _ask(self, command: str) -> str:
+        assert self.process.stdin is not None
+        self.process.stdin.write(command + "\n")
+        self.process.stdin.flush()
+        return self._read()
+
+    def stats(self) -> dict[str, int]:
+        return json.loads(self._ask("stats"))
+
+    def reset(self) -> None:
+        self._ask("reset")
+
+    def check(self, expected_users: set[int]) -> Delivered:
+        """Compare what arrived with one email for each of ``expected_users``."""
+        by_user = {int(k) if k.isdigit() else k: n for k, n in json.loads(self._ask("users")).items()}
+        return Delivered(
+            stats=self.stats(),
+            expected=len(expected_users),
+            missing=sum(1 for user in expected_users if user not in by_user),
+            repeated=sum(1 for n in by_user.values() if n > 1),
+            unexpected=sum(1 for user in by_user if user not in expected_users),
+        )
+
+    def close(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, required=True)
+    serve(parser.parse_args().port)
