@@ -46,7 +46,7 @@ def measure(url: str, args: argparse.Namespace) -> None:
             started = time.perf_counter()
             samples = sum(len(metric.samples) for metric in collector.collect())
             timings.append(time.perf_counter() - started)
-        print(f"one scrape ({samples} samples, the period still pending so counted every time): "
+        print(f"one scrape ({samples} samples, a period still in progress): "
               f"median {statistics.median(timings) * 1000:.1f} ms, max {max(timings) * 1000:.1f} ms "
               f"over {args.scrapes} scrapes")
 
