@@ -39,7 +39,6 @@ import os
 import platform
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -62,6 +61,7 @@ from dramatiq.brokers.redis import (
 )
 
 from bench.recovery_keys import ACTOR, MODE_VARIABLE, QUEUE, ready_key, starts_key
+from bench.support import free_port
 from reports.broker import build_broker
 from reports.settings import Settings
 
@@ -119,15 +119,9 @@ class Processes:
 # --------------------------------------------------------------------------- redis
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def start_private_redis(processes: Processes, workdir: Path) -> tuple[str, str]:
     """Start a throwaway redis-server on a free loopback port; returns (url, description)."""
-    port = _free_port()
+    port = free_port()
     log = workdir / "redis-server.log"
     processes.start(
         [REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",

@@ -33,7 +33,7 @@ from aiosmtpd.controller import Controller
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
-from bench.support import temporary_database
+from bench.support import free_port, temporary_database
 from reports.database import create_db_engine, session_factory, upgrade
 from reports.jobs import PlanJob, ReportJob, SendNowJob
 from reports.settings import Settings
@@ -248,12 +248,6 @@ def load_users(sessions: sessionmaker[Session], *, count: int, period: str = "20
 # --- SMTP ------------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 #: Decides a reply for one delivery: given (recipient, 1-based attempt for that recipient), an SMTP
 #: reply such as "550 5.1.1 No such user" to refuse it, or None to accept it.
 Fault = Callable[[str, int], "str | None"]
@@ -389,11 +383,16 @@ class WorkerGroup:
         return self.process.returncode
 
     def kill(self) -> None:
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.process.wait()
+        kill_group(self.process)
+
+
+def kill_group(process: subprocess.Popen[bytes]) -> None:
+    """SIGKILL ``process``'s whole process group (it leads one) and reap it."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()
 
 
 @pytest.fixture

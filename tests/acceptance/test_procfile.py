@@ -42,7 +42,7 @@ from reports.jobs import (
 from reports.periods import Period
 from reports.progress import count
 from reports.settings import Settings
-from tests.conftest import REPO, load_users, wait_until
+from tests.conftest import REPO, kill_group, load_users, wait_until
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)]
 
@@ -150,11 +150,7 @@ class LineProcess:
                 pass
 
     def kill(self) -> None:
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.process.wait()
+        kill_group(self.process)
 
 
 def stop_all(processes: list[LineProcess], timeout: float = 25) -> dict[str, int]:
