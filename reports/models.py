@@ -114,8 +114,9 @@ class ReportItem(Base):
     finished_at: Mapped[datetime | None] = mapped_column(DateTime())
     last_error: Mapped[str | None] = mapped_column(Text)
 
-    # Reconcile looks for items still pending by period and state.
-    __table_args__ = (Index("ix_report_items_period_state", "period", "state"),)
+    # Reconcile walks a period's pending items by user. The user id also makes a lookup of one
+    # user's item in a given state exact here, should the planner prefer this index to the key.
+    __table_args__ = (Index("ix_report_items_period_state_user_id", "period", "state", "user_id"),)
 
 
 #: The counter an item adds to in ``item_counts`` when it is recorded, whatever its state.
