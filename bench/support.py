@@ -88,11 +88,14 @@ def redis_server(folder: str | Path | None = None) -> Iterator[str]:
     url = f"redis://127.0.0.1:{port}/0"
     try:
         client = redis.Redis.from_url(url)
-        for _ in range(100):
+        deadline = time.monotonic() + 10
+        while True:
             try:
                 client.ping()
                 break
             except redis.ConnectionError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"redis-server on port {port} did not start") from None
                 time.sleep(0.05)
         client.close()
         yield url

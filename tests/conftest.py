@@ -33,7 +33,7 @@ from aiosmtpd.controller import Controller
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
-from bench.support import free_port, temporary_database
+from bench.support import free_port, redis_server, temporary_database
 from reports.database import create_db_engine, session_factory, upgrade
 from reports.jobs import PlanJob, ReportJob, SendNowJob
 from reports.settings import Settings
@@ -93,30 +93,10 @@ def broker_namespace(redis_url: str) -> Iterator[str]:
 @pytest.fixture
 def private_redis(tmp_path: Path) -> Iterator[str]:
     """A redis-server of the test's own on a free port, for tests that flush or kill Redis."""
-    binary = shutil.which("redis-server")
-    if binary is None:
+    if shutil.which("redis-server") is None:
         _unavailable("redis-server", FileNotFoundError("redis-server is not installed"))
-    port = free_port()
-    process = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--dir", str(tmp_path)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
-    client = redis.Redis.from_url(url)
-
-    def ready() -> bool:
-        try:
-            return bool(client.ping())
-        except redis.ConnectionError:
-            return False
-
-    try:
-        wait_until(ready, timeout=10, what="a private redis-server")
+    with redis_server(tmp_path) as url:
         yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
 
 
 def month_from_now(offset: int) -> str:

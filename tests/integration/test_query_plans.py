@@ -11,8 +11,6 @@ reports/s over 200,000 users; a manual VACUUM ANALYZE, which threw the plan away
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
@@ -41,30 +39,28 @@ def index_reads(sessions: sessionmaker[Session]) -> dict[str, tuple[int, int]]:
     return {name: (scans, read) for name, scans, read in rows}
 
 
-def finish_each(sessions: sessionmaker[Session], user_ids: range) -> Callable[[], list[bool]]:
-    def run() -> list[bool]:
-        finished = []
-        for user_id in user_ids:
-            # One transaction per report, on the connection the pool hands back each time.
-            with sessions.begin() as session:
-                finished.append(items.finish(session, PERIOD, user_id, ItemState.DELIVERED, now=utcnow()))
-        return finished
-    return run
+def finish_each(sessions: sessionmaker[Session], user_ids: range) -> list[bool]:
+    finished = []
+    for user_id in user_ids:
+        # One transaction per report, on the connection the pool hands back each time.
+        with sessions.begin() as session:
+            finished.append(items.finish(session, PERIOD, user_id, ItemState.DELIVERED, now=utcnow()))
+    return finished
 
 
 def test_finishing_an_item_reads_its_own_index_entry_after_the_table_grew_from_empty(sessions):
-    assert finish_each(sessions, range(1, WARM_UP + 1))() == [False] * WARM_UP
+    assert finish_each(sessions, range(1, WARM_UP + 1)) == [False] * WARM_UP
     with sessions.begin() as session:
         session.execute(text(
             "INSERT INTO report_items (period, user_id, state, attempts, created_at, updated_at) "
             "SELECT :period, n, 'pending', 0, now(), now() FROM generate_series(1, :items) AS n"
         ), {"period": str(PERIOD), "items": ITEMS})
 
-    assert finish_each(sessions, range(1, FINISHED + 1))() == [True] * FINISHED
+    assert finish_each(sessions, range(1, FINISHED + 1)) == [True] * FINISHED
 
     # A backend reports its statistics when it ends.
     sessions.kw["bind"].dispose()
     wait_until(lambda: sum(scans for scans, _ in index_reads(sessions).values()) >= WARM_UP + FINISHED,
                timeout=10, what="the statistics of the finishing connection")
-    entries_read = sum(read for _, read in index_reads(sessions).values())
-    assert entries_read <= 2 * FINISHED, index_reads(sessions)
+    reads = index_reads(sessions)
+    assert sum(read for _, read in reads.values()) <= 2 * FINISHED, reads
