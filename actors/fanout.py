@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import logging
+import uuid
 from typing import Any
 
 import dramatiq
+from dramatiq.middleware import CurrentMessage
 
 from actors import broker, runtime
 from reports import planning
-from reports.broker import backlog, send, send_many
+from reports.broker import WALKER_OPTION, backlog, send, send_many
 from reports.jobs import BUILD_REPORT, PLAN_PERIOD, PlanJob
 from reports.worker_lifecycle import draining
 
@@ -19,10 +21,14 @@ logger = logging.getLogger(__name__)
 @dramatiq.actor(actor_name=PLAN_PERIOD.name, queue_name=PLAN_PERIOD.queue)
 def plan_period(*args: Any, **kwargs: Any) -> None:
     job = PlanJob.parse(args, kwargs)
+    message = CurrentMessage.get_current_message()
+    # A message without a chain token (sent by an earlier release) starts a chain of its own.
+    walker = (message.options.get(WALKER_OPTION) if message else None) or str(uuid.uuid4())
     outcome = planning.plan_slice(
         runtime.context.sessions,
         job.period,
         lambda payloads: send_many(broker, BUILD_REPORT, payloads),
+        walker=walker,
         page_size=runtime.settings.plan_page_size,
         budget_seconds=runtime.settings.plan_slice_seconds,
         # On SIGTERM, stop at the next page: the checkpoint and the continuation carry on.
@@ -31,12 +37,17 @@ def plan_period(*args: Any, **kwargs: Any) -> None:
         high_water=runtime.settings.plan_high_water,
     )
     logger.info(
-        "Planned %d pages, enqueued %d reports for %s (cursor %d, planned=%s).",
-        outcome.pages, outcome.enqueued, job.period, outcome.cursor, outcome.planned,
+        "Planned %d pages, enqueued %d reports for %s (cursor %d, planned=%s, chain %s%s).",
+        outcome.pages, outcome.enqueued, job.period, outcome.cursor, outcome.planned, walker,
+        ", superseded" if outcome.superseded else ", paused" if outcome.backlogged else "",
     )
+    if outcome.planned or outcome.cancelled or outcome.superseded:
+        return
+    continuation = {WALKER_OPTION: walker}
     if outcome.backlogged:
         # The bulk queue is full enough: look again later, so Redis holds a bounded backlog.
-        send(broker, PLAN_PERIOD, job.payload(), delay_ms=int(runtime.settings.plan_pause_seconds * 1000))
-    elif not outcome.planned and not outcome.cancelled:
+        send(broker, PLAN_PERIOD, job.payload(), delay_ms=int(runtime.settings.plan_pause_seconds * 1000),
+             options=continuation)
+    else:
         # Short slices keep the coordinator drainable on SIGTERM; the checkpoint carries the walk on.
-        send(broker, PLAN_PERIOD, job.payload())
+        send(broker, PLAN_PERIOD, job.payload(), options=continuation)

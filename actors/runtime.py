@@ -8,7 +8,7 @@ import redis
 
 from reports import metrics
 from reports.alerts import WebhookAlerts
-from reports.breaker import CircuitBreaker
+from reports.breaker import CircuitBreaker, mail_breaker_name
 from reports.database import create_db_engine, session_factory
 from reports.dead_letter_sink import DeadLetterSink
 from reports.mail.backend import build_mailer
@@ -46,7 +46,7 @@ class Runtime:
         if settings.smtp_url:
             breaker = CircuitBreaker(
                 self.redis,
-                name=f"{settings.broker_namespace}:breaker:mail",
+                name=mail_breaker_name(settings.broker_namespace),
                 failure_threshold=settings.breaker_failure_threshold,
                 window_ms=int(settings.breaker_window_seconds * 1000),
                 cooldown_ms=int(settings.breaker_cooldown_seconds * 1000),

@@ -31,6 +31,17 @@ class State(enum.StrEnum):
 #: Numeric form for metrics: closed 0, half-open 1, open 2.
 STATE_VALUES = {State.CLOSED: 0, State.HALF_OPEN: 1, State.OPEN: 2}
 
+
+def mail_breaker_name(namespace: str) -> str:
+    """The Redis name of the mail provider's breaker, shared by every process of a deployment."""
+    return f"{namespace}:breaker:mail"
+
+
+def state_of(client: redis.Redis, name: str) -> State:
+    """The breaker's state as Redis holds it (an open breaker past its cool-down still reads open)."""
+    raw = cast(bytes | None, client.hget(f"{name}:state", "state"))
+    return State(raw.decode()) if raw else State.CLOSED
+
 # KEYS: state hash. ARGV: now, probe lease. Returns {allowed (0/1), wait ms, state, changed (0/1)}.
 _ALLOW = """
 local state = redis.call('HGET', KEYS[1], 'state') or 'closed'
@@ -103,8 +114,7 @@ class CircuitBreaker:
         self._success = client.register_script(_SUCCESS)
 
     def state(self) -> State:
-        raw = cast(bytes | None, self.client.hget(self._state_key, "state"))
-        return State(raw.decode()) if raw else State.CLOSED
+        return state_of(self.client, self.name)
 
     def allow(self, now_ms: int) -> Permit:
         allowed, wait_ms, state, changed = self._allow(keys=[self._state_key], args=[now_ms, self.probe_timeout_ms])

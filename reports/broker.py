@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
+import logging
+import time
 import uuid
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, cast
 
 import dramatiq
+import redis
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import CurrentMessage, Retries, default_middleware
 
-from reports.jobs import ActorSpec
+from reports.jobs import PLAN_PERIOD, ActorSpec
 from reports.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+#: Message option naming the coordinator chain a ``plan_period`` message belongs to.
+WALKER_OPTION = "walker"
+
+#: Longest pause between tries at an enqueue that must not be dropped, in seconds.
+ENQUEUE_RETRY_PAUSE_CAP_SECONDS = 2.0
 
 
 def build_broker(settings: Settings) -> RedisBroker:
@@ -43,8 +54,39 @@ def message_for(
     )
 
 
-def send(broker: dramatiq.Broker, spec: ActorSpec, payload: Mapping[str, Any], *, delay_ms: int | None = None) -> None:
-    broker.enqueue(message_for(spec, payload), delay=delay_ms)
+def send_coordinator(broker: dramatiq.Broker, walker: str, payload: Mapping[str, Any]) -> None:
+    """Start the coordinator chain ``walker``, which the run must name (``PeriodRun.walker``)."""
+    send(broker, PLAN_PERIOD, payload, options={WALKER_OPTION: walker})
+
+
+def send(
+    broker: dramatiq.Broker, spec: ActorSpec, payload: Mapping[str, Any], *, delay_ms: int | None = None,
+    options: dict[str, Any] | None = None,
+) -> None:
+    broker.enqueue(message_for(spec, payload, options=options), delay=delay_ms)
+
+
+def enqueue_until_sent(
+    broker: dramatiq.Broker, message: dramatiq.Message[Any], *, delay_ms: int | None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """Enqueue ``message``, trying again for as long as the broker cannot be reached.
+
+    For the copy a worker enqueues of the message it is processing (a retry, a deferral): the
+    original is acked once this returns, so giving up here would lose the message. While Redis
+    is failing over the thread waits; if the process is stopped meanwhile, the original stays
+    unacked and comes back through the dead-worker sweep.
+    """
+    pause = 0.05
+    while True:
+        try:
+            broker.enqueue(message, delay=delay_ms)
+            return
+        except (redis.ConnectionError, redis.TimeoutError, dramatiq.errors.BrokerConnectionError) as error:
+            logger.warning("Could not enqueue message %s (%s); trying again in %.2fs.",
+                           message.message_id, type(error).__name__, pause)
+            sleep(pause)
+            pause = min(pause * 2, ENQUEUE_RETRY_PAUSE_CAP_SECONDS)
 
 
 #: Messages per Redis round trip in :func:`send_many`.
@@ -93,14 +135,26 @@ def _enqueue_chunk(broker: RedisBroker, queue: str, messages: list[dramatiq.Mess
 
 
 def backlog(broker: dramatiq.Broker, queue: str) -> int:
-    """Messages waiting in ``queue``, ready or delayed (Redis keys as the broker lays them out)."""
+    """Messages of ``queue`` not yet done: ready, delayed, and fetched by a live worker.
+
+    A worker holds what it fetched (its prefetch, and delayed messages until they are due, up
+    to thousands) in memory; the broker keeps their ids in that worker's acks set until they
+    are acked. Leaving them out would let the high-water mark and reconcile see an empty queue
+    while thousands of messages are still on their way. Keys as the Redis broker lays them out.
+    """
     if not isinstance(broker, RedisBroker):
         raise TypeError("backlog() reads a Redis broker's queues.")
-    with broker.client.pipeline(transaction=False) as pipe:
-        pipe.llen(f"{broker.namespace}:{queue}")
-        pipe.llen(f"{broker.namespace}:{queue}.DQ")
-        ready, delayed = pipe.execute()
-    return int(ready) + int(delayed)
+    namespace, client = broker.namespace, broker.client
+    workers = cast(list[bytes], client.zrange(f"{namespace}:__heartbeats__", 0, -1))
+    with client.pipeline(transaction=False) as pipe:
+        pipe.llen(f"{namespace}:{queue}")
+        pipe.llen(f"{namespace}:{queue}.DQ")
+        for worker in workers:
+            acks = f"{namespace}:__acks__.{worker.decode()}.{queue}"
+            pipe.scard(acks)
+            pipe.scard(f"{acks}.DQ")
+        counts = pipe.execute()
+    return sum(int(count) for count in counts)
 
 
 def defer_current(broker: dramatiq.Broker, *, delay_ms: int) -> None:
@@ -108,4 +162,4 @@ def defer_current(broker: dramatiq.Broker, *, delay_ms: int) -> None:
     message = CurrentMessage.get_current_message()
     if message is None:
         raise RuntimeError("defer_current needs the CurrentMessage middleware and a running message.")
-    broker.enqueue(message.copy(), delay=delay_ms)
+    enqueue_until_sent(broker, message.copy(), delay_ms=delay_ms)

@@ -20,8 +20,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from reports import items
 from reports.errors import InvalidPayload
-from reports.jobs import BUILD_REPORT, PlanJob, ReportJob
-from reports.models import DeadLetter, ItemState, ReportItem
+from reports.jobs import BUILD_REPORT, SEND_NOW, PlanJob, ReportJob, SendNowJob
+from reports.models import DeadLetter, DeliveryState, ItemState, ReportItem, Resend
 from reports.retries import DeadMessage
 from reports.sql import insert_ignoring_conflicts, rowcount
 
@@ -35,10 +35,15 @@ def _from_ms(ms: int) -> datetime:
     return datetime.fromtimestamp(ms / 1000, UTC).replace(tzinfo=None)
 
 
-def _job(actor: str, args: Sequence[Any], kwargs: dict[str, Any]) -> ReportJob | PlanJob | None:
+_PARSERS: dict[str, Callable[[Sequence[Any], dict[str, Any]], ReportJob | PlanJob | SendNowJob]] = {
+    BUILD_REPORT.name: ReportJob.parse, SEND_NOW.name: SendNowJob.parse,
+}
+
+
+def _job(actor: str, args: Sequence[Any], kwargs: dict[str, Any]) -> ReportJob | PlanJob | SendNowJob | None:
     """The job a dead payload describes, when it parses."""
     try:
-        return ReportJob.parse(args, kwargs) if actor == BUILD_REPORT.name else PlanJob.parse(args, kwargs)
+        return _PARSERS.get(actor, PlanJob.parse)(args, kwargs)
     except InvalidPayload:
         return None
 
@@ -48,7 +53,7 @@ def ids(dead: DeadMessage) -> dict[str, Any]:
     job = _job(dead.actor, dead.args, dead.kwargs)
     if job is None:
         return {}
-    return {"period": str(job.period), **({"user_id": job.user_id} if isinstance(job, ReportJob) else {})}
+    return {"period": str(job.period), **({} if isinstance(job, PlanJob) else {"user_id": job.user_id})}
 
 
 def record(session: Session, dead: DeadMessage) -> bool:
@@ -59,7 +64,7 @@ def record(session: Session, dead: DeadMessage) -> bool:
         .values(
             message_id=dead.message_id, actor=dead.actor, queue=dead.queue,
             payload=json.dumps({"args": list(dead.args), "kwargs": dead.kwargs}, default=repr),
-            period=str(job.period) if job else None, user_id=job.user_id if isinstance(job, ReportJob) else None,
+            period=str(job.period) if job else None, user_id=None if job is None or isinstance(job, PlanJob) else job.user_id,
             attempts=dead.attempts, reason=dead.reason,
             error_class=dead.error_class, error_message=dead.error_message[:4000], traceback=dead.traceback,
             first_failed_at=_from_ms(dead.first_failed_ms), died_at=_from_ms(dead.died_ms),
@@ -69,7 +74,17 @@ def record(session: Session, dead: DeadMessage) -> bool:
     if isinstance(job, ReportJob):
         items.finish(session, job.period, job.user_id, ItemState.DEAD, now=_from_ms(dead.died_ms),
                      error=f"{dead.error_class}: {dead.error_message}")
+    elif isinstance(job, SendNowJob):
+        # Dead, so reconcile does not send it again; a replay makes it requested once more.
+        _set_request_state(session, job.request_id, DeliveryState.DEAD, unless=DeliveryState.SENT)
     return stored is not None
+
+
+def _set_request_state(session: Session, request_id: str, state: DeliveryState, *, unless: DeliveryState) -> int:
+    return rowcount(session.execute(
+        update(Resend).where(Resend.request_id == request_id, Resend.state != unless).values(state=state)
+        .execution_options(synchronize_session=False)
+    ))
 
 
 @dataclass(frozen=True)
@@ -132,12 +147,17 @@ def replay(
                 if dry_run:
                     continue
                 outcome.items_reset += _reset_item(session, letter, now)
-                payload = json.loads(letter.payload)
+                args, kwargs = _arguments(letter)
                 message: dramatiq.Message[Any] = dramatiq.Message(queue_name=letter.queue, actor_name=letter.actor,
-                                           args=tuple(payload["args"]), kwargs=payload["kwargs"], options={})
+                                                                  args=tuple(args), kwargs=kwargs, options={})
                 broker.enqueue(message)
                 letter.replayed_at, letter.replay_message_id = now, message.message_id
     return outcome
+
+
+def _arguments(letter: DeadLetter) -> tuple[list[Any], dict[str, Any]]:
+    payload = json.loads(letter.payload)
+    return payload["args"], payload["kwargs"]
 
 
 def _chunks(sessions: sessionmaker[Session], where: Filter, ceiling: int) -> Iterator[list[int]]:
@@ -157,6 +177,11 @@ def _chunks(sessions: sessionmaker[Session], where: Filter, ceiling: int) -> Ite
 
 
 def _reset_item(session: Session, letter: DeadLetter, now: datetime) -> int:
+    if letter.actor == SEND_NOW.name:
+        job = _job(letter.actor, *_arguments(letter))
+        if isinstance(job, SendNowJob):
+            _set_request_state(session, job.request_id, DeliveryState.REQUESTED, unless=DeliveryState.SENT)
+        return 0
     if letter.actor != BUILD_REPORT.name or letter.period is None or letter.user_id is None:
         return 0
     return rowcount(session.execute(

@@ -20,6 +20,9 @@ from reports.models import Delivery, DeliveryState, Resend
 from reports.periods import Period
 from reports.sql import insert_ignoring_conflicts, rowcount
 
+#: Claim states a send may take over once their lease has run out.
+TAKEABLE = (DeliveryState.REQUESTED, DeliveryState.CLAIMED)
+
 
 @dataclass(frozen=True)
 class Claim:
@@ -50,13 +53,29 @@ def take(
                  lease_seconds=lease_seconds, now=now)
 
 
-def take_request(
-    session: Session, request_id: str, period: Period, user_id: int, *, message_id: str, lease_seconds: float,
+def record_request(
+    session: Session, request_id: str, period: Period, user_id: int, *, message_id: str, template_version: str,
     now: datetime,
+) -> None:
+    """Write a ``send-now`` request when it is made, before its message exists: if the message is
+    lost, reconcile finds the request and sends it again."""
+    session.execute(
+        insert_ignoring_conflicts(session, Resend.__table__).values(
+            request_id=request_id, period=str(period), user_id=user_id, requested_at=now, updated_at=now,
+            template_version=template_version, state=DeliveryState.REQUESTED, message_id=message_id,
+            claim_token="", lease_expires_at=now, claims=0, claimed_at=now,
+        )
+    )
+
+
+def take_request(
+    session: Session, request_id: str, period: Period, user_id: int, *, message_id: str, template_version: str,
+    lease_seconds: float, now: datetime,
 ) -> Claim | None:
     """Claim the right to send for one ``send-now`` request; ``None`` when that request was served."""
     return _take(session, Claim(period, user_id, str(uuid.uuid4()), request_id), message_id=message_id,
-                 lease_seconds=lease_seconds, now=now, extra={"requested_at": now})
+                 lease_seconds=lease_seconds, now=now,
+                 extra={"requested_at": now, "updated_at": now, "template_version": template_version})
 
 
 def _take(
@@ -78,17 +97,19 @@ def _take(
         .returning(model.__table__.c.user_id)
     ).first() is not None
     if not inserted:
+        # A recorded request, or a claim whose holder's lease ran out: take it over.
+        touched = {"updated_at": now} if model is Resend else {}
         inserted = 0 < rowcount(session.execute(
             update(model)
-            .where(*claim._key(), model.state == DeliveryState.CLAIMED, model.lease_expires_at <= now)
-            .values(claim_token=claim.token, lease_expires_at=lease_expires_at, claims=model.claims + 1,
-                    claimed_at=now)
+            .where(*claim._key(), model.state.in_(TAKEABLE), model.lease_expires_at <= now)
+            .values(state=DeliveryState.CLAIMED, claim_token=claim.token, lease_expires_at=lease_expires_at,
+                    claims=model.claims + 1, claimed_at=now, **touched)
             .execution_options(synchronize_session=False)
         ))
     if inserted:
         return claim
     state, expires = session.execute(select(model.state, model.lease_expires_at).where(*claim._key())).one()
-    if state == DeliveryState.SENT:
+    if state in (DeliveryState.SENT, DeliveryState.DEAD):
         return None
     raise ClaimHeld(retry_after_seconds=max((expires - now).total_seconds(), 0.0))
 

@@ -1,13 +1,18 @@
-"""State changes of report items. An item leaves ``pending`` once and never returns."""
+"""State changes of report items. An item leaves ``pending`` once and returns only by a replay.
+
+A delivery is the one fact that outranks the rest: a sent email makes its item ``delivered``
+even if a copy of its message died meanwhile, and a late dead letter never marks dead an item
+whose email went out.
+"""
 
 from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import update
+from sqlalchemy import ColumnElement, exists, update
 from sqlalchemy.orm import Session
 
-from reports.models import ItemState, ReportItem
+from reports.models import Delivery, DeliveryState, ItemState, ReportItem
 from reports.periods import Period
 from reports.sql import rowcount
 
@@ -18,15 +23,19 @@ ERROR_TEXT_LIMIT = 2000
 def finish(
     session: Session, period: Period, user_id: int, state: ItemState, *, now: datetime, error: str | None = None
 ) -> bool:
-    """Move a pending item to a final ``state``; ``False`` if it had already finished."""
+    """Move a pending item to a final ``state``; ``False`` if it had already finished.
+
+    ``delivered`` also ends a ``dead`` item; ``dead`` is not given to an item whose email was sent.
+    """
+    leaves = (ItemState.PENDING, ItemState.DEAD) if state == ItemState.DELIVERED else (ItemState.PENDING,)
+    conditions: list[ColumnElement[bool]] = [ReportItem.state.in_(leaves)]
+    if state == ItemState.DEAD:
+        conditions.append(~exists().where(Delivery.period == ReportItem.period, Delivery.user_id == ReportItem.user_id,
+                                          Delivery.state == DeliveryState.SENT))
     return bool(
         rowcount(session.execute(
             update(ReportItem)
-            .where(
-                ReportItem.period == str(period),
-                ReportItem.user_id == user_id,
-                ReportItem.state == ItemState.PENDING,
-            )
+            .where(ReportItem.period == str(period), ReportItem.user_id == user_id, *conditions)
             .values(
                 state=state,
                 finished_at=now,

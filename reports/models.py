@@ -84,6 +84,10 @@ class PeriodRun(Base):
     triggered_at: Mapped[Timestamp]
     planned_at: Mapped[datetime | None] = mapped_column(DateTime())
     updated_at: Mapped[Timestamp]
+    #: The coordinator chain allowed to walk: a chain carrying another token stops at its next slice.
+    walker: Mapped[str | None] = mapped_column(String(36))
+    #: When the walk last paused because the bulk queue held ``PLAN_HIGH_WATER`` messages.
+    paused_at: Mapped[datetime | None] = mapped_column(DateTime())
 
 
 class ItemState(enum.StrEnum):
@@ -156,8 +160,12 @@ class Report(Base):
 
 
 class DeliveryState(enum.StrEnum):
+    #: A send-now request recorded when it was made, not yet taken by its message.
+    REQUESTED = "requested"
     CLAIMED = "claimed"
     SENT = "sent"
+    #: A send-now request whose message died; a replay makes it ``requested`` again.
+    DEAD = "dead"
 
 
 class _ClaimColumns:
@@ -196,6 +204,10 @@ class Resend(_ClaimColumns, Base):
     period: Mapped[PeriodKey]
     user_id: Mapped[int] = mapped_column(Integer)
     requested_at: Mapped[Timestamp]
+    #: Pinned when the request is made, so a request re-sent by reconcile renders the same.
+    template_version: Mapped[str | None] = mapped_column(String(32))
+    #: Last time the request was made, taken or re-enqueued; reconcile re-sends one untouched too long.
+    updated_at: Mapped[datetime | None] = mapped_column(DateTime())
 
 
 class DeadLetter(Base):

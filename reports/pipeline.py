@@ -3,8 +3,11 @@
 Three short steps, so no transaction stays open while talking to the mail provider:
 1. In one transaction: read the item, the user and their activity; render and store the
    report; take the delivery claim.
-2. Hand the email to the mail backend.
-3. In one transaction: mark the claim sent and the item delivered.
+2. Ask the breaker, check that the claim's lease outlasts the whole send, and hand the email
+   to the mail backend.
+3. In one transaction: mark the claim sent and the item delivered. Nothing but this commit
+   follows the provider's acceptance, and it is tried until the lease is nearly spent: only a
+   crash in between can make a later copy send again.
 
 Every step may run more than once or concurrently (at-least-once delivery); the item's final
 states and the delivery claim make repeats send nothing.
@@ -21,7 +24,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.headerregistry import Address
 from email.message import EmailMessage
+from typing import NoReturn
 
+import redis
 import sqlalchemy.exc
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
@@ -30,24 +35,45 @@ from reports import delivery, items
 from reports.activity import load_summary
 from reports.breaker import CircuitBreaker, Permit, State
 from reports.clock import utcnow
-from reports.errors import CircuitOpen, PermanentError, is_provider_failure
+from reports.errors import CircuitOpen, Deferred, PermanentError, is_provider_failure
 from reports.jobs import ReportJob, SendNowJob
 from reports.mail.backend import Mailer
 from reports.mail.compose import compose, message_id, recipient
 from reports.models import FINAL_STATES, ItemState, PeriodRun, Report, ReportItem, RunState, User
 from reports.periods import Period
 from reports.render import RenderedReport, render
-from reports.settings import Settings
+from reports.settings import CLAIM_LEASE_MARGIN_SECONDS, Settings
 from reports.sql import upsert
 
 logger = logging.getLogger(__name__)
 
-#: Pauses between tries at recording a send in the database, in seconds.
-RECORD_SENT_PAUSES_SECONDS = (0.2, 1.0)
+#: Longest pause between tries at recording a send in the database, in seconds.
+RECORD_SENT_PAUSE_CAP_SECONDS = 1.0
+
+#: Of the lease's margin over a whole send (CLAIM_LEASE_MARGIN_SECONDS), what must still be left
+#: when the send starts, to record it; the rest absorbs the prepare step's commit.
+RECORD_TIME_SECONDS = CLAIM_LEASE_MARGIN_SECONDS / 2
+
+#: How soon a message whose item may still be on its way from the coordinator looks again, in seconds.
+ITEM_NOT_YET_RECORDED_RETRY_SECONDS = 2.0
 
 
 class UnknownItem(PermanentError):
     """The message names a (period, user) that the coordinator never recorded."""
+
+
+class ItemNotYetRecorded(Deferred):
+    """The item is missing, but the coordinator has not walked past this user yet: look again soon."""
+
+    def __init__(self) -> None:
+        super().__init__(ITEM_NOT_YET_RECORDED_RETRY_SECONDS)
+
+
+class LeaseTooShort(Deferred):
+    """Too little of the claim's lease is left to cover a whole send: release it and start again."""
+
+    def __init__(self) -> None:
+        super().__init__(0.0)
 
 
 class UnknownUser(PermanentError):
@@ -91,11 +117,19 @@ def send_now(ctx: Context, job: SendNowJob) -> Outcome:
 
 
 def _deliver(ctx: Context, prepare: Callable[[Session], _Prepared | Outcome]) -> Outcome:
-    permit = _ask_breaker(ctx)
     with ctx.sessions.begin() as session:
         prepared = prepare(session)
     if not isinstance(prepared, _Prepared):
         return prepared
+    # Asked only now, so a message that turns out done, skipped or cancelled never holds the
+    # half-open probe's one slot for the probe timeout.
+    try:
+        permit = _ask_breaker(ctx)
+        if prepared.lease_left() < ctx.settings.smtp_timeout_seconds + RECORD_TIME_SECONDS:
+            raise LeaseTooShort()
+    except Deferred:
+        _release(ctx, prepared)
+        raise
     _send(ctx, prepared, permit)
     return Outcome.DELIVERED
 
@@ -104,14 +138,26 @@ def _send(ctx: Context, prepared: _Prepared, permit: Permit | None) -> None:
     try:
         ctx.mailer.send(prepared.email, recipient=prepared.address)
     except Exception as error:
+        _release(ctx, prepared)
+        _tell_breaker_failure(ctx, permit, error)
+        raise
+    _record_sent(ctx, prepared)
+    if permit is not None and permit.probe:
+        try:
+            ctx.breaker.record_success()  # type: ignore[union-attr]
+        except redis.RedisError:
+            # The send is recorded; the probe's slot frees itself after the probe timeout.
+            logger.warning("Could not tell the breaker its probe succeeded: Redis unreachable.")
+
+
+def _release(ctx: Context, prepared: _Prepared) -> None:
+    """End the claims' leases early, so the next attempt need not wait them out."""
+    try:
         with ctx.sessions.begin() as session:
             for claim in prepared.claims:
                 delivery.release(session, claim, now=ctx.clock())
-        _tell_breaker_failure(ctx, permit, error)
-        raise
-    if permit is not None and permit.probe:
-        ctx.breaker.record_success()  # type: ignore[union-attr]
-    _record_sent(ctx, prepared.claims)
+    except sqlalchemy.exc.SQLAlchemyError:
+        logger.warning("Could not release a delivery claim; it ends with its lease.")
 
 
 def _ask_breaker(ctx: Context) -> Permit | None:
@@ -140,13 +186,15 @@ def _millis(moment: datetime) -> int:
     return int(moment.replace(tzinfo=UTC).timestamp() * 1000)
 
 
-def _record_sent(ctx: Context, claims: list[delivery.Claim]) -> None:
-    """Record a send that happened; tried a few times, since failing here is what re-sends an email."""
-    for pause in (*RECORD_SENT_PAUSES_SECONDS, None):
+def _record_sent(ctx: Context, prepared: _Prepared) -> None:
+    """Record a send that happened, trying until the claim's lease is nearly spent: failing here
+    is what lets a later copy send the email again."""
+    pause = 0.05
+    while True:
         try:
             with ctx.sessions.begin() as session:
                 now = ctx.clock()
-                for claim in claims:
+                for claim in prepared.claims:
                     if claim.request_id is None:
                         # Item first, then delivery: the lock order of _prepare, so copies cannot deadlock.
                         items.finish(session, claim.period, claim.user_id, ItemState.DELIVERED, now=now)
@@ -156,10 +204,14 @@ def _record_sent(ctx: Context, claims: list[delivery.Claim]) -> None:
                             extra={"period": str(claim.period), "user_id": claim.user_id},
                         )
             return
-        except sqlalchemy.exc.OperationalError:
-            if pause is None:
+        except sqlalchemy.exc.DBAPIError as error:
+            if prepared.lease_left() < pause:
+                logger.error("Could not record a send before its claim's lease ran out (%s); a later copy "
+                             "may send it again.", type(error.orig).__name__,
+                             extra={"user_id": prepared.claims[0].user_id})
                 raise
             time.sleep(pause)
+            pause = min(pause * 2, RECORD_SENT_PAUSE_CAP_SECONDS)
 
 
 @dataclass(frozen=True)
@@ -167,14 +219,24 @@ class _Prepared:
     claims: list[delivery.Claim]
     email: EmailMessage
     address: str
+    #: When the claims' leases end, on this process's monotonic clock.
+    lease_ends: float
+
+    def lease_left(self) -> float:
+        return self.lease_ends - time.monotonic()
+
+
+def _claim_time(ctx: Context) -> tuple[datetime, float]:
+    """The lease's start, on the wall clock the claim stores and on the monotonic one that checks it."""
+    return ctx.clock(), time.monotonic() + ctx.settings.claim_lease_seconds
 
 
 def _prepare(ctx: Context, session: Session, job: ReportJob) -> _Prepared | Outcome:
-    now = ctx.clock()
     # Locking the item serializes copies of this job here, before they race for the claim.
     item = session.get(ReportItem, (str(job.period), job.user_id), with_for_update=True)
+    now = ctx.clock()  # after the lock: time spent waiting for it must not come off the lease
     if item is None:
-        raise UnknownItem(f"No report item for period {job.period}, user {job.user_id}.")
+        _missing_item(session, job)
     if item.state in FINAL_STATES:
         return Outcome.ALREADY_DONE
     run_state = session.scalar(select(PeriodRun.state).where(PeriodRun.period == str(job.period)))
@@ -183,6 +245,8 @@ def _prepare(ctx: Context, session: Session, job: ReportJob) -> _Prepared | Outc
         return Outcome.CANCELLED
     item.attempts += 1
     item.updated_at = now
+    # This message is proof the item was handed out, whatever the coordinator managed to stamp.
+    item.enqueued_at = item.enqueued_at or now
 
     user = session.get(User, job.user_id)
     if user is None or not user.active:
@@ -191,40 +255,53 @@ def _prepare(ctx: Context, session: Session, job: ReportJob) -> _Prepared | Outc
 
     to, rendered = _render_and_store(ctx, session, user, job.period, job.template_version, now)
     stable_id = message_id(job.period, user.id, ctx.settings.mail_domain)
+    claimed_at, lease_ends = _claim_time(ctx)
     claim = delivery.take(session, job.period, user.id, message_id=stable_id,
-                          lease_seconds=ctx.settings.claim_lease_seconds, now=now)
+                          lease_seconds=ctx.settings.claim_lease_seconds, now=claimed_at)
     if claim is None:
         # The email already went out; make the item say so.
         items.finish(session, job.period, job.user_id, ItemState.DELIVERED, now=now)
         return Outcome.ALREADY_DONE
     email = compose(rendered, to=to, mail_from=ctx.settings.mail_from, period=job.period, user_id=user.id,
                     date=now, message_id=stable_id)
-    return _Prepared(claims=[claim], email=email, address=to.addr_spec)
+    return _Prepared(claims=[claim], email=email, address=to.addr_spec, lease_ends=lease_ends)
+
+
+def _missing_item(session: Session, job: ReportJob) -> NoReturn:
+    """Raise for a message whose item is not there: defer while the walk may still record it."""
+    run = session.execute(
+        select(PeriodRun.planned, PeriodRun.cursor).where(PeriodRun.period == str(job.period))
+    ).one_or_none()
+    if run is not None and not run.planned and run.cursor < job.user_id:
+        raise ItemNotYetRecorded()
+    raise UnknownItem(f"No report item for period {job.period}, user {job.user_id}.")
 
 
 def _prepare_now(ctx: Context, session: Session, job: SendNowJob) -> _Prepared | Outcome:
-    now = ctx.clock()
     # Lock the monthly item (if the period has one) first, as _prepare does.
     session.get(ReportItem, (str(job.period), job.user_id), with_for_update=True)
+    now = ctx.clock()
     user = session.get(User, job.user_id)
     if user is None:
         raise UnknownUser(f"No user with id {job.user_id}.")
     to, rendered = _render_and_store(ctx, session, user, job.period, job.template_version, now)
     request_id = message_id(job.period, user.id, ctx.settings.mail_domain, request_id=job.request_id)
     lease = ctx.settings.claim_lease_seconds
+    claimed_at, lease_ends = _claim_time(ctx)
     request = delivery.take_request(session, job.request_id, job.period, user.id, message_id=request_id,
-                                    lease_seconds=lease, now=now)
+                                    template_version=job.template_version, lease_seconds=lease, now=claimed_at)
     if request is None:
         return Outcome.ALREADY_DONE
     claims, chosen_id = [request], request_id
     if not delivery.is_sent(session, job.period, user.id):
         monthly_id = message_id(job.period, user.id, ctx.settings.mail_domain)
-        monthly = delivery.take(session, job.period, user.id, message_id=monthly_id, lease_seconds=lease, now=now)
+        monthly = delivery.take(session, job.period, user.id, message_id=monthly_id, lease_seconds=lease,
+                                now=claimed_at)
         if monthly is not None:
             claims, chosen_id = [monthly, request], monthly_id
     email = compose(rendered, to=to, mail_from=ctx.settings.mail_from, period=job.period, user_id=user.id,
                     date=now, message_id=chosen_id)
-    return _Prepared(claims=claims, email=email, address=to.addr_spec)
+    return _Prepared(claims=claims, email=email, address=to.addr_spec, lease_ends=lease_ends)
 
 
 def _render_and_store(

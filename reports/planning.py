@@ -1,12 +1,17 @@
 """The coordinator: walk a period's active users in keyset pages and enqueue one job per user.
 
-Each page is one short transaction under the run's row lock. It records the page's items in
-the database itself (INSERT … SELECT, one per user under the unique (period, user) key), hands
-every item in the page's id range that has no ``enqueued_at`` to the broker, stamps it, and
-advances the cursor. A crash before the commit leaves nothing of the page: the next run walks
-it again. A crash after sending but before the commit re-sends on the next run, which the
-consumer's delivery claim absorbs. Two coordinators at once serialize on the row lock, and the
-second finds the cursor moved and continues from it.
+A page is recorded, then handed out, then stamped:
+1. One short transaction under the run's row lock records the page's items in the database
+   itself (INSERT … SELECT under the unique (period, user) key) with no ``enqueued_at``, and
+   advances the cursor.
+2. Once that has committed, the page's messages go to the broker, so a worker that fetches one
+   always finds its item.
+3. The items are stamped ``enqueued_at``.
+A crash before 1 commits leaves nothing of the page: the next slice walks it again. A crash
+between 1 and 3 leaves items that say they were never handed out; the end of the walk (for
+items older than ``HANDOFF_GRACE``, so as not to race a page another copy is handing out) and
+reconcile send those. Two coordinators at once serialize on the row lock, and only the chain
+the run names (``walker``) walks: another stops at its next slice.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import DateTime, func, literal, select, update
@@ -28,6 +34,10 @@ from reports.sql import dialect_insert
 
 #: Hands a batch of report-job payloads to the broker.
 SendJobs = Callable[[Iterable[dict[str, Any]]], int]
+
+#: An item recorded this long ago and still not handed out was left by a crash, not by a copy
+#: of the coordinator that is handing its page out right now.
+HANDOFF_GRACE = timedelta(seconds=60)
 
 
 class UnknownRun(PermanentError):
@@ -44,6 +54,18 @@ class SliceOutcome:
     cancelled: bool = False
     #: The walk paused because the queue held ``high_water`` messages or more.
     backlogged: bool = False
+    #: Another coordinator chain owns the walk now: this one stops without a continuation.
+    superseded: bool = False
+
+
+@dataclass(frozen=True)
+class _Page:
+    """Items recorded (or found never handed out) in one transaction, to hand out after its commit."""
+
+    user_ids: list[int]
+    template_version: str
+    #: Whether this was the walk's last page.
+    planned: bool
 
 
 def plan_slice(
@@ -51,6 +73,7 @@ def plan_slice(
     period: Period,
     send_jobs: SendJobs,
     *,
+    walker: str | None = None,
     page_size: int,
     budget_seconds: float,
     should_stop: Callable[[], bool] = lambda: False,
@@ -58,76 +81,121 @@ def plan_slice(
     high_water: int = 0,
 ) -> SliceOutcome:
     """Walk pages until the period is planned, ``budget_seconds`` have passed or ``should_stop()``,
-    or ``backlog()`` (messages waiting) reaches ``high_water``.
+    or ``backlog()`` (messages not yet done) reaches ``high_water``.
 
-    The caller re-enqueues the coordinator when the outcome is not ``planned`` (with a delay when
-    it is ``backlogged``).
+    ``walker`` is the chain's token; a chain the run does not name stops (``None``: a caller that
+    walks in-process, outside any chain, such as a benchmark). The caller re-enqueues
+    the coordinator (with the same token) when the outcome is neither ``planned``, ``cancelled``
+    nor ``superseded``, with a delay when it is ``backlogged``.
     """
     deadline = time.monotonic() + budget_seconds
     outcome = SliceOutcome()
     while True:
         if backlog is not None and backlog() >= high_water:
             outcome.backlogged = True
+            _note_pause(sessions, period, walker, outcome)
             return outcome
-        planned = _plan_page(sessions, period, page_size, send_jobs, outcome)
-        if planned is None:
-            outcome.cancelled = True
+        page = _record_page(sessions, period, walker, page_size, outcome)
+        if page is None:
             return outcome
-        outcome.planned = planned
-        if planned or time.monotonic() >= deadline or should_stop():
+        _hand_out(sessions, period, page, send_jobs, outcome)
+        outcome.planned = page.planned
+        if page.planned or time.monotonic() >= deadline or should_stop():
             return outcome
 
 
-def _plan_page(
-    sessions: sessionmaker[Session], period: Period, page_size: int, send_jobs: SendJobs, outcome: SliceOutcome
-) -> bool | None:
-    """Record and send one page and advance the cursor; returns whether the walk is done, or
-    ``None`` when the period is cancelled."""
+def _locked_run(session: Session, period: Period, walker: str | None, outcome: SliceOutcome) -> PeriodRun | None:
+    """The run, locked, when this chain may walk it; ``None`` (and the outcome says why) otherwise."""
+    run = session.scalars(select(PeriodRun).where(PeriodRun.period == str(period)).with_for_update()).one_or_none()
+    if run is None:
+        raise UnknownRun(f"Period {period} was never triggered.")
+    outcome.cursor = run.cursor
+    if run.state == RunState.CANCELLED:
+        outcome.cancelled = True
+        return None
+    if walker is None:
+        return run
+    if run.walker is None:
+        run.walker = walker  # a run triggered by an earlier release: the first chain takes it
+    if run.walker != walker:
+        outcome.superseded = True
+        return None
+    return run
+
+
+def _note_pause(sessions: sessionmaker[Session], period: Period, walker: str | None, outcome: SliceOutcome) -> None:
+    """Record that the walk is paused, so it reads as alive to reconcile rather than idle."""
     with sessions.begin() as session:
-        run = session.scalars(
-            select(PeriodRun).where(PeriodRun.period == str(period)).with_for_update()
-        ).one_or_none()
+        run = _locked_run(session, period, walker, outcome)
+        if run is not None and not run.planned:
+            run.paused_at = run.updated_at = utcnow()
+
+
+def _record_page(
+    sessions: sessionmaker[Session], period: Period, walker: str | None, page_size: int, outcome: SliceOutcome
+) -> _Page | None:
+    """Record one page and advance the cursor; ``None`` when the walk is not this chain's to do."""
+    with sessions.begin() as session:
+        run = _locked_run(session, period, walker, outcome)
         if run is None:
-            raise UnknownRun(f"Period {period} was never triggered.")
-        if run.state == RunState.CANCELLED:
             return None
-        outcome.cursor = run.cursor
         if run.planned:
-            return True
+            return _Page([], run.template_version, planned=True)
         page = select(User.id).where(User.active, User.id > run.cursor).order_by(User.id).limit(page_size)
         last = session.scalar(select(func.max(page.subquery().c.id)))
         now = utcnow()
+        run.updated_at, run.paused_at = now, None
         if last is None:
-            # The walk is over: sweep up any item never sent (an earlier release recorded and sent
-            # a page in two transactions, and could stop between them). Once per period.
-            claimed = session.scalars(
-                update(ReportItem)
-                .where(ReportItem.period == str(period), ReportItem.enqueued_at.is_(None))
-                .values(enqueued_at=now)
-                .returning(ReportItem.user_id)
-            ).all()
-        else:
-            # Recorded and stamped in the database itself; an item already there is claimed
-            # only if it was never sent.
-            recorded = dialect_insert(session, ReportItem.__table__).from_select(
-                ["period", "user_id", "state", "attempts", "enqueued_at", "created_at", "updated_at"],
-                select(literal(str(period)), User.id, literal(ItemState.PENDING.value), literal(0),
-                       *[literal(now, DateTime())] * 3)
-                .where(User.active, User.id > run.cursor, User.id <= last),
-            )
-            claimed = session.scalars(
-                recorded.on_conflict_do_update(
-                    index_elements=["period", "user_id"], set_={"enqueued_at": now},
-                    where=ReportItem.__table__.c.enqueued_at.is_(None),
-                ).returning(ReportItem.__table__.c.user_id)
-            ).all()
-        outcome.enqueued += send_jobs(
-            ReportJob(period, user_id, run.template_version).payload() for user_id in sorted(claimed)
+            # The walk is over: hand out whatever was recorded but never handed out (a crash
+            # between a page's commit and its send). Once per period; reconcile covers a crash here.
+            run.planned, run.planned_at = True, now
+            return _Page(_never_handed_out(session, period, before=now - HANDOFF_GRACE), run.template_version,
+                         planned=True)
+        recorded = dialect_insert(session, ReportItem.__table__).from_select(
+            ["period", "user_id", "state", "attempts", "created_at", "updated_at"],
+            select(literal(str(period)), User.id, literal(ItemState.PENDING.value), literal(0),
+                   *[literal(now, DateTime())] * 2)
+            .where(User.active, User.id > run.cursor, User.id <= last),
         )
-        outcome.pages += 1
-        run.updated_at = now
-        if last is not None:
-            run.cursor = outcome.cursor = last
-            return False
-        run.planned, run.planned_at = True, now
-        return True
+        items = ReportItem.__table__.c
+        user_ids = session.scalars(
+            # An item already there is handed out again only if it never was.
+            recorded.on_conflict_do_update(
+                index_elements=["period", "user_id"], set_={"updated_at": now},
+                where=items.enqueued_at.is_(None) & (items.state == ItemState.PENDING),
+            ).returning(items.user_id)
+        ).all()
+        run.cursor = outcome.cursor = last
+        return _Page(sorted(user_ids), run.template_version, planned=False)
+
+
+def _never_handed_out(session: Session, period: Period, *, before: datetime) -> list[int]:
+    return list(session.scalars(
+        select(ReportItem.user_id)
+        .where(ReportItem.period == str(period), ReportItem.state == ItemState.PENDING,
+               ReportItem.enqueued_at.is_(None), ReportItem.updated_at < before)
+        .order_by(ReportItem.user_id)
+    ))
+
+
+def _hand_out(sessions: sessionmaker[Session], period: Period, page: _Page, send_jobs: SendJobs,
+              outcome: SliceOutcome) -> None:
+    outcome.pages += 1
+    if not page.user_ids:
+        return
+    outcome.enqueued += send_jobs(
+        ReportJob(period, user_id, page.template_version).payload() for user_id in page.user_ids
+    )
+    with sessions.begin() as session:
+        stamp_handed_out(session, period, page.user_ids[0], page.user_ids[-1], now=utcnow())
+
+
+def stamp_handed_out(session: Session, period: Period, first: int, last: int, *, now: datetime) -> None:
+    """Mark the items from ``first`` to ``last`` as having a message out there."""
+    session.execute(
+        update(ReportItem)
+        .where(ReportItem.period == str(period), ReportItem.user_id.between(first, last),
+               ReportItem.enqueued_at.is_(None))
+        .values(enqueued_at=now)
+        .execution_options(synchronize_session=False)
+    )

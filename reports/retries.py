@@ -21,6 +21,7 @@ from dramatiq.broker import MessageProxy
 from dramatiq.middleware import Middleware
 
 from reports.backoff import full_jitter_ms
+from reports.broker import enqueue_until_sent
 from reports.errors import PermanentError
 
 logger = logging.getLogger(__name__)
@@ -107,7 +108,8 @@ class JitteredRetries(Middleware):
             type(exception).__name__,
         )
         # Dramatiq's own Retries enqueues the proxy the same way: it copies what it enqueues.
-        broker.enqueue(message, delay=delay)  # type: ignore[arg-type]
+        # Dramatiq swallows an error raised here and acks the message, so the retry must not fail.
+        enqueue_until_sent(broker, message, delay_ms=delay)  # type: ignore[arg-type]
         # After the enqueue, so the retried copy does not carry it.
         message.options[OUTCOME_OPTION] = "retry"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -9,12 +10,13 @@ import dramatiq
 from sqlalchemy import exists, or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from reports.broker import send, send_many
+from reports.breaker import State, mail_breaker_name, state_of
+from reports.broker import backlog, send_coordinator, send_many
 from reports.errors import BadInput
-from reports.jobs import BUILD_REPORT, PLAN_PERIOD, PlanJob
-from reports.models import ItemState, PeriodRun, ReportItem, RunState
+from reports.jobs import BUILD_REPORT, SEND_NOW, PlanJob
+from reports.models import DeliveryState, ItemState, PeriodRun, ReportItem, Resend, RunState
 from reports.periods import Period
-from reports.reconcile import reconcile
+from reports.reconcile import InFlight, Reconciliation, reconcile, reconcile_requests
 from reports.sql import insert_ignoring_conflicts
 
 
@@ -47,6 +49,9 @@ def trigger(session: Session, period: Period, *, template_version: str, now: dat
     resumed = run.state == RunState.CANCELLED
     if resumed:
         run.state, run.updated_at = RunState.ACTIVE, now
+    elif not run.planned:
+        # The coordinator this trigger enqueues is the walk's one chain; any other stops.
+        run.walker = str(uuid.uuid4())
     return Triggered(run=run, created=inserted is not None, resumed=resumed)
 
 
@@ -77,20 +82,60 @@ def trigger_and_enqueue(
         reconcile(
             sessions, period,
             send_jobs=lambda payloads: send_many(broker, BUILD_REPORT, payloads),
-            send_coordinator=lambda payload: send(broker, PLAN_PERIOD, payload),
-            stuck_after=timedelta(0), now=now,
+            send_coordinator=lambda walker, payload: send_coordinator(broker, walker, payload),
+            stuck_after=timedelta(0), now=now, resume=True,
         )
     elif triggered.needs_coordinator:
-        send(broker, PLAN_PERIOD, PlanJob(period).payload())
+        assert triggered.run.walker is not None
+        send_coordinator(broker, triggered.run.walker, PlanJob(period).payload())
     return triggered
 
 
 def unfinished(session: Session) -> list[Period]:
-    """Active runs whose walk is unfinished or that still have a pending item, oldest first."""
+    """Active runs whose walk is unfinished, or that still have a pending item or an unfinished
+    send-now request, oldest first."""
     pending = exists().where(ReportItem.period == PeriodRun.period, ReportItem.state == ItemState.PENDING)
+    requested = exists().where(
+        Resend.period == PeriodRun.period, Resend.state.in_((DeliveryState.REQUESTED, DeliveryState.CLAIMED))
+    )
     rows = session.scalars(
         select(PeriodRun.period)
-        .where(PeriodRun.state == RunState.ACTIVE, or_(PeriodRun.planned.is_(False), pending))
+        .where(PeriodRun.state == RunState.ACTIVE, or_(PeriodRun.planned.is_(False), pending, requested))
         .order_by(PeriodRun.period)
     ).all()
     return [Period.parse(row) for row in rows]
+
+
+def reconcile_through(
+    sessions: sessionmaker[Session], broker: dramatiq.Broker, period: Period, *, namespace: str,
+    stuck_after: timedelta, now: datetime,
+) -> Reconciliation:
+    """Reconcile ``period`` against the live broker: its queues and the mail breaker tell what may
+    still be on its way (see :mod:`reports.reconcile`)."""
+    return reconcile(
+        sessions, period,
+        send_jobs=lambda payloads: send_many(broker, BUILD_REPORT, payloads),
+        send_coordinator=lambda walker, payload: send_coordinator(broker, walker, payload),
+        send_requests=lambda payloads: send_many(broker, SEND_NOW, payloads),
+        in_flight=_in_flight(broker, namespace), stuck_after=stuck_after, now=now,
+    )
+
+
+def reconcile_every_request(
+    sessions: sessionmaker[Session], broker: dramatiq.Broker, *, namespace: str, stuck_after: timedelta,
+    now: datetime,
+) -> int:
+    """Re-enqueue lost send-now requests of every period (one never triggered too); returns how many."""
+    facts = _in_flight(broker, namespace)
+    if facts.breaker_open() or facts.backlog(SEND_NOW.queue) > 0:
+        return 0
+    return reconcile_requests(sessions, lambda payloads: send_many(broker, SEND_NOW, payloads), period=None,
+                              untouched_since=now - stuck_after, now=now)
+
+
+def _in_flight(broker: dramatiq.Broker, namespace: str) -> InFlight:
+    client = getattr(broker, "client", None)
+    return InFlight(
+        backlog=lambda queue: backlog(broker, queue),
+        breaker_open=lambda: client is not None and state_of(client, mail_breaker_name(namespace)) != State.CLOSED,
+    )

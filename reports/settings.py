@@ -16,6 +16,10 @@ MAX_SECONDS = 10 * 366 * 86_400
 #: Broker URL schemes the Redis broker accepts.
 BROKER_SCHEMES = ("redis", "rediss", "unix")
 
+#: What a delivery claim's lease must last beyond the whole send's deadline (SMTP_TIMEOUT_SECONDS):
+#: time to record the send, in seconds.
+CLAIM_LEASE_MARGIN_SECONDS = 2.0
+
 #: Longest look-back the scheduler accepts, in months.
 MAX_LOOKBACK_MONTHS = 120
 
@@ -41,7 +45,7 @@ class Settings:
     #: ``smtp://`` or ``smtps://`` URL; ``None`` writes mail to a Maildir under ``var_dir``.
     smtp_url: str | None = None
     mail_from: str = "Monthly Reports <reports@localhost>"
-    #: Seconds before an SMTP connect or command gives up.
+    #: Longest one whole send may take (connect, greeting, TLS, login, the transaction), in seconds.
     smtp_timeout_seconds: float = 10.0
     templates_dir: Path = DEFAULT_TEMPLATES_DIR
     #: Template version pinned into every per-user message of a new period run.
@@ -56,7 +60,7 @@ class Settings:
     #: How long the coordinator waits before it looks at the backlog again, in seconds.
     plan_pause_seconds: float = 5.0
     #: How long a delivery claim keeps other copies of the message from sending, in seconds.
-    #: Longer than the slowest send (connect + data, both bounded by the SMTP timeout).
+    #: At least the whole send's deadline plus ``CLAIM_LEASE_MARGIN_SECONDS``, checked at start.
     claim_lease_seconds: float = 30.0
     #: A worker that has not called Redis for this long is dead and its messages go back, in ms.
     heartbeat_timeout_ms: int = 10_000
@@ -64,10 +68,13 @@ class Settings:
     #: is one ZRANGEBYSCORE on the heartbeats when nobody died, and a dead worker's messages then
     #: come back within a poll of its heartbeat going stale.
     maintenance_chance: int = 1_000_000
-    max_retries: int = 5
+    #: Retries of a transient failure. With the backoffs below, fully jittered, the expected wait
+    #: before a message is given up is about 7 hours: greylisting, a provider's bad hour or a
+    #: database failover must not dead-letter deliverable mail (mail servers keep trying for days).
+    max_retries: int = 25
     #: Shortest and longest backoff between retries, in milliseconds.
     min_backoff_ms: int = 1_000
-    max_backoff_ms: int = 300_000
+    max_backoff_ms: int = 3_600_000
     #: A pending item untouched for this long, with no live claim, is re-enqueued by reconcile.
     reconcile_stuck_after_seconds: float = 600.0
     #: When the scheduler triggers last month's run: the 1st of each month at this time
@@ -108,6 +115,12 @@ class Settings:
             value = getattr(self, name)
             if not (math.isfinite(value) and 0 <= value <= MAX_SECONDS):
                 raise ConfigurationError(f"{ENVIRONMENT[name]} must be a number of seconds from 0 to {MAX_SECONDS}.")
+        if self.claim_lease_seconds < self.smtp_timeout_seconds + CLAIM_LEASE_MARGIN_SECONDS:
+            raise ConfigurationError(
+                f"CLAIM_LEASE_SECONDS ({self.claim_lease_seconds:g}) must exceed SMTP_TIMEOUT_SECONDS "
+                f"({self.smtp_timeout_seconds:g}) by at least {CLAIM_LEASE_MARGIN_SECONDS:g}: a send that outlives "
+                "its claim's lease can be sent a second time by another copy."
+            )
 
     @property
     def outbox_dir(self) -> Path:

@@ -43,14 +43,13 @@ from apscheduler.triggers.interval import IntervalTrigger  # type: ignore[import
 from sqlalchemy.orm import Session, sessionmaker
 
 from reports import runs
-from reports.broker import build_broker, send, send_many
+from reports.broker import build_broker, send_coordinator
 from reports.clock import utcnow
 from reports.database import create_db_engine, session_factory
 from reports.errors import ConfigurationError
-from reports.jobs import BUILD_REPORT, PLAN_PERIOD, PlanJob
+from reports.jobs import PlanJob
 from reports.models import PeriodRun
 from reports.periods import Period
-from reports.reconcile import reconcile
 from reports.settings import Settings, redact_url
 from scheduler.schedule import Schedule
 
@@ -120,13 +119,11 @@ class SchedulerProcess:
             if self.stopping.is_set():
                 break
             with self.sessions.begin() as session:
-                created = runs.trigger(
-                    session, period, template_version=self.settings.template_version, now=now
-                ).created
+                run = runs.trigger(session, period, template_version=self.settings.template_version, now=now)
             # Committed before the send: if the send fails, reconcile re-enqueues the coordinator
             # of a walk that has not moved for RECONCILE_STUCK_AFTER_SECONDS.
-            if created:
-                send(self.broker, PLAN_PERIOD, PlanJob(period).payload())
+            if run.created:
+                send_coordinator(self.broker, str(run.run.walker), PlanJob(period).payload())
                 self._record_trigger(period)
                 triggered.append(period)
                 logger.info("Triggered %s: coordinator enqueued.", period,
@@ -173,25 +170,32 @@ class SchedulerProcess:
             if self.stopping.is_set():
                 return
             try:
-                found = reconcile(
-                    self.sessions, period,
-                    send_jobs=lambda payloads: send_many(self.broker, BUILD_REPORT, payloads),
-                    send_coordinator=lambda payload: send(self.broker, PLAN_PERIOD, payload),
-                    stuck_after=stuck_after,
-                    now=self.clock(),
-                )
+                found = runs.reconcile_through(self.sessions, self.broker, period,
+                                               namespace=self.settings.broker_namespace,
+                                               stuck_after=stuck_after, now=self.clock())
             except (sqlalchemy.exc.SQLAlchemyError, redis.RedisError) as e:
                 logger.error("Reconcile of %s failed (%s); retried next tick.", period, _describe(e),
                              extra={"period": str(period)})
                 continue
-            acted = found.requeued or found.coordinator_enqueued
+            acted = found.requeued or found.coordinator_enqueued or found.requests_requeued
             logger.log(
                 logging.INFO if acted else logging.DEBUG,
-                "Reconciled %s: %d pending, %d re-enqueued%s.", period, found.pending, found.requeued,
-                ", coordinator re-enqueued" if found.coordinator_enqueued else "",
+                "Reconciled %s: %d pending (%d may still be on their way), %d re-enqueued, %d send-now "
+                "request(s) re-enqueued%s.", period, found.pending, found.waiting, found.requeued,
+                found.requests_requeued,
+                ", coordinator re-enqueued" if found.coordinator_enqueued else
+                ", walk paused on the backlog" if found.walk_paused else "",
                 extra={"period": str(period), "requeued": found.requeued,
                        "coordinator_enqueued": found.coordinator_enqueued},
             )
+        try:
+            requests = runs.reconcile_every_request(self.sessions, self.broker, namespace=self.settings.broker_namespace,
+                                                    stuck_after=stuck_after, now=self.clock())
+        except (sqlalchemy.exc.SQLAlchemyError, redis.RedisError) as e:
+            logger.error("Reconcile of send-now requests failed (%s); retried next tick.", _describe(e))
+            return
+        if requests:
+            logger.info("Re-enqueued %d lost send-now request(s).", requests)
 
     # --- the process -------------------------------------------------------------------------
 

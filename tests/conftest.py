@@ -167,8 +167,9 @@ def settings(database_url: str, broker_namespace: str, redis_url: str, tmp_path:
         plan_page_size=7,
         min_backoff_ms=200,
         max_backoff_ms=2_000,
+        max_retries=5,
         claim_lease_seconds=5,
-        smtp_timeout_seconds=5,
+        smtp_timeout_seconds=3,
     )
 
 

@@ -7,12 +7,13 @@ import uuid
 
 import click
 
-from reports import progress, runs
+from reports import delivery, progress, runs
 from reports.broker import build_broker, send
 from reports.cli.app import Obj, cli, pass_obj, period_argument
 from reports.clock import utcnow
 from reports.errors import BadInput
 from reports.jobs import MAX_USER_ID, SEND_NOW, SendNowJob
+from reports.mail.compose import message_id
 from reports.models import PeriodRun, User
 from reports.periods import Period
 
@@ -52,14 +53,23 @@ def cancel(obj: Obj, period: Period) -> None:
 @cli.command("send-now")
 @click.argument("user_id", type=click.IntRange(min=1, max=MAX_USER_ID))
 @period_argument(closed=True)
+@click.option("--include-inactive", is_flag=True, help="Send even though the user is deactivated.")
 @pass_obj
-def send_now(obj: Obj, user_id: int, period: Period) -> None:
+def send_now(obj: Obj, user_id: int, period: Period, include_inactive: bool) -> None:
     """Send USER_ID's report for PERIOD now, on the critical queue (again, if it was sent before)."""
+    request_id = str(uuid.uuid4())
     with obj.session() as session:
-        if session.get(User, user_id) is None:
+        user = session.get(User, user_id)
+        if user is None:
             raise BadInput(f"No user with id {user_id}.")
+        if not user.active and not include_inactive:
+            raise BadInput(f"User {user_id} is deactivated; pass --include-inactive to send anyway.")
         run = session.get(PeriodRun, str(period))
-        version = run.template_version if run is not None else obj.settings.template_version
-    job = SendNowJob(period, user_id, str(uuid.uuid4()), version)
+        job = SendNowJob(period, user_id, request_id,
+                         run.template_version if run is not None else obj.settings.template_version)
+        # Written before the message exists: if Redis loses it, reconcile sends the request again.
+        delivery.record_request(session, request_id, period, user_id, template_version=job.template_version,
+                                message_id=message_id(period, user_id, obj.settings.mail_domain, request_id=request_id),
+                                now=utcnow())
     send(build_broker(obj.settings), SEND_NOW, job.payload())
     click.echo(f"Queued send-now request {job.request_id}: user {user_id}, period {period}, critical queue.")

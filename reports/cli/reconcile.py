@@ -8,12 +8,11 @@ from datetime import timedelta
 
 import click
 
-from reports import reconcile as reconciling
-from reports.broker import build_broker, send, send_many
+from reports import runs
+from reports.broker import build_broker
 from reports.cli.app import Obj, cli, pass_obj, period_argument
 from reports.clock import utcnow
 from reports.errors import BadInput
-from reports.jobs import BUILD_REPORT, PLAN_PERIOD
 from reports.periods import Period
 
 #: Longest threshold accepted: ten years, in seconds.
@@ -35,11 +34,8 @@ def _seconds(_ctx: click.Context, _param: click.Parameter, value: float | None) 
 @pass_obj
 def reconcile(obj: Obj, period: Period, stuck_after: float | None, as_json: bool) -> None:
     """Count PERIOD against what should exist; re-enqueue stuck items and an unfinished walk."""
-    broker = build_broker(obj.settings)
-    found = reconciling.reconcile(
-        obj.sessions(), period,
-        send_jobs=lambda payloads: send_many(broker, BUILD_REPORT, payloads),
-        send_coordinator=lambda payload: send(broker, PLAN_PERIOD, payload),
+    found = runs.reconcile_through(
+        obj.sessions(), build_broker(obj.settings), period, namespace=obj.settings.broker_namespace,
         stuck_after=timedelta(seconds=obj.settings.reconcile_stuck_after_seconds if stuck_after is None
                               else stuck_after),
         now=utcnow(),
@@ -50,8 +46,10 @@ def reconcile(obj: Obj, period: Period, stuck_after: float | None, as_json: bool
     click.echo(
         f"{found.period}: {found.active_users} active users, {found.items} items "
         f"({found.active_without_item} active users without one); {found.finished} finished, "
-        f"{found.pending} pending; re-enqueued {found.requeued} stuck item(s)"
+        f"{found.pending} pending ({found.waiting} may still be on their way); re-enqueued {found.requeued} "
+        f"lost item(s) and {found.requests_requeued} send-now request(s)"
         + ("; walk complete." if found.planned else
            "; coordinator re-enqueued to finish the walk." if found.coordinator_enqueued else
+           "; walk paused on the bulk queue's backlog." if found.walk_paused else
            "; walk in progress.")
     )

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.acceptance
 PERIOD = "2026-10"
 NEVER_TRIGGERED = "2026-09"
 KEYS = {"period", "planned", "active_users", "items", "active_without_item", "finished", "pending", "requeued",
-        "coordinator_enqueued"}
+        "waiting", "coordinator_enqueued", "walk_paused", "requests_requeued"}
 
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -84,7 +84,8 @@ def test_reconcile_json_prints_one_object_with_every_count(settings, sessions):
     active = len(population.active)
     assert found == {
         "period": PERIOD, "planned": True, "active_users": active, "items": active, "active_without_item": 0,
-        "finished": 0, "pending": active, "requeued": active, "coordinator_enqueued": False,
+        "finished": 0, "pending": active, "requeued": active, "waiting": 0, "coordinator_enqueued": False,
+        "walk_paused": False, "requests_requeued": 0,
     }
     assert queue_counts(settings) == {"default": 0, "bulk": active}
     sent = sorted(job.user_id for job in jobs_in_queue(settings, "bulk", ReportJob))

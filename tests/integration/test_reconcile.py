@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from reports import delivery, items
 from reports import reconcile as reconciling
-from reports.broker import send, send_many
+from reports.broker import send_coordinator, send_many
 from reports.clock import utcnow
 from reports.errors import BadInput
 from reports.jobs import BUILD_REPORT, PLAN_PERIOD, ReportJob
@@ -42,7 +42,7 @@ class Recorder:
         self.batches.append([job.user_id for job in batch])
         return len(batch)
 
-    def send_coordinator(self, payload: dict[str, Any]) -> None:
+    def send_coordinator(self, _walker: str, payload: dict[str, Any]) -> None:
         self.coordinators.append(payload)
 
     @property
@@ -83,7 +83,7 @@ def test_every_pending_item_untouched_past_the_threshold_is_re_enqueued_once(ses
     active = len(population.active)
     assert found == Reconciliation(
         period=str(PERIOD), planned=True, active_users=active, items=active, active_without_item=0,
-        finished=0, pending=active, requeued=active, coordinator_enqueued=False,
+        finished=0, pending=active, requeued=active, waiting=0, coordinator_enqueued=False, walk_paused=False,
     )
     assert recorder.coordinators == []
 
@@ -403,7 +403,7 @@ def test_re_enqueued_items_are_really_in_redis_once_each(sessions, settings: Set
     found = reconciling.reconcile(
         sessions, PERIOD,
         lambda payloads: send_many(broker, BUILD_REPORT, payloads),
-        lambda payload: send(broker, PLAN_PERIOD, payload),
+        lambda walker, payload: send_coordinator(broker, walker, payload),
         stuck_after=STUCK_AFTER, now=later(),
     )
 
@@ -419,7 +419,7 @@ def test_an_unfinished_walk_really_gets_a_plan_period_message(sessions, settings
     found = reconciling.reconcile(
         sessions, PERIOD,
         lambda payloads: send_many(broker, BUILD_REPORT, payloads),
-        lambda payload: send(broker, PLAN_PERIOD, payload),
+        lambda walker, payload: send_coordinator(broker, walker, payload),
         stuck_after=STUCK_AFTER, now=later(),
     )
 

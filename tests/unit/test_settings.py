@@ -21,7 +21,7 @@ def test_an_empty_environment_gives_the_documented_defaults() -> None:
     assert settings.templates_dir == DEFAULT_TEMPLATES_DIR
     assert settings.template_version == "v1"
     assert settings.plan_page_size == 1000
-    assert settings.max_retries == 5
+    assert settings.max_retries == 25
     assert "@" in settings.mail_from
 
 
