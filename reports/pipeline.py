@@ -124,10 +124,10 @@ def _deliver(ctx: Context, prepare: Callable[[Session], _Prepared | Outcome]) ->
     # Asked only now, so a message that turns out done, skipped or cancelled never holds the
     # half-open probe's one slot for the probe timeout.
     try:
-        permit = _ask_breaker(ctx)
         if prepared.lease_left() < ctx.settings.smtp_timeout_seconds + RECORD_TIME_SECONDS:
             raise LeaseTooShort()
-    except Deferred:
+        permit = _ask_breaker(ctx)
+    except (Deferred, redis.RedisError):
         _release(ctx, prepared)
         raise
     _send(ctx, prepared, permit)

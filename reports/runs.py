@@ -33,8 +33,16 @@ class Triggered:
         return not self.run.planned
 
 
-def trigger(session: Session, period: Period, *, template_version: str, now: datetime) -> Triggered:
-    """Create the period's run if it has none; the template version is pinned by the first trigger."""
+def trigger(
+    session: Session, period: Period, *, template_version: str, now: datetime, restart_walk: bool = False
+) -> Triggered:
+    """Create the period's run if it has none; the template version is pinned by the first trigger.
+
+    A new run names its coordinator chain (``walker``), which the caller then enqueues. With
+    ``restart_walk``, an existing unfinished walk is given a new chain too, for the caller to
+    enqueue: whichever chain was out there stops at its next slice. Without it, a run that
+    exists keeps its chain (another scheduler replica created it and enqueued its coordinator).
+    """
     # RETURNING, not rowcount: drivers disagree on rowcount for ON CONFLICT DO NOTHING.
     inserted = session.execute(
         insert_ignoring_conflicts(session, PeriodRun.__table__)
@@ -49,8 +57,7 @@ def trigger(session: Session, period: Period, *, template_version: str, now: dat
     resumed = run.state == RunState.CANCELLED
     if resumed:
         run.state, run.updated_at = RunState.ACTIVE, now
-    elif not run.planned:
-        # The coordinator this trigger enqueues is the walk's one chain; any other stops.
+    elif not run.planned and (inserted is not None or restart_walk):
         run.walker = str(uuid.uuid4())
     return Triggered(run=run, created=inserted is not None, resumed=resumed)
 
@@ -75,7 +82,7 @@ def trigger_and_enqueue(
     again is safe and enqueues it then. A cancelled period is resumed.
     """
     with sessions.begin() as session:
-        triggered = trigger(session, period, template_version=template_version, now=now)
+        triggered = trigger(session, period, template_version=template_version, now=now, restart_walk=True)
     if triggered.resumed:
         # Messages consumed while cancelled left their items pending: send every pending item
         # not claimed by a live sender, and the coordinator if the walk is unfinished.

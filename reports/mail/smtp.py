@@ -77,9 +77,9 @@ _ADDRESS_IN_REPLY = re.compile(r"[^\s<>()\[\]\\,;:\"']+@[^\s<>()\[\]\\,;:\"']+")
 
 class _Refused(Exception):
     def __init__(self, stage: _Stage, code: int, reply: bytes | str) -> None:
-        self.stage, self.code = stage, code
         text = reply.decode("utf-8", "replace") if isinstance(reply, bytes) else str(reply)
-        self.reply = _ADDRESS_IN_REPLY.sub("<address>", text)
+        self.stage, self.code, self.reply = stage, code, _ADDRESS_IN_REPLY.sub("<address>", text)
+        super().__init__(stage.value, code, self.reply)
 
     @property
     def breaks_session(self) -> bool:

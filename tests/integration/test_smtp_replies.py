@@ -1,0 +1,374 @@
+"""How the SMTP mailer reads a real provider's replies: who is at fault, and what it does next.
+
+A scripted aiosmtpd server answers chosen commands with chosen replies (including the ones a
+handler hook cannot give, such as a reply to the DATA command itself), and counts connections,
+so each test can tell a reconnect from a kept connection.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from email.message import EmailMessage
+
+import pytest
+from aiosmtpd.controller import Controller
+from aiosmtpd.smtp import SMTP
+
+from reports.errors import MailDeferred, MailRejected, ProviderUnavailable
+from reports.mail.smtp import SmtpMailer
+from tests.conftest import RecordingHandler, free_port
+
+SENDER = "reports@reports.test"
+
+
+@dataclass
+class Script:
+    """Replies the provider gives instead of its own, per command, in order; and its connections."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    #: The client ends (host, port) of the connections that greeted the server: one per connection
+    #: a client used (the controller's own start-up check connects but never greets).
+    greeted: set[tuple[str, int]] = field(default_factory=set)
+    #: command ("MAIL", "RCPT", "DATA") -> replies still to give, one per time the command comes.
+    replies: dict[str, list[str]] = field(default_factory=dict)
+    #: command -> the reply it gets every time.
+    always: dict[str, str] = field(default_factory=dict)
+
+    def reply_to(self, command: str) -> str | None:
+        with self.lock:
+            if command in self.always:
+                return self.always[command]
+            queued = self.replies.get(command)
+            return queued.pop(0) if queued else None
+
+
+class ScriptedSMTP(SMTP):
+    """An aiosmtpd session that gives the script's replies; a ``421`` keeps the connection open
+    but forgets the session, as some providers do: every later command then gets
+    ``503 5.5.1 Error: send HELO first``."""
+
+    def __init__(self, handler: RecordingHandler, script: Script, **kwargs: object) -> None:
+        super().__init__(handler, **kwargs)  # type: ignore[arg-type]
+        self.script = script
+
+    async def smtp_EHLO(self, hostname: str) -> None:
+        assert self.session is not None
+        with self.script.lock:
+            self.script.greeted.add(self.session.peer)
+        await super().smtp_EHLO(hostname)
+
+    async def smtp_HELO(self, hostname: str) -> None:
+        assert self.session is not None
+        with self.script.lock:
+            self.script.greeted.add(self.session.peer)
+        await super().smtp_HELO(hostname)
+
+    async def _scripted(self, command: str) -> bool:
+        reply = self.script.reply_to(command)
+        if reply is None:
+            return False
+        if reply.startswith("421"):
+            assert self.session is not None
+            self.session.host_name = None
+            self._set_rset_state()
+        await self.push(reply)
+        return True
+
+    async def smtp_MAIL(self, arg: str | None) -> None:
+        if not await self._scripted("MAIL"):
+            await super().smtp_MAIL(arg)
+
+    async def smtp_RCPT(self, arg: str | None) -> None:
+        if not await self._scripted("RCPT"):
+            await super().smtp_RCPT(arg)
+
+    async def smtp_DATA(self, arg: str) -> None:
+        if not await self._scripted("DATA"):
+            await super().smtp_DATA(arg)
+
+
+class ScriptedController(Controller):
+    def __init__(self, handler: RecordingHandler, script: Script, port: int) -> None:
+        super().__init__(handler, hostname="127.0.0.1", port=port)
+        self.script = script
+
+    def factory(self) -> ScriptedSMTP:
+        return ScriptedSMTP(self.handler, self.script, **self.SMTP_kwargs)
+
+
+@dataclass
+class Provider:
+    url: str
+    handler: RecordingHandler
+    script: Script
+
+    @property
+    def connections(self) -> int:
+        with self.script.lock:
+            return len(self.script.greeted)
+
+    def delivered_to(self) -> list[str]:
+        with self.handler.lock:
+            return [recipient for recipients, _ in self.handler.messages for recipient in recipients]
+
+
+@pytest.fixture
+def provider() -> Iterator[Provider]:
+    handler, script = RecordingHandler(), Script()
+    port = free_port()
+    controller = ScriptedController(handler, script, port)
+    controller.start()
+    try:
+        yield Provider(url=f"smtp://127.0.0.1:{port}", handler=handler, script=script)
+    finally:
+        controller.stop()
+
+
+def message(to: str) -> EmailMessage:
+    built = EmailMessage()
+    built["From"] = f"Monthly Reports <{SENDER}>"
+    built["To"] = to
+    built["Subject"] = "Your report"
+    built.set_content("hello")
+    return built
+
+
+def send(mailer: SmtpMailer, to: str) -> None:
+    mailer.send(message(to), recipient=to)
+
+
+FORGOTTEN = "503 5.5.1 Error: send HELO first"
+
+
+# --- 421: the provider closes the session, whether or not it closes the connection ------------
+
+
+@pytest.mark.parametrize("command", ["RCPT", "DATA"])
+def test_a_421_that_leaves_the_connection_open_is_deferred_and_the_next_send_uses_a_new_connection(
+    provider: Provider, command: str
+) -> None:
+    provider.script.replies[command] = ["421 4.7.0 Too many messages, try again later"]
+    mailer = SmtpMailer(provider.url, timeout_seconds=5)
+
+    with pytest.raises(MailDeferred) as deferred:
+        send(mailer, "first@example.test")
+    assert deferred.value.code == 421
+    assert provider.connections == 1
+
+    send(mailer, "second@example.test")
+
+    assert provider.delivered_to() == ["second@example.test"]
+    assert provider.connections == 2, "the next message went over the connection the provider had given up"
+
+
+def test_a_provider_that_forgot_the_session_on_a_kept_connection_still_gets_the_next_message(
+    provider: Provider,
+) -> None:
+    mailer = SmtpMailer(provider.url, timeout_seconds=5)
+    send(mailer, "first@example.test")
+    # The provider now forgets the session without closing the connection (an unsolicited 421).
+    provider.script.replies["MAIL"] = [FORGOTTEN]
+
+    send(mailer, "second@example.test")
+
+    assert provider.delivered_to() == ["first@example.test", "second@example.test"]
+    assert provider.connections == 2
+
+
+# --- 500/501/503: the session is broken, not the message --------------------------------------
+
+
+@pytest.mark.parametrize("code", [500, 501, 503])
+@pytest.mark.parametrize("command", ["MAIL", "RCPT", "DATA"])
+def test_a_session_error_to_a_command_is_retried_once_on_a_new_connection_and_the_message_delivered(
+    provider: Provider, command: str, code: int
+) -> None:
+    provider.script.replies[command] = [f"{code} 5.5.1 Error: command out of sequence"]
+    mailer = SmtpMailer(provider.url, timeout_seconds=5)
+
+    send(mailer, "user@example.test")  # neither MailRejected nor anything else
+
+    assert provider.delivered_to() == ["user@example.test"]
+    assert provider.connections == 2
+
+
+@pytest.mark.parametrize("command", ["MAIL", "RCPT", "DATA"])
+def test_a_session_error_on_both_tries_is_a_transient_provider_failure_never_a_rejection(
+    provider: Provider, command: str
+) -> None:
+    provider.script.always[command] = FORGOTTEN
+    mailer = SmtpMailer(provider.url, timeout_seconds=5)
+
+    with pytest.raises(ProviderUnavailable) as failure:
+        send(mailer, "user@example.test")
+
+    assert not isinstance(failure.value, MailRejected)
+    assert provider.delivered_to() == []
+    assert provider.connections == 2, "one reconnect and one more try, no more"
+
+
+# --- 5xx about the message: permanent, and the connection is fine ------------------------------
+
+
+def test_a_550_to_the_recipient_rejects_the_message_and_the_next_one_goes_over_the_same_connection(
+    provider: Provider,
+) -> None:
+    provider.script.replies["RCPT"] = ["550 5.1.1 No such user"]
+    mailer = SmtpMailer(provider.url, timeout_seconds=5)
+
+    with pytest.raises(MailRejected) as rejected:
+        send(mailer, "gone@example.test")
+    assert rejected.value.code == 550
+
+    send(mailer, "next@example.test")
+
+    assert provider.delivered_to() == ["next@example.test"]
+    assert provider.connections == 1
+
+
+def test_a_554_to_the_content_rejects_the_message_and_the_next_one_goes_over_the_same_connection(
+    provider: Provider,
+) -> None:
+    provider.handler.fault = lambda rcpt, attempt: "554 5.6.0 Message content rejected" if rcpt.startswith("spam") else None
+    mailer = SmtpMailer(provider.url, timeout_seconds=5)
+
+    with pytest.raises(MailRejected) as rejected:
+        send(mailer, "spam@example.test")
+    assert rejected.value.code == 554
+
+    send(mailer, "next@example.test")
+
+    assert provider.delivered_to() == ["next@example.test"]
+    assert provider.handler.attempts == {"spam@example.test": 1, "next@example.test": 1}, "content sent twice"
+    assert provider.connections == 1
+
+
+def test_a_550_to_mail_from_is_the_providers_trouble_not_a_rejection_of_the_message(provider: Provider) -> None:
+    provider.script.always["MAIL"] = "550 5.7.1 Sender address rejected: not authorised"
+    mailer = SmtpMailer(provider.url, timeout_seconds=5)
+
+    with pytest.raises(ProviderUnavailable) as failure:
+        send(mailer, "user@example.test")
+
+    assert not isinstance(failure.value, MailRejected)
+    assert provider.delivered_to() == []
+
+
+# --- Personal data in the provider's replies ---------------------------------------------------
+
+
+#: Whose address the provider echoes back in its replies.
+PERSON = "user1@example.test"
+
+
+def dead_letter_text(error: BaseException) -> str:
+    """What the dead-letter store keeps of ``error`` (reports.retries): its message and traceback."""
+    return f"{error}\n{''.join(traceback.format_exception(error))}"
+
+
+@pytest.mark.parametrize(
+    ("command", "reply", "expected"),
+    [
+        ("RCPT", "550 5.1.1 <user1@example.test>: Recipient address rejected: User unknown", MailRejected),
+        ("RCPT", "421 4.7.0 <user1@example.test>: too many messages, try later", MailDeferred),
+        ("RCPT", "452 4.2.2 <user1@example.test>: Mailbox full", MailDeferred),
+        ("MAIL", "550 5.7.1 <reports@reports.test>: Sender rejected for user1@example.test", ProviderUnavailable),
+        ("content", "554 5.7.1 Message to user1@example.test rejected as spam", MailRejected),
+    ],
+)
+def test_addresses_in_the_providers_reply_are_kept_out_of_the_error(
+    provider: Provider, command: str, reply: str, expected: type[Exception]
+) -> None:
+    if command == "content":
+        provider.handler.fault = lambda rcpt, attempt: reply
+    else:
+        provider.script.always[command] = reply
+    mailer = SmtpMailer(provider.url, timeout_seconds=5)
+
+    with pytest.raises(expected) as raised:
+        send(mailer, PERSON)
+
+    text = dead_letter_text(raised.value)
+    assert PERSON not in text
+    assert "reports@reports.test" not in text
+    assert "@" not in str(raised.value)
+    assert reply.split()[0] in str(raised.value), "the reply code is still there for the operator"
+
+
+# --- One deadline for the whole send -------------------------------------------------------------
+
+
+class SlowProvider:
+    """A raw-socket SMTP server that answers every line correctly, each after ``delay`` seconds."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.connections = 0
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self._server.settimeout(0.1)
+        self.port = self._server.getsockname()[1]
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                connection, _ = self._server.accept()
+            except TimeoutError:
+                continue
+            self.connections += 1
+            threading.Thread(target=self._session, args=(connection,), daemon=True).start()
+
+    def _reply(self, connection: socket.socket, line: str) -> None:
+        time.sleep(self.delay)
+        connection.sendall(line.encode() + b"\r\n")
+
+    def _session(self, connection: socket.socket) -> None:
+        try:
+            with connection, connection.makefile("rb") as lines:
+                self._reply(connection, "220 slow.test ESMTP")
+                in_data = False
+                for raw in lines:
+                    line = raw.rstrip(b"\r\n").decode("utf-8", "replace")
+                    if in_data:
+                        if line == ".":
+                            in_data = False
+                            self._reply(connection, "250 2.0.0 Accepted")
+                        continue
+                    verb = line[:4].upper()
+                    if verb == "DATA":
+                        in_data = True
+                        self._reply(connection, "354 End data with <CR><LF>.<CR><LF>")
+                    elif verb == "QUIT":
+                        self._reply(connection, "221 Bye")
+                        return
+                    else:
+                        self._reply(connection, "250 OK")
+        except OSError:
+            pass  # the client gave up
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._thread.join()
+        self._server.close()
+
+
+def test_a_provider_slow_on_every_reply_cannot_stretch_one_send_past_its_deadline() -> None:
+    slow = SlowProvider(delay=0.8)  # 0.8 s a reply is within any per-command timeout of 2 s
+    try:
+        mailer = SmtpMailer(f"smtp://127.0.0.1:{slow.port}", timeout_seconds=2)
+        started = time.monotonic()
+
+        with pytest.raises(ProviderUnavailable):
+            send(mailer, "user@example.test")
+
+        elapsed = time.monotonic() - started
+        assert elapsed < 2.5, f"one send took {elapsed:.1f}s with a 2 s deadline (about 6 s of replies otherwise)"
+    finally:
+        slow.stop()
