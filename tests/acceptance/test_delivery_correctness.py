@@ -48,12 +48,15 @@ CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT OR UPDATE ON report_items
 
 
 def test_with_commits_slowed_to_150_ms_no_message_reaches_a_worker_before_its_item(
-    settings, sessions, smtp_server, start_workers
+    settings, sessions, smtp_server, start_workers, monkeypatch
 ):
     settings = replace(settings, smtp_url=smtp_server.url, plan_page_size=10)
-    population = load_users(sessions, count=80)
+    population = load_users(sessions, count=200)
     with sessions.begin() as session:
         session.execute(text(SLOW_COMMIT))
+    # Idle workers look at the queue every 50 ms (Dramatiq reads this itself): a message handed
+    # out before its page commits is fetched inside the commit's 150 ms.
+    monkeypatch.setenv("dramatiq_worker_timeout", "50")
     start_workers(settings, processes=2, threads=4)
 
     trigger(settings)

@@ -134,13 +134,13 @@ def test_reconcile_prints_a_sentence_with_the_re_enqueued_count(settings, sessio
     line = result.stdout.strip()
     assert len(line.splitlines()) == 1
     assert PERIOD in line
-    assert f"re-enqueued {len(population.active)} stuck item" in line
+    assert f"re-enqueued {len(population.active)} lost item" in line
     assert "walk complete" in line
     assert queue_counts(settings)["bulk"] == len(population.active)
 
     again = run_cli(settings, "reconcile", PERIOD, "--stuck-after", "3600")
     assert again.returncode == 0, again.stderr
-    assert "re-enqueued 0 stuck item" in again.stdout
+    assert "re-enqueued 0 lost item" in again.stdout
 
 
 # --- an unfinished walk ----------------------------------------------------------------------
@@ -174,7 +174,7 @@ def test_the_human_form_says_the_coordinator_was_re_enqueued(settings, sessions)
 
     assert result.returncode == 0, result.stderr
     assert "coordinator re-enqueued" in result.stdout
-    assert "re-enqueued 5 stuck item" in result.stdout
+    assert "re-enqueued 5 lost item" in result.stdout
     assert queue_counts(settings) == {"default": 1, "bulk": 5}
 
 
