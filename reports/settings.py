@@ -23,8 +23,8 @@ MAX_LOOKBACK_MONTHS = 120
 #: Largest keyset page the coordinator reads: a page is one statement and one transaction.
 MAX_PLAN_PAGE_SIZE = 100_000
 
-#: Shortest heartbeat timeout, in milliseconds: below it a live worker between two heartbeats
-#: (written every quarter of the timeout) looks dead and its messages run twice.
+#: Shortest heartbeat timeout, in milliseconds: below it an ordinary stall of a live worker (a
+#: loaded machine, a long GC pause) outlasts the timeout, and its messages run a second time.
 MIN_HEARTBEAT_TIMEOUT_MS = 1_000
 
 #: Largest retry budget: beyond it a failing message lives for years, not minutes.
@@ -187,7 +187,7 @@ _RANGES = {
     "breaker_failure_threshold": _Range(1, MAX_COUNT, "a whole number"),
     "schedule_lookback_months": _Range(1, MAX_LOOKBACK_MONTHS, "a number of months"),
     # Zero would mean no time at all: an SMTP timeout that fails every send, a lease that
-    # protects nothing, a breaker that never cools down, a coordinator slice that walks no page.
+    # protects nothing, a breaker that is open for no time, a coordinator slice that walks no page.
     **{name: _Range(0, MAX_SECONDS, "a number of seconds", above=True) for name in (
         "claim_lease_seconds", "smtp_timeout_seconds", "breaker_cooldown_seconds", "plan_slice_seconds")},
     # Zero is meaningful here: re-enqueue at once, do not pause, no window, reconcile never.
