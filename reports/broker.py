@@ -15,6 +15,7 @@ from dramatiq.middleware import CurrentMessage, Retries, default_middleware
 
 from reports.jobs import PLAN_PERIOD, ActorSpec
 from reports.settings import Settings
+from reports.undecodable import UndecodableAsDeadLetters
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ def build_broker(settings: Settings) -> RedisBroker:
     # needs the dead-letter store.
     middleware = [m() for m in default_middleware if m is not Retries]
     middleware.append(CurrentMessage())
-    return RedisBroker(
+    return UndecodableAsDeadLetters(
         url=settings.broker_url,
         namespace=settings.broker_namespace,
         heartbeat_timeout=settings.heartbeat_timeout_ms,

@@ -10,6 +10,7 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
+from reports.errors import DatabaseMissing
 from reports.settings import Settings
 
 _MIGRATIONS = Path(__file__).resolve().parent / "migrations"
@@ -22,8 +23,12 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 IDLE_CONNECTIONS_KEPT = 16
 
 
-def create_db_engine(url: str) -> Engine:
-    """Create an engine; SQLite gets WAL and write-intent transactions for many worker processes."""
+def create_db_engine(url: str, *, create: bool = True) -> Engine:
+    """Create an engine; SQLite gets WAL and write-intent transactions for many worker processes.
+
+    :param create: whether a SQLite file (and its folder) may be created; without it a missing
+        file raises :class:`DatabaseMissing` instead of becoming an empty database.
+    """
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
         # Pools open connections only as threads ask for them, but keep no more than pool_size
@@ -32,6 +37,9 @@ def create_db_engine(url: str) -> Engine:
         return create_engine(url, pool_pre_ping=True, pool_size=IDLE_CONNECTIONS_KEPT)
 
     if parsed.database and parsed.database != ":memory:":
+        if not create and not Path(parsed.database).is_file():
+            raise DatabaseMissing(f"There is no SQLite database at {parsed.database}: is DATABASE_URL right, "
+                                  "and was `reports db upgrade` run?")
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
     engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
 

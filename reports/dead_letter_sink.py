@@ -1,7 +1,7 @@
 """Where dead messages go: the durable store, one ERROR line, and the rate-limited alert.
 
 Also a Dramatiq middleware for the messages Dramatiq dead-letters by itself (an actor no worker
-declares, or the retry middleware's last resort): they are moved from the broker's ``.XQ`` keys
+declares, a message that cannot be decoded, or the retry middleware's last resort): they are moved from the broker's ``.XQ`` keys
 into the same store, when they are rejected and again whenever a worker boots.
 """
 
@@ -71,6 +71,10 @@ class BrokerDeadLetters(Middleware):
         self._sweep(broker)
 
     def after_nack(self, broker: dramatiq.Broker, message: MessageProxy) -> None:
+        self._sweep(broker)
+
+    def after_undecodable_message(self, broker: dramatiq.Broker, queue_name: str, redis_message_id: str) -> None:
+        """Called by :mod:`reports.undecodable` once it moved such a message into ``.XQ``."""
         self._sweep(broker)
 
     def _sweep(self, broker: dramatiq.Broker) -> None:

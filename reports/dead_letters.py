@@ -30,6 +30,12 @@ logger = logging.getLogger(__name__)
 #: Dead letters replayed per transaction.
 REPLAY_CHUNK = 500
 
+#: The reason of a message whose bytes did not decode: there is nothing to replay.
+UNDECODABLE = "undecodable"
+
+#: Characters of an undecodable message's bytes kept (as text, undecodable bytes replaced).
+UNDECODABLE_TEXT_KEPT = 2000
+
 
 def _from_ms(ms: int) -> datetime:
     return datetime.fromtimestamp(ms / 1000, UTC).replace(tzinfo=None)
@@ -141,8 +147,8 @@ def replay(
     for chunk in _chunks(sessions, where, ceiling):
         with sessions.begin() as session:
             for letter in session.scalars(select(DeadLetter).where(DeadLetter.id.in_(chunk)).with_for_update()):
-                if letter.replayed_at is not None:
-                    continue  # replayed concurrently by another operator
+                if letter.replayed_at is not None or letter.reason == UNDECODABLE:
+                    continue  # replayed concurrently by another operator, or no message to send
                 outcome.replayed.append(letter.id)
                 if dry_run:
                     continue
@@ -216,7 +222,7 @@ def absorb_broker_dead_letters(client: redis.Redis, namespace: str, on_dead: Cal
             raw = cast(bytes | None, client.hget(f"{xq_key}.msgs", redis_id))
             if raw is not None:
                 try:
-                    on_dead(_broker_dead_message(dramatiq.Message.decode(raw), queue, int(died_ms)))
+                    on_dead(_broker_dead_message(raw, cast(bytes, redis_id).decode(), queue, int(died_ms)))
                 except Exception:
                     # One entry that cannot be stored must not keep every later one in .XQ.
                     logger.exception("Could not store broker dead letter %s; leaving it in %s.", redis_id, xq_key)
@@ -227,7 +233,11 @@ def absorb_broker_dead_letters(client: redis.Redis, namespace: str, on_dead: Cal
     return moved
 
 
-def _broker_dead_message(message: dramatiq.Message[Any], queue: str, died_ms: int) -> DeadMessage:
+def _broker_dead_message(raw: bytes, redis_id: str, queue: str, died_ms: int) -> DeadMessage:
+    try:
+        message: dramatiq.Message[Any] = dramatiq.Message.decode(raw)
+    except dramatiq.DecodeError as error:
+        return _undecodable(raw, redis_id, queue, died_ms, error)
     return DeadMessage(
         message_id=message.message_id, actor=message.actor_name, queue=queue,
         args=tuple(message.args), kwargs=dict(message.kwargs),
@@ -236,4 +246,14 @@ def _broker_dead_message(message: dramatiq.Message[Any], queue: str, died_ms: in
         error_message="Dead-lettered by Dramatiq itself (for example: no worker declares this actor).",
         traceback=message.options.get("traceback") or "",
         first_failed_ms=int(message.options.get("first_failed_ms", died_ms)), died_ms=died_ms,
+    )
+
+
+def _undecodable(raw: bytes, redis_id: str, queue: str, died_ms: int, error: dramatiq.DecodeError) -> DeadMessage:
+    """What is known of a message that never decoded: its queue, its broker id and its bytes."""
+    text = raw.decode("utf-8", errors="replace")[:UNDECODABLE_TEXT_KEPT]
+    return DeadMessage(
+        message_id=redis_id, actor="", queue=queue, args=(), kwargs={}, attempts=1, reason=UNDECODABLE,
+        error_class=type(error.error).__name__, error_message=f"The message could not be decoded: {text}",
+        traceback="", first_failed_ms=died_ms, died_ms=died_ms,
     )

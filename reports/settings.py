@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reports.errors import ConfigurationError
+from reports.jobs import is_version_name
 
 #: Longest duration any setting accepts: ten years, in seconds.
 MAX_SECONDS = 10 * 366 * 86_400
@@ -22,6 +23,22 @@ CLAIM_LEASE_MARGIN_SECONDS = 2.0
 
 #: Longest look-back the scheduler accepts, in months.
 MAX_LOOKBACK_MONTHS = 120
+
+#: Largest keyset page the coordinator reads: a page is one statement and one transaction.
+MAX_PLAN_PAGE_SIZE = 100_000
+
+#: Shortest heartbeat timeout, in milliseconds: below it an ordinary stall of a live worker (a
+#: loaded machine, a long GC pause) outlasts the timeout, and its messages run a second time.
+MIN_HEARTBEAT_TIMEOUT_MS = 1_000
+
+#: Largest retry budget: beyond it a failing message lives for years, not minutes.
+MAX_RETRIES_ALLOWED = 1_000
+
+#: ``MAINTENANCE_CHANCE`` is in millionths: one million is every broker call.
+MAINTENANCE_SCALE = 1_000_000
+
+#: Largest count any other numeric setting accepts (messages, failures).
+MAX_COUNT = 1_000_000_000
 
 #: The repository's own ``templates/`` folder, used unless ``TEMPLATES_DIR`` says otherwise.
 DEFAULT_TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
@@ -99,27 +116,13 @@ class Settings:
     def __post_init__(self) -> None:
         if not self.database_url:
             object.__setattr__(self, "database_url", f"sqlite:///{self.var_dir / 'reports.db'}")
-        if self.plan_page_size < 1:
-            raise ConfigurationError("PLAN_PAGE_SIZE must be at least 1.")
+        _check_ranges(self)
+        _check_names(self)
         scheme = self.broker_url.partition("://")[0]
         if scheme not in BROKER_SCHEMES:
             raise ConfigurationError(
                 f"BROKER_URL must start with {', '.join(s + '://' for s in BROKER_SCHEMES)}"
                 f" (RabbitMQ is not supported yet), got {redact_url(self.broker_url)}."
-            )
-        if not 1 <= self.schedule_lookback_months <= MAX_LOOKBACK_MONTHS:
-            raise ConfigurationError(f"SCHEDULE_LOOKBACK_MONTHS must be from 1 to {MAX_LOOKBACK_MONTHS}.")
-        for name in ("reconcile_stuck_after_seconds", "claim_lease_seconds", "smtp_timeout_seconds",
-                     "plan_slice_seconds", "plan_pause_seconds", "alert_window_seconds", "breaker_window_seconds",
-                     "breaker_cooldown_seconds", "schedule_reconcile_interval_seconds"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and 0 <= value <= MAX_SECONDS):
-                raise ConfigurationError(f"{ENVIRONMENT[name]} must be a number of seconds from 0 to {MAX_SECONDS}.")
-        if self.claim_lease_seconds < self.smtp_timeout_seconds + CLAIM_LEASE_MARGIN_SECONDS:
-            raise ConfigurationError(
-                f"CLAIM_LEASE_SECONDS ({self.claim_lease_seconds:g}) must exceed SMTP_TIMEOUT_SECONDS "
-                f"({self.smtp_timeout_seconds:g}) by at least {CLAIM_LEASE_MARGIN_SECONDS:g}: a send that outlives "
-                "its claim's lease can be sent a second time by another copy."
             )
 
     @property
@@ -154,6 +157,80 @@ class Settings:
             for name, variable in ENVIRONMENT.items()
             if getattr(self, name) is not None
         }
+
+
+@dataclass(frozen=True)
+class _Range:
+    """The values a numeric setting accepts: from ``low`` (or above it, if ``above``) to ``high``."""
+
+    low: float
+    high: float
+    unit: str
+    above: bool = False
+
+    def admits(self, value: float) -> bool:
+        return math.isfinite(value) and (value > self.low if self.above else value >= self.low) and value <= self.high
+
+    def describe(self) -> str:
+        if self.above:
+            return f"{self.unit} above {_number(self.low)} and at most {_number(self.high)}"
+        return f"{self.unit} from {_number(self.low)} to {_number(self.high)}"
+
+
+def _number(value: float) -> str:
+    return f"{value:,.0f}" if float(value).is_integer() else f"{value:,}"
+
+
+_MS = MAX_SECONDS * 1000
+#: Longest backoff: a retry waits in the broker's delay queue, which Dramatiq keeps under 7 days.
+MAX_BACKOFF_MS = 6 * 86_400_000
+#: Every numeric setting and its range, checked in one place so a bad value stops start-up.
+_RANGES = {
+    "plan_page_size": _Range(1, MAX_PLAN_PAGE_SIZE, "a whole number"),
+    "plan_high_water": _Range(1, MAX_COUNT, "a whole number"),
+    "heartbeat_timeout_ms": _Range(MIN_HEARTBEAT_TIMEOUT_MS, _MS, "a number of milliseconds"),
+    "maintenance_chance": _Range(0, MAINTENANCE_SCALE, "a number of millionths"),
+    "max_retries": _Range(0, MAX_RETRIES_ALLOWED, "a whole number"),
+    "min_backoff_ms": _Range(1, MAX_BACKOFF_MS, "a number of milliseconds"),
+    "max_backoff_ms": _Range(1, MAX_BACKOFF_MS, "a number of milliseconds"),
+    "breaker_failure_threshold": _Range(1, MAX_COUNT, "a whole number"),
+    "schedule_lookback_months": _Range(1, MAX_LOOKBACK_MONTHS, "a number of months"),
+    # Zero would mean no time at all: an SMTP timeout that fails every send, a lease that
+    # protects nothing, a breaker that is open for no time, a coordinator slice that walks no page.
+    **{name: _Range(0, MAX_SECONDS, "a number of seconds", above=True) for name in (
+        "claim_lease_seconds", "smtp_timeout_seconds", "breaker_cooldown_seconds", "plan_slice_seconds")},
+    # Zero is meaningful here: re-enqueue at once, do not pause, no window, reconcile never.
+    **{name: _Range(0, MAX_SECONDS, "a number of seconds") for name in (
+        "reconcile_stuck_after_seconds", "plan_pause_seconds", "alert_window_seconds", "breaker_window_seconds",
+        "schedule_reconcile_interval_seconds")},
+}
+
+#: Level names ``LOG_LEVEL`` accepts, in any case.
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def _check_ranges(settings: Settings) -> None:
+    for name, allowed in _RANGES.items():
+        value = getattr(settings, name)
+        if not allowed.admits(value):
+            raise ConfigurationError(f"{ENVIRONMENT[name]} must be {allowed.describe()}, got {value}.")
+    if settings.min_backoff_ms > settings.max_backoff_ms:
+        raise ConfigurationError(f"MIN_BACKOFF_MS ({settings.min_backoff_ms}) must not exceed MAX_BACKOFF_MS "
+                                 f"({settings.max_backoff_ms}).")
+    if settings.claim_lease_seconds < settings.smtp_timeout_seconds + CLAIM_LEASE_MARGIN_SECONDS:
+        raise ConfigurationError(
+            f"CLAIM_LEASE_SECONDS ({settings.claim_lease_seconds:g}) must exceed SMTP_TIMEOUT_SECONDS "
+            f"({settings.smtp_timeout_seconds:g}) by at least {CLAIM_LEASE_MARGIN_SECONDS:g}: a send that outlives "
+            "its claim's lease can be sent a second time by another copy."
+        )
+
+
+def _check_names(settings: Settings) -> None:
+    if not is_version_name(settings.template_version):
+        raise ConfigurationError("REPORT_TEMPLATE_VERSION must be a plain folder name (letters, digits, '.', '_', "
+                                 f"'-'; no '/' and not '..'), got {settings.template_version!r}.")
+    if settings.log_level.upper() not in LOG_LEVELS:
+        raise ConfigurationError(f"LOG_LEVEL must be one of {', '.join(LOG_LEVELS)}, got {settings.log_level!r}.")
 
 
 #: Each setting and the environment variable it is read from.

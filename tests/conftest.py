@@ -405,8 +405,11 @@ def start_workers(tmp_path: Path) -> Iterator[Callable[..., WorkerGroup]]:
         group.stop(timeout=15)
 
 
-def run_cli(settings: Settings, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """Run the ``reports`` command as an operator would, in a process of its own."""
+def run_cli(settings: Settings, *args: str | bytes, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run the ``reports`` command as an operator would, in a process of its own.
+
+    An argument may be bytes, to pass what a shell would (including bytes that are not UTF-8).
+    """
     return subprocess.run(
         [sys.executable, "-m", "reports", *args],
         env={**os.environ, **settings.as_environ()}, cwd=REPO, capture_output=True, text=True, timeout=timeout,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -14,12 +15,19 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from reports.clock import utcnow
 from reports.database import create_db_engine, session_factory
-from reports.errors import BadInput, ConfigurationError
+from reports.errors import BadInput, ConfigurationError, DatabaseMissing
 from reports.periods import Period, parse_closed
 from reports.settings import Settings
 
 #: Exit code for input the command rejected without changing anything.
 EXIT_BAD_INPUT = 2
+
+#: Longest text a filter option takes, in characters.
+MAX_TEXT_OPTION = 200
+
+#: Commands that only read. On SQLite they open an existing file and never create one: a
+#: mistyped path must not leave an empty database behind (SQLite creates the file on connect).
+READ_ONLY_COMMANDS = frozenset({"reports progress", "reports periods", "reports dlq list", "reports dlq show"})
 
 
 class Obj:
@@ -31,13 +39,18 @@ class Obj:
 
     def sessions(self) -> sessionmaker[Session]:
         if self._engine is None:
-            self._engine = create_db_engine(self.settings.database_url)
+            self._engine = create_db_engine(self.settings.database_url, create=not _reading_only())
         return session_factory(self._engine)
 
     @contextmanager
     def session(self) -> Iterator[Session]:
         with self.sessions().begin() as session:
             yield session
+
+
+def _reading_only() -> bool:
+    context = click.get_current_context(silent=True)
+    return context is not None and context.command_path in READ_ONLY_COMMANDS
 
 
 pass_obj = click.make_pass_decorator(Obj)
@@ -48,6 +61,29 @@ pass_obj = click.make_pass_decorator(Obj)
 def cli(ctx: click.Context) -> None:
     """Monthly reports: plan, send and watch one email per active user per month."""
     ctx.obj = Obj(Settings.from_env())
+
+
+class FiniteFloatRange(click.FloatRange):
+    """A float range that also rejects ``nan`` (which compares false with both bounds) and infinities."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number
+
+
+def text_option(_ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """Reject text the database cannot take (bytes that are not UTF-8) or that no filter needs (too long)."""
+    if value is None:
+        return None
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise click.BadParameter("is not valid UTF-8 text.") from None
+    if len(value) > MAX_TEXT_OPTION:
+        raise click.BadParameter(f"is longer than {MAX_TEXT_OPTION} characters.")
+    return value
 
 
 def period_argument(closed: bool) -> Callable[[Any], Any]:
@@ -67,6 +103,9 @@ def main(argv: list[str] | None = None) -> None:
         _fail(e.format_message(), EXIT_BAD_INPUT)
     except click.Abort:
         _fail("Aborted.", 130)
+    except DatabaseMissing as e:
+        # Like an unreachable database (exit 1), not bad input: the command line was fine.
+        _fail(str(e), 1)
     except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.ProgrammingError) as e:
         # The driver's text can carry the URL; show only the error's kind.
         _fail(f"Database error ({type(e.orig).__name__}); is it reachable and migrated (`reports db upgrade`)?", 1)

@@ -10,6 +10,9 @@ from reports.database import upgrade
 from reports.periods import Period, previous_month
 from reports.seed import seed as seed_users
 
+#: Most users one ``seed`` adds: their rows are built in memory before the insert.
+MAX_SEED_USERS = 10_000_000
+
 
 @cli.group()
 def db() -> None:
@@ -25,7 +28,7 @@ def db_upgrade(obj: Obj) -> None:
 
 
 @cli.command()
-@click.option("--users", type=click.IntRange(min=1), required=True, help="How many users to add.")
+@click.option("--users", type=click.IntRange(1, MAX_SEED_USERS), required=True, help="How many users to add.")
 @click.option("--period", "period_text", help="Month to give them activities in (default: last month).")
 @click.option("--inactive-percent", type=click.IntRange(0, 100), default=10, show_default=True)
 @pass_obj

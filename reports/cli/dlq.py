@@ -10,11 +10,20 @@ import click
 
 from reports import dead_letters
 from reports.broker import build_broker
-from reports.cli.app import Obj, cli, pass_obj
+from reports.cli.app import Obj, cli, pass_obj, text_option
 from reports.clock import utcnow
 from reports.errors import BadInput
 from reports.models import DeadLetter
 from reports.periods import Period
+
+#: ``dead_letters.id`` is a 32-bit integer: a larger id matches nothing and overflows SQLite's binding.
+DEAD_LETTER_ID = click.IntRange(1, 2**31 - 1)
+
+#: Most dead letters one ``list`` prints.
+MAX_LIST_LIMIT = 1_000_000
+
+#: Oldest age ``purge`` takes, in days: a century; more overflows the date arithmetic.
+MAX_PURGE_DAYS = 36_525
 
 
 def _period(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
@@ -46,9 +55,9 @@ def dlq() -> None:
 
 @dlq.command("list")
 @click.option("--period", callback=_period, help="Only this period (YYYY-MM).")
-@click.option("--reason", help="Only those whose reason or error contains this text (e.g. 550).")
+@click.option("--reason", callback=text_option, help="Only those whose reason or error contains this text (e.g. 550).")
 @click.option("--replayed", is_flag=True, help="Include dead letters already replayed.")
-@click.option("--limit", type=click.IntRange(min=1), default=1000, show_default=True)
+@click.option("--limit", type=click.IntRange(1, MAX_LIST_LIMIT), default=1000, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON array.")
 @pass_obj
 def list_command(obj: Obj, period: str | None, reason: str | None, replayed: bool, limit: int, as_json: bool) -> None:
@@ -70,7 +79,7 @@ def list_command(obj: Obj, period: str | None, reason: str | None, replayed: boo
 
 
 @dlq.command("show")
-@click.argument("dead_letter_id", type=click.IntRange(min=1))
+@click.argument("dead_letter_id", type=DEAD_LETTER_ID)
 @pass_obj
 def show(obj: Obj, dead_letter_id: int) -> None:
     """Everything stored about one dead letter, as JSON."""
@@ -82,7 +91,7 @@ def show(obj: Obj, dead_letter_id: int) -> None:
 
 
 @dlq.command("replay")
-@click.option("--id", "ids", type=click.IntRange(min=1), multiple=True, help="A dead letter to replay (repeatable).")
+@click.option("--id", "ids", type=DEAD_LETTER_ID, multiple=True, help="A dead letter to replay (repeatable).")
 @click.option("--period", callback=_period, help="Every dead letter of this period.")
 @click.option("--all", "everything", is_flag=True, help="Every dead letter not yet replayed.")
 @click.option("--dry-run", is_flag=True, help="Say what would be replayed; change nothing.")
@@ -110,7 +119,7 @@ def replay(obj: Obj, ids: tuple[int, ...], period: str | None, everything: bool,
 
 
 @dlq.command("purge")
-@click.option("--older-than", "days", type=click.IntRange(min=0), required=True, help="Age in days.")
+@click.option("--older-than", "days", type=click.IntRange(0, MAX_PURGE_DAYS), required=True, help="Age in days.")
 @pass_obj
 def purge(obj: Obj, days: int) -> None:
     """Delete dead letters that died more than DAYS days ago."""

@@ -12,6 +12,7 @@ from prometheus_client import start_http_server
 from prometheus_client.registry import CollectorRegistry
 
 from reports.cli.app import Obj, cli, pass_obj
+from reports.errors import BadInput
 from reports.jobs import BULK_QUEUE, CRITICAL_QUEUE, DEFAULT_QUEUE
 from reports.metrics import ReportsCollector
 
@@ -28,7 +29,11 @@ def exporter(obj: Obj, host: str, port: int) -> None:
         redis.Redis.from_url(settings.broker_url), namespace=settings.broker_namespace, sessions=obj.sessions(),
         queues=(CRITICAL_QUEUE, DEFAULT_QUEUE, BULK_QUEUE), breaker_name=f"{settings.broker_namespace}:breaker:mail",
     ))
-    server, thread = start_http_server(port, addr=host, registry=registry)
+    try:
+        server, thread = start_http_server(port, addr=host, registry=registry)
+    except OSError as e:
+        # An unknown host name or a port already taken: the operator's input, not a crash.
+        raise BadInput(f"Cannot listen on {host}:{port}: {e.strerror or e}.") from None
     click.echo(f"Serving metrics on http://{host}:{port}/metrics", err=True)
     stop = threading.Event()
 

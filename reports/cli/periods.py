@@ -9,10 +9,13 @@ from rich.console import Console
 
 from reports import progress, runs
 from reports.broker import build_broker
-from reports.cli.app import Obj, cli, pass_obj, period_argument
+from reports.cli.app import FiniteFloatRange, Obj, cli, pass_obj, period_argument
 from reports.clock import utcnow
 from reports.periods import Period
 from reports.watch import watch as watch_progress
+
+#: Longest pause between two reads while watching, in seconds.
+MAX_WATCH_INTERVAL_SECONDS = 3600
 
 
 @cli.command()
@@ -42,7 +45,7 @@ def describe_trigger(triggered: runs.Triggered) -> str:
 @period_argument(closed=False)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--watch", is_flag=True, help="Show a live progress bar until the period is complete.")
-@click.option("--interval", type=click.FloatRange(min=0.1), default=1.0, show_default=True,
+@click.option("--interval", type=FiniteFloatRange(min=0.1, max=MAX_WATCH_INTERVAL_SECONDS), default=1.0, show_default=True,
               help="Seconds between reads while watching.")
 @pass_obj
 def progress_command(obj: Obj, period: Period, as_json: bool, watch: bool, interval: float) -> None:

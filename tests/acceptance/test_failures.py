@@ -267,6 +267,40 @@ def test_malformed_payloads_become_dead_letters_with_a_clear_reason_and_the_work
     assert queued_messages(settings.broker_url, settings.broker_namespace, "bulk") == 0
 
 
+def test_an_undecodable_raw_message_becomes_a_dead_letter_and_the_worker_goes_on(
+    settings, sessions, smtp_server, start_workers
+):
+    settings = replace(settings, smtp_url=smtp_server.url)
+    population = load_users(sessions, count=12, inactive_every=100)
+    client = redis.Redis.from_url(settings.broker_url)
+    bulk = f"{settings.broker_namespace}:bulk"
+    raw = {"raw-not-json": b"not json", "raw-not-utf8": b"\xff\xfe{", "raw-not-a-message": b'{"args": 1}'}
+    for redis_id, body in raw.items():
+        client.hset(f"{bulk}.msgs", redis_id, body)
+        client.rpush(bulk, redis_id)
+    group = start_workers(settings, processes=1, threads=2)
+    trigger(settings)
+
+    final = wait_complete(sessions)
+    assert (final["delivered"], final["dead"]) == (len(population.active), 0)
+    assert_each_mailed_once(smtp_server, population.active)
+    letters = wait_until(lambda: (found := dlq_list(settings, "--reason", "undecodable")) and len(found) == 3
+                         and found, timeout=30, what="three undecodable dead letters")
+    assert sorted(letter["message_id"] for letter in letters) == sorted(raw)
+    by_id = {letter["message_id"]: letter for letter in letters}
+    assert "not json" in by_id["raw-not-json"]["error_message"]
+    assert "\ufffd" in by_id["raw-not-utf8"]["error_message"]
+    assert all((letter["queue"], letter["reason"]) == ("bulk", "undecodable") for letter in letters)
+
+    log = group.log()
+    assert "Restarting consumer" not in log and "unexpected error" not in log, log[-5000:]
+    assert group.process.poll() is None, log[-5000:]
+    assert client.llen(bulk) == 0 and client.hlen(f"{bulk}.msgs") == 0
+    assert not client.keys(f"{settings.broker_namespace}:__acks__.*") or all(
+        client.scard(key) == 0 for key in client.keys(f"{settings.broker_namespace}:__acks__.*"))
+    assert xq_keys(settings) == []
+
+
 # --- replay ----------------------------------------------------------------------------------
 
 

@@ -114,10 +114,75 @@ def test_a_bad_number_is_a_configuration_error_naming_the_variable(variable: str
     assert repr(raw) in str(caught.value)
 
 
-@pytest.mark.parametrize("raw", ["0", "-1"])
-def test_a_page_size_below_one_is_a_configuration_error_naming_the_variable(raw: str) -> None:
-    with pytest.raises(ConfigurationError, match="PLAN_PAGE_SIZE"):
-        Settings.from_env({"PLAN_PAGE_SIZE": raw})
+@pytest.mark.parametrize(
+    ("variable", "raw"),
+    [
+        ("PLAN_PAGE_SIZE", "0"),
+        ("PLAN_PAGE_SIZE", "-1"),
+        ("PLAN_PAGE_SIZE", "100001"),
+        ("MAX_RETRIES", "-1"),
+        ("MAX_RETRIES", "1000001"),
+        ("HEARTBEAT_TIMEOUT_MS", "0"),
+        ("HEARTBEAT_TIMEOUT_MS", "-5"),
+        ("HEARTBEAT_TIMEOUT_MS", "999"),
+        ("PLAN_HIGH_WATER", "0"),
+        ("PLAN_HIGH_WATER", "-100"),
+        ("MIN_BACKOFF_MS", "0"),
+        ("MIN_BACKOFF_MS", "-1"),
+        ("MAX_BACKOFF_MS", "0"),
+        ("MAX_BACKOFF_MS", "10"),  # below the default MIN_BACKOFF_MS
+        ("BREAKER_FAILURE_THRESHOLD", "0"),
+        ("BREAKER_FAILURE_THRESHOLD", "-3"),
+        ("MAINTENANCE_CHANCE", "-1"),
+        ("MAINTENANCE_CHANCE", "1000001"),
+        ("CLAIM_LEASE_SECONDS", "0"),
+        ("CLAIM_LEASE_SECONDS", "-30"),
+        ("SMTP_TIMEOUT_SECONDS", "0"),
+        ("SMTP_TIMEOUT_SECONDS", "nan"),
+        ("SMTP_TIMEOUT_SECONDS", "inf"),
+        ("BREAKER_COOLDOWN_SECONDS", "0"),
+        ("PLAN_SLICE_SECONDS", "0"),
+        ("PLAN_SLICE_SECONDS", "1e12"),
+        ("RECONCILE_STUCK_AFTER_SECONDS", "-1"),
+        ("SCHEDULE_LOOKBACK_MONTHS", "0"),
+        ("REPORT_TEMPLATE_VERSION", ".."),
+        ("REPORT_TEMPLATE_VERSION", "../../etc"),
+        ("REPORT_TEMPLATE_VERSION", "v1/../v2"),
+        ("REPORT_TEMPLATE_VERSION", "/etc"),
+        ("LOG_LEVEL", "LOUD"),
+        ("LOG_LEVEL", "10"),
+    ],
+)
+def test_a_value_out_of_range_is_a_configuration_error_naming_the_variable(variable: str, raw: str) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        Settings.from_env({variable: raw})
+    assert variable in str(caught.value)
+
+
+def test_a_shortest_backoff_above_the_longest_names_both_variables() -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        Settings.from_env({"MIN_BACKOFF_MS": "5000", "MAX_BACKOFF_MS": "4000"})
+    assert "MIN_BACKOFF_MS" in str(caught.value) and "MAX_BACKOFF_MS" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("variable", "raw"),
+    [
+        ("MAX_RETRIES", "0"),  # never retry
+        ("MAINTENANCE_CHANCE", "0"),
+        ("MAINTENANCE_CHANCE", "1000000"),
+        ("HEARTBEAT_TIMEOUT_MS", "1000"),
+        ("PLAN_PAGE_SIZE", "1"),
+        ("PLAN_PAGE_SIZE", "100000"),
+        ("SCHEDULE_RECONCILE_INTERVAL_SECONDS", "0"),  # reconcile never
+        ("RECONCILE_STUCK_AFTER_SECONDS", "0"),
+        ("SMTP_TIMEOUT_SECONDS", "0.5"),
+        ("REPORT_TEMPLATE_VERSION", "v2.1-beta"),
+        ("LOG_LEVEL", "warning"),
+    ],
+)
+def test_the_edges_of_each_range_are_accepted(variable: str, raw: str) -> None:
+    Settings.from_env({variable: raw})
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,51 @@
+"""Processes refuse bad configuration at start: one ``error:`` line naming the variable, exit 2.
+
+A worker or scheduler that started with a negative retry budget or a zero lease would run, and
+fail later in ways that look like something else; these check the refusal an operator sees.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reports.settings import Settings
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.acceptance
+
+BAD_VALUES = [("MAX_RETRIES", "-1"), ("CLAIM_LEASE_SECONDS", "0"), ("REPORT_TEMPLATE_VERSION", "../secrets")]
+
+
+def start(command: list[str], tmp_path: Path, variable: str, value: str) -> subprocess.CompletedProcess[str]:
+    # Nothing is reached before the configuration is read: no database or broker is needed.
+    settings = Settings(var_dir=tmp_path / "var", broker_url="redis://127.0.0.1:1/0")
+    return subprocess.run(
+        command, env={**os.environ, **settings.as_environ(), variable: value}, cwd=REPO, capture_output=True,
+        text=True, timeout=60, check=False,
+    )
+
+
+def assert_one_error_line(result: subprocess.CompletedProcess[str], variable: str) -> None:
+    described = f"exit {result.returncode}\nstdout: {result.stdout!r}\nstderr: {result.stderr!r}"
+    assert result.returncode == 2, described
+    errors = [line for line in result.stderr.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and errors[0].startswith(f"error: {variable} must"), described
+    assert "Traceback" not in result.stderr, described
+
+
+@pytest.mark.parametrize(("variable", "value"), BAD_VALUES)
+def test_dramatiq_actors_exits_at_start_with_one_line_naming_the_variable(tmp_path, variable, value):
+    command = [sys.executable, "-m", "dramatiq", "actors", "--processes", "1", "--threads", "1"]
+    assert_one_error_line(start(command, tmp_path, variable, value), variable)
+
+
+@pytest.mark.parametrize(("variable", "value"), BAD_VALUES)
+def test_the_scheduler_exits_at_start_with_one_line_naming_the_variable(tmp_path, variable, value):
+    result = start([sys.executable, "-m", "scheduler"], tmp_path, variable, value)
+    assert_one_error_line(result, variable)
+    assert len(result.stderr.splitlines()) == 1, result.stderr
