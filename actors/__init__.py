@@ -7,12 +7,15 @@ one Dramatiq silently makes a default broker on localhost whose worker consumes 
 
 from __future__ import annotations
 
+import sys
+
 import dramatiq
 
 from actors.runtime import Runtime
 from reports.actor_metrics import ActorMetrics
 from reports.broker import build_broker
 from reports.dead_letter_sink import BrokerDeadLetters
+from reports.errors import ConfigurationError
 from reports.retries import JitteredRetries
 from reports.settings import Settings
 from reports.worker_lifecycle import DrainOnce, Heartbeat
@@ -20,7 +23,13 @@ from reports.worker_lifecycle import DrainOnce, Heartbeat
 #: A second SIGTERM this soon after the first is the platform's duplicate, not a new request.
 REPEATED_SIGTERM_WINDOW_SECONDS = 5.0
 
-_settings = Settings.from_env()
+try:
+    _settings = Settings.from_env()
+except ConfigurationError as e:
+    # One line, as the CLI and the scheduler print it: Dramatiq would log a traceback per worker
+    # process. Exit code 2 is Dramatiq's own for a worker that could not import its modules.
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
 broker = build_broker(_settings)
 runtime = Runtime(_settings, redis_client=broker.client)
 broker.add_middleware(

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import sqlalchemy.exc
+from sqlalchemy.engine import make_url
 
 from reports.errors import ConfigurationError
 
@@ -19,11 +24,22 @@ BROKER_SCHEMES = ("redis", "rediss", "unix")
 #: Longest look-back the scheduler accepts, in months.
 MAX_LOOKBACK_MONTHS = 120
 
+#: Settings holding a URL that may carry a secret; :meth:`Settings.__repr__` shows them redacted.
+SECRET_URLS = ("database_url", "broker_url", "smtp_url", "alert_webhook_url")
+
+#: Query parameters whose value is a secret, matched case-insensitively anywhere in the name:
+#: ``password``, ``sslpassword``, ``pass``, ``secret``, ``token``, ``api_key``, ``auth``…
+_SECRET_PARAMETER = re.compile(r"pass|pwd|secret|token|key|auth|credential", re.IGNORECASE)
+#: One ``name=value`` of a query; the value runs to the next ``&`` or ``;`` (``#`` and ``@`` too
+#: may be part of a password nobody encoded).
+_PARAMETER = re.compile(r"([?&;])([^=&;?]*)=([^&;]*)")
+_DIGITS = re.compile(r"[0-9]+")
+
 #: The repository's own ``templates/`` folder, used unless ``TEMPLATES_DIR`` says otherwise.
 DEFAULT_TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, repr=False)
 class Settings:
     """Everything the library, the workers and the CLI may be configured with.
 
@@ -108,6 +124,12 @@ class Settings:
             value = getattr(self, name)
             if not (math.isfinite(value) and 0 <= value <= MAX_SECONDS):
                 raise ConfigurationError(f"{ENVIRONMENT[name]} must be a number of seconds from 0 to {MAX_SECONDS}.")
+        _check_urls(self)
+
+    def __repr__(self) -> str:
+        """Every setting, with the URLs redacted: a repr lands in logs and tracebacks."""
+        shown = (f"{f.name}={_shown(f.name, getattr(self, f.name))!r}" for f in fields(self))
+        return f"{type(self).__name__}({', '.join(shown)})"
 
     @property
     def outbox_dir(self) -> Path:
@@ -141,6 +163,44 @@ class Settings:
             for name, variable in ENVIRONMENT.items()
             if getattr(self, name) is not None
         }
+
+
+def _check_urls(settings: Settings) -> None:
+    """Reject a URL that would fail, or silently mean something else, once a process uses it."""
+    _check_database_url(settings.database_url)
+    _check_broker_url(settings.broker_url)
+
+
+def _check_database_url(url: str) -> None:
+    # SQLAlchemy's own parser, so that what passes here is what create_engine accepts. Its error
+    # text is not shown: some releases put the URL, password included, into it.
+    try:
+        parsed = make_url(url)
+        port = parsed.port
+        parsed.get_dialect()
+    except (sqlalchemy.exc.ArgumentError, ValueError):
+        port = -1
+    if port is not None and not 1 <= port <= 65535:
+        raise ConfigurationError(
+            "DATABASE_URL must be a SQLAlchemy URL such as postgresql+psycopg://user:password@host:5432/reports"
+            f" or sqlite:///var/reports.db, got {redact_url(url)}."
+        )
+
+
+def _check_broker_url(url: str) -> None:
+    # redis-py reads a database it cannot parse as database 0, without a word.
+    try:
+        parts = urlsplit(url)
+        _port = parts.port
+    except ValueError:
+        raise ConfigurationError(f"BROKER_URL has an invalid host or port: {redact_url(url)}.") from None
+    databases = parse_qs(parts.query).get("db", [])
+    if parts.scheme != "unix" and parts.path.strip("/"):
+        databases.append(unquote(parts.path).strip("/"))
+    if not all(_DIGITS.fullmatch(db) for db in databases):
+        raise ConfigurationError(
+            f"BROKER_URL must name its Redis database by number (redis://host:6379/0), got {redact_url(url)}."
+        )
 
 
 #: Each setting and the environment variable it is read from.
@@ -189,12 +249,38 @@ def _parse(default: object, raw: str) -> object:
     return raw
 
 
+def _shown(name: str, value: object) -> object:
+    if name == "alert_webhook_url" and isinstance(value, str):
+        return redact_webhook_url(value)
+    if name in SECRET_URLS and isinstance(value, str):
+        return redact_url(value)
+    return value
+
+
+def redact_webhook_url(url: str) -> str:
+    """``url`` with everything after the host hidden: webhook URLs carry their secret in the path."""
+    scheme, separator, rest = url.partition("://")
+    host = re.split(r"[/?#]", rest, maxsplit=1)[0].rpartition("@")[2]
+    return f"{scheme}{separator}{host}/***" if separator else "***"
+
+
 def redact_url(url: str) -> str:
-    """Return ``url`` with the password (between the user name's ``:`` and the host's ``@``) masked.
+    """Return ``url`` with its secrets masked: the password (between the user name's ``:`` and the
+    host's ``@``) and the value of every query parameter named like a secret (``?password=``,
+    ``sslpassword``, ``token``, ``api_key``…, any case).
 
     Deliberately not built on ``urlsplit``: it must hide a password even in a malformed URL
     (no scheme, an unencoded ``/`` or ``#`` in the password, a bad port) and never raise.
     """
+    return _redact_userinfo(_PARAMETER.sub(_redact_parameter, url))
+
+
+def _redact_parameter(match: re.Match[str]) -> str:
+    separator, name, value = match.groups()
+    return f"{separator}{name}={'***' if _SECRET_PARAMETER.search(unquote(name)) else value}"
+
+
+def _redact_userinfo(url: str) -> str:
     scheme, separator, rest = url.partition("://")
     if not separator:
         scheme, rest = "", url
