@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import re
@@ -34,6 +35,7 @@ _SECRET_PARAMETER = re.compile(r"pass|pwd|secret|token|key|auth|credential", re.
 #: may be part of a password nobody encoded).
 _PARAMETER = re.compile(r"([?&;])([^=&;?]*)=([^&;]*)")
 _DIGITS = re.compile(r"[0-9]+")
+_BLANK_OR_CONTROL = re.compile(r"[\x00-\x20\x7f]")
 
 #: The repository's own ``templates/`` folder, used unless ``TEMPLATES_DIR`` says otherwise.
 DEFAULT_TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
@@ -169,6 +171,8 @@ def _check_urls(settings: Settings) -> None:
     """Reject a URL that would fail, or silently mean something else, once a process uses it."""
     _check_database_url(settings.database_url)
     _check_broker_url(settings.broker_url)
+    if settings.alert_webhook_url is not None:
+        _check_webhook_url(settings.alert_webhook_url)
 
 
 def _check_database_url(url: str) -> None:
@@ -247,6 +251,35 @@ def _parse(default: object, raw: str) -> object:
     if isinstance(default, int | float):
         return type(default)(raw)
     return raw
+
+
+def _check_webhook_url(url: str) -> None:
+    # The posts carry message ids and error classes; over plain http anyone on the path reads them
+    # and the secret in the URL. http is fine where nothing leaves the machine.
+    try:
+        parts = urlsplit(url)
+        host, _port = parts.hostname, parts.port
+    except ValueError:
+        host = None
+    if not host or parts.scheme not in ("https", "http") or _BLANK_OR_CONTROL.search(url):
+        raise ConfigurationError(
+            f"ALERT_WEBHOOK_URL must be an https:// URL such as https://hooks.example.com/…,"
+            f" got {redact_webhook_url(url)}."
+        )
+    if parts.scheme == "http" and not _is_loopback(host):
+        raise ConfigurationError(
+            "ALERT_WEBHOOK_URL must use https:// (plain http:// only to 127.0.0.1, ::1 or localhost),"
+            f" got {redact_webhook_url(url)}."
+        )
+
+
+def _is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _shown(name: str, value: object) -> object:

@@ -317,3 +317,35 @@ def test_a_broker_url_with_a_database_that_is_not_a_number_is_a_configuration_er
 )
 def test_a_broker_url_with_a_numbered_or_no_database_is_accepted(url: str) -> None:
     assert Settings.from_env({"BROKER_URL": url}).broker_url == url
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://hooks.example.com/services/T000/SECRET",
+        "https://hooks.example.com:8443/x",
+        "http://127.0.0.1:9999/hooks/SECRET",
+        "http://localhost/hooks/SECRET",
+        "http://[::1]:8080/hooks/SECRET",
+    ],
+)
+def test_an_https_or_loopback_webhook_url_is_accepted(url: str) -> None:
+    assert Settings.from_env({"ALERT_WEBHOOK_URL": url}).alert_webhook_url == url
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://hooks.example.com/services/T000/SECRET",
+        "http://10.0.0.5/hooks/SECRET",
+        "ftp://hooks.example.com/SECRET",
+        "hooks.example.com/services/SECRET",
+        "https:///SECRET",
+        "https://hooks.example.com:notaport/SECRET",
+        "https://hooks.example.com/SECRET\r\nX-Injected: 1",
+    ],
+)
+def test_a_webhook_url_that_is_not_https_or_cannot_be_posted_to_is_a_configuration_error(url: str) -> None:
+    with pytest.raises(ConfigurationError, match="ALERT_WEBHOOK_URL") as raised:
+        Settings.from_env({"ALERT_WEBHOOK_URL": url})
+    assert "SECRET" not in str(raised.value)
