@@ -106,6 +106,11 @@ class Settings:
     breaker_window_seconds: float = 30.0
     #: How long the breaker stays open before one probe may try the provider again, in seconds.
     breaker_cooldown_seconds: float = 30.0
+    #: Address ``reports exporter`` listens on (its ``--host`` wins).
+    exporter_host: str = "0.0.0.0"
+    #: A scrape within this many seconds of the last collection is served the same figures, so
+    #: scrapes cannot load the database and Redis; 0 collects at every scrape, in seconds.
+    exporter_cache_seconds: float = 5.0
 
     def __post_init__(self) -> None:
         if not self.database_url:
@@ -126,7 +131,7 @@ class Settings:
             value = getattr(self, name)
             if not (math.isfinite(value) and 0 <= value <= MAX_SECONDS):
                 raise ConfigurationError(f"{ENVIRONMENT[name]} must be a number of seconds from 0 to {MAX_SECONDS}.")
-        _check_urls(self)
+        _check_endpoints(self)
 
     def __repr__(self) -> str:
         """Every setting, with the URLs redacted: a repr lands in logs and tracebacks."""
@@ -167,12 +172,17 @@ class Settings:
         }
 
 
-def _check_urls(settings: Settings) -> None:
-    """Reject a URL that would fail, or silently mean something else, once a process uses it."""
+def _check_endpoints(settings: Settings) -> None:
+    """Reject a URL that would fail, or silently mean something else, once a process uses it, and
+    an exporter that could not serve. Kept out of ``__post_init__`` so its own checks stay short."""
     _check_database_url(settings.database_url)
     _check_broker_url(settings.broker_url)
     if settings.alert_webhook_url is not None:
         _check_webhook_url(settings.alert_webhook_url)
+    if not settings.exporter_host or _BLANK_OR_CONTROL.search(settings.exporter_host):
+        raise ConfigurationError(f"EXPORTER_HOST must be an address or a host name, got {settings.exporter_host!r}.")
+    if not (math.isfinite(settings.exporter_cache_seconds) and 0 <= settings.exporter_cache_seconds <= MAX_SECONDS):
+        raise ConfigurationError(f"EXPORTER_CACHE_SECONDS must be a number of seconds from 0 to {MAX_SECONDS}.")
 
 
 def _check_database_url(url: str) -> None:
@@ -239,6 +249,8 @@ ENVIRONMENT = {
     "breaker_failure_threshold": "BREAKER_FAILURE_THRESHOLD",
     "breaker_window_seconds": "BREAKER_WINDOW_SECONDS",
     "breaker_cooldown_seconds": "BREAKER_COOLDOWN_SECONDS",
+    "exporter_host": "EXPORTER_HOST",
+    "exporter_cache_seconds": "EXPORTER_CACHE_SECONDS",
 }
 
 _DEFAULTS = Settings()

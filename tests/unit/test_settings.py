@@ -349,3 +349,19 @@ def test_a_webhook_url_that_is_not_https_or_cannot_be_posted_to_is_a_configurati
     with pytest.raises(ConfigurationError, match="ALERT_WEBHOOK_URL") as raised:
         Settings.from_env({"ALERT_WEBHOOK_URL": url})
     assert "SECRET" not in str(raised.value)
+
+
+def test_the_exporter_listens_everywhere_and_caches_five_seconds_unless_told_otherwise() -> None:
+    assert (Settings.from_env({}).exporter_host, Settings.from_env({}).exporter_cache_seconds) == ("0.0.0.0", 5.0)
+    settings = Settings.from_env({"EXPORTER_HOST": "127.0.0.1", "EXPORTER_CACHE_SECONDS": "0"})
+    assert (settings.exporter_host, settings.exporter_cache_seconds) == ("127.0.0.1", 0.0)
+
+
+@pytest.mark.parametrize(
+    ("variable", "raw"),
+    [("EXPORTER_CACHE_SECONDS", "-1"), ("EXPORTER_CACHE_SECONDS", "nan"), ("EXPORTER_CACHE_SECONDS", "5s"),
+     ("EXPORTER_HOST", "127.0.0.1 9300")],
+)
+def test_a_bad_exporter_setting_is_a_configuration_error_naming_the_variable(variable: str, raw: str) -> None:
+    with pytest.raises(ConfigurationError, match=variable):
+        Settings.from_env({variable: raw})
