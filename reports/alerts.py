@@ -7,6 +7,7 @@ whichever process wins the window's gate (``SET NX PX``) takes the count and pos
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import threading
@@ -34,11 +35,23 @@ return {count, reasons, sample}
 """
 
 
+class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
+    """A redirect is an error: following it would post the summary to whatever host it names
+    (urllib re-sends a redirected POST as a GET to the new place)."""
+
+    def redirect_request(self, *_args: Any, **_kwargs: Any) -> None:
+        return None
+
+
+_opener = urllib.request.build_opener(_RefuseRedirects)
+
+
 def post_json(url: str, body: dict[str, Any], *, timeout_seconds: float) -> None:
+    """POST ``body`` as JSON to ``url``; a redirect raises ``HTTPError`` instead of being followed."""
     request = urllib.request.Request(
         url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
     )
-    with urllib.request.urlopen(request, timeout=timeout_seconds) as response:
+    with _opener.open(request, timeout=timeout_seconds) as response:
         response.read()
 
 
@@ -96,16 +109,18 @@ class WebhookAlerts:
         }
         try:
             self._post(self.url, body)
-        except OSError as e:  # urllib's errors, refused connections and timeouts alike
-            # Webhook URLs carry their secret in the path: log the host only.
-            logger.warning("Dead-letter alert to %s failed: %s", urlsplit(self.url).hostname, type(e).__name__)
+        except (OSError, ValueError, http.client.HTTPException) as e:
+            # Refused, timed out, a redirect (HTTPError), garbage for an answer (BadStatusLine), a URL
+            # http.client cannot use (InvalidURL)… Webhook URLs carry their secret in the path, and
+            # some errors' text quotes it: log the host and the error's class only.
+            logger.warning("Dead-letter alert to %s failed: %s", _host(self.url), type(e).__name__)
         return True
 
     def _ensure_flusher(self) -> None:
         # Woken by each dead letter, and on a timer: dead letters that arrive after a window's
         # post are sent when the window ends, even if no further dead letter comes.
         with self._lock:
-            if self._flusher is None:
+            if self._flusher is None or not self._flusher.is_alive():
                 self._flusher = threading.Thread(target=self._flush_forever, name="dead-letter-alerts", daemon=True)
                 self._flusher.start()
 
@@ -117,3 +132,13 @@ class WebhookAlerts:
                 self.flush()
             except redis.RedisError:
                 logger.warning("Dead-letter alert flush could not reach Redis.")
+            except Exception as e:  # noqa: BLE001 (the last guard of a thread that must not die)
+                # Whatever it was, the next window must still post: the thread never dies of it.
+                logger.warning("Dead-letter alert flush failed: %s", type(e).__name__)
+
+
+def _host(url: str) -> str | None:
+    try:
+        return urlsplit(url).hostname
+    except ValueError:
+        return None

@@ -46,6 +46,10 @@ class InvalidRecipient(PermanentError):
     """The user's email address cannot be an address."""
 
 
+class UnsafeHeader(PermanentError):
+    """A header of the report email would add a line we did not set; the message is not sent."""
+
+
 class MailRejected(PermanentError):
     """The mail provider refused the message for good (an SMTP 5xx reply)."""
 

@@ -10,8 +10,9 @@ moment happens (:func:`count`), and read here.
 from __future__ import annotations
 
 import json
+import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC
 from typing import Any, cast
 
@@ -46,6 +47,35 @@ def counter_key(namespace: str, name: str) -> str:
 def count(client: redis.Redis, namespace: str, name: str, *labels: str) -> None:
     """Add one to the fleet-wide counter ``name`` for these label values."""
     client.hincrby(counter_key(namespace, name), SEP.join(labels), 1)
+
+
+class CachedCollector(Collector):
+    """Serves ``collector``'s figures collected at most once per ``max_age_seconds``.
+
+    Every collection reads the database and scans Redis: without this, anyone who can reach the
+    exporter loads both as fast as they can scrape. Scrapes that arrive while a collection runs
+    wait for it and share its figures. Prometheus scrapes every 15 s or more, so 5 s costs it
+    nothing; a collection that fails is not kept.
+
+    :param clock: seconds from an arbitrary start (``time.monotonic``).
+    """
+
+    def __init__(self, collector: Collector, *, max_age_seconds: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.collector = collector
+        self.max_age_seconds = max_age_seconds
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._metrics: list[Metric] = []
+        self._collected_at: float | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            now = self.clock()
+            if self._collected_at is None or now - self._collected_at >= self.max_age_seconds:
+                self._metrics = list(self.collector.collect())
+                self._collected_at = now
+            return iter(self._metrics)
 
 
 class ReportsCollector(Collector):

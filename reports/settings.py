@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import sqlalchemy.exc
+from sqlalchemy.engine import make_url
 
 from reports.errors import ConfigurationError
 from reports.jobs import is_version_name
@@ -40,11 +46,23 @@ MAINTENANCE_SCALE = 1_000_000
 #: Largest count any other numeric setting accepts (messages, failures).
 MAX_COUNT = 1_000_000_000
 
+#: Settings holding a URL that may carry a secret; :meth:`Settings.__repr__` shows them redacted.
+SECRET_URLS = ("database_url", "broker_url", "smtp_url", "alert_webhook_url")
+
+#: Query parameters whose value is a secret, matched case-insensitively anywhere in the name:
+#: ``password``, ``sslpassword``, ``pass``, ``secret``, ``token``, ``api_key``, ``auth``…
+_SECRET_PARAMETER = re.compile(r"pass|pwd|secret|token|key|auth|credential", re.IGNORECASE)
+#: One ``name=value`` of a query; the value runs to the next ``&`` or ``;`` (``#`` and ``@`` too
+#: may be part of a password nobody encoded).
+_PARAMETER = re.compile(r"([?&;])([^=&;?]*)=([^&;]*)")
+_DIGITS = re.compile(r"[0-9]+")
+_BLANK_OR_CONTROL = re.compile(r"[\x00-\x20\x7f]")
+
 #: The repository's own ``templates/`` folder, used unless ``TEMPLATES_DIR`` says otherwise.
 DEFAULT_TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, repr=False)
 class Settings:
     """Everything the library, the workers and the CLI may be configured with.
 
@@ -112,6 +130,11 @@ class Settings:
     breaker_window_seconds: float = 30.0
     #: How long the breaker stays open before one probe may try the provider again, in seconds.
     breaker_cooldown_seconds: float = 30.0
+    #: Address ``reports exporter`` listens on (its ``--host`` wins).
+    exporter_host: str = "0.0.0.0"
+    #: A scrape within this many seconds of the last collection is served the same figures, so
+    #: scrapes cannot load the database and Redis; 0 collects at every scrape, in seconds.
+    exporter_cache_seconds: float = 5.0
 
     def __post_init__(self) -> None:
         if not self.database_url:
@@ -124,6 +147,12 @@ class Settings:
                 f"BROKER_URL must start with {', '.join(s + '://' for s in BROKER_SCHEMES)}"
                 f" (RabbitMQ is not supported yet), got {redact_url(self.broker_url)}."
             )
+        _check_endpoints(self)
+
+    def __repr__(self) -> str:
+        """Every setting, with the URLs redacted: a repr lands in logs and tracebacks."""
+        shown = (f"{f.name}={_shown(f.name, getattr(self, f.name))!r}" for f in fields(self))
+        return f"{type(self).__name__}({', '.join(shown)})"
 
     @property
     def outbox_dir(self) -> Path:
@@ -202,7 +231,7 @@ _RANGES = {
     # Zero is meaningful here: re-enqueue at once, do not pause, no window, reconcile never.
     **{name: _Range(0, MAX_SECONDS, "a number of seconds") for name in (
         "reconcile_stuck_after_seconds", "plan_pause_seconds", "alert_window_seconds", "breaker_window_seconds",
-        "schedule_reconcile_interval_seconds")},
+        "schedule_reconcile_interval_seconds", "exporter_cache_seconds")},
 }
 
 #: Level names ``LOG_LEVEL`` accepts, in any case.
@@ -231,6 +260,49 @@ def _check_names(settings: Settings) -> None:
                                  f"'-'; no '/' and not '..'), got {settings.template_version!r}.")
     if settings.log_level.upper() not in LOG_LEVELS:
         raise ConfigurationError(f"LOG_LEVEL must be one of {', '.join(LOG_LEVELS)}, got {settings.log_level!r}.")
+
+
+def _check_endpoints(settings: Settings) -> None:
+    """Reject a URL that would fail, or silently mean something else, once a process uses it, and
+    an exporter that could not serve. Kept out of ``__post_init__`` so its own checks stay short."""
+    _check_database_url(settings.database_url)
+    _check_broker_url(settings.broker_url)
+    if settings.alert_webhook_url is not None:
+        _check_webhook_url(settings.alert_webhook_url)
+    if not settings.exporter_host or _BLANK_OR_CONTROL.search(settings.exporter_host):
+        raise ConfigurationError(f"EXPORTER_HOST must be an address or a host name, got {settings.exporter_host!r}.")
+
+
+def _check_database_url(url: str) -> None:
+    # SQLAlchemy's own parser, so that what passes here is what create_engine accepts. Its error
+    # text is not shown: some releases put the URL, password included, into it.
+    try:
+        parsed = make_url(url)
+        port = parsed.port
+        parsed.get_dialect()
+    except (sqlalchemy.exc.ArgumentError, ValueError):
+        port = -1
+    if port is not None and not 1 <= port <= 65535:
+        raise ConfigurationError(
+            "DATABASE_URL must be a SQLAlchemy URL such as postgresql+psycopg://user:password@host:5432/reports"
+            f" or sqlite:///var/reports.db, got {redact_url(url)}."
+        )
+
+
+def _check_broker_url(url: str) -> None:
+    # redis-py reads a database it cannot parse as database 0, without a word.
+    try:
+        parts = urlsplit(url)
+        _port = parts.port
+    except ValueError:
+        raise ConfigurationError(f"BROKER_URL has an invalid host or port: {redact_url(url)}.") from None
+    databases = parse_qs(parts.query).get("db", [])
+    if parts.scheme != "unix" and parts.path.strip("/"):
+        databases.append(unquote(parts.path).strip("/"))
+    if not all(_DIGITS.fullmatch(db) for db in databases):
+        raise ConfigurationError(
+            f"BROKER_URL must name its Redis database by number (redis://host:6379/0), got {redact_url(url)}."
+        )
 
 
 #: Each setting and the environment variable it is read from.
@@ -265,6 +337,8 @@ ENVIRONMENT = {
     "breaker_failure_threshold": "BREAKER_FAILURE_THRESHOLD",
     "breaker_window_seconds": "BREAKER_WINDOW_SECONDS",
     "breaker_cooldown_seconds": "BREAKER_COOLDOWN_SECONDS",
+    "exporter_host": "EXPORTER_HOST",
+    "exporter_cache_seconds": "EXPORTER_CACHE_SECONDS",
 }
 
 _DEFAULTS = Settings()
@@ -279,12 +353,67 @@ def _parse(default: object, raw: str) -> object:
     return raw
 
 
+def _check_webhook_url(url: str) -> None:
+    # The posts carry message ids and error classes; over plain http anyone on the path reads them
+    # and the secret in the URL. http is fine where nothing leaves the machine.
+    try:
+        parts = urlsplit(url)
+        host, _port = parts.hostname, parts.port
+    except ValueError:
+        host = None
+    if not host or parts.scheme not in ("https", "http") or _BLANK_OR_CONTROL.search(url):
+        raise ConfigurationError(
+            f"ALERT_WEBHOOK_URL must be an https:// URL such as https://hooks.example.com/…,"
+            f" got {redact_webhook_url(url)}."
+        )
+    if parts.scheme == "http" and not _is_loopback(host):
+        raise ConfigurationError(
+            "ALERT_WEBHOOK_URL must use https:// (plain http:// only to 127.0.0.1, ::1 or localhost),"
+            f" got {redact_webhook_url(url)}."
+        )
+
+
+def _is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _shown(name: str, value: object) -> object:
+    if name == "alert_webhook_url" and isinstance(value, str):
+        return redact_webhook_url(value)
+    if name in SECRET_URLS and isinstance(value, str):
+        return redact_url(value)
+    return value
+
+
+def redact_webhook_url(url: str) -> str:
+    """``url`` with everything after the host hidden: webhook URLs carry their secret in the path."""
+    scheme, separator, rest = url.partition("://")
+    host = re.split(r"[/?#]", rest, maxsplit=1)[0].rpartition("@")[2]
+    return f"{scheme}{separator}{host}/***" if separator else "***"
+
+
 def redact_url(url: str) -> str:
-    """Return ``url`` with the password (between the user name's ``:`` and the host's ``@``) masked.
+    """Return ``url`` with its secrets masked: the password (between the user name's ``:`` and the
+    host's ``@``) and the value of every query parameter named like a secret (``?password=``,
+    ``sslpassword``, ``token``, ``api_key``…, any case).
 
     Deliberately not built on ``urlsplit``: it must hide a password even in a malformed URL
     (no scheme, an unencoded ``/`` or ``#`` in the password, a bad port) and never raise.
     """
+    return _redact_userinfo(_PARAMETER.sub(_redact_parameter, url))
+
+
+def _redact_parameter(match: re.Match[str]) -> str:
+    separator, name, value = match.groups()
+    return f"{separator}{name}={'***' if _SECRET_PARAMETER.search(unquote(name)) else value}"
+
+
+def _redact_userinfo(url: str) -> str:
     scheme, separator, rest = url.partition("://")
     if not separator:
         scheme, rest = "", url

@@ -14,21 +14,23 @@ from prometheus_client.registry import CollectorRegistry
 from reports.cli.app import Obj, cli, pass_obj
 from reports.errors import BadInput
 from reports.jobs import BULK_QUEUE, CRITICAL_QUEUE, DEFAULT_QUEUE
-from reports.metrics import ReportsCollector
+from reports.metrics import CachedCollector, ReportsCollector
 
 
 @cli.command()
-@click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
+@click.option("--host", help="Address to listen on.  [default: EXPORTER_HOST, 0.0.0.0]")
 @click.option("--port", type=click.IntRange(1, 65535), default=9300, show_default=True)
 @pass_obj
-def exporter(obj: Obj, host: str, port: int) -> None:
+def exporter(obj: Obj, host: str | None, port: int) -> None:
     """Serve /metrics for Prometheus: queues, dead letters, the breaker, periods. Stops on SIGTERM."""
     settings = obj.settings
+    host = host or settings.exporter_host
     registry = CollectorRegistry()
-    registry.register(ReportsCollector(
+    collector = ReportsCollector(
         redis.Redis.from_url(settings.broker_url), namespace=settings.broker_namespace, sessions=obj.sessions(),
         queues=(CRITICAL_QUEUE, DEFAULT_QUEUE, BULK_QUEUE), breaker_name=f"{settings.broker_namespace}:breaker:mail",
-    ))
+    )
+    registry.register(CachedCollector(collector, max_age_seconds=settings.exporter_cache_seconds))
     try:
         server, thread = start_http_server(port, addr=host, registry=registry)
     except OSError as e:

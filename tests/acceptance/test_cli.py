@@ -7,8 +7,10 @@ nothing when it rejects its input (CONTRACT.md, "Command line").
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
+import sys
 from dataclasses import replace
 
 import pytest
@@ -20,6 +22,7 @@ from reports.jobs import MAX_USER_ID, PlanJob
 from reports.periods import Period
 from reports.settings import Settings
 from tests.conftest import (
+    REPO,
     jobs_in_queue,
     load_users,
     messages_in_queue,
@@ -316,3 +319,35 @@ def test_a_read_only_command_on_a_mistyped_sqlite_path_creates_no_database(tmp_p
     line = assert_one_error_line(run_cli(settings, *command), code=1)
     assert str(typo) in line, line
     assert not typo.parent.exists(), list(tmp_path.rglob("*"))
+
+
+def run_cli_with(settings: Settings, environ: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``reports`` with ``environ`` over the test's settings: for values Settings itself refuses."""
+    return subprocess.run(
+        [sys.executable, "-m", "reports", *args], env={**os.environ, **settings.as_environ(), **environ},
+        cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"postgresql+psycopg://postgres:{SECRET}@127.0.0.1:notaport/reports",
+        f"postgresql+psycopg://postgres:{SECRET}@127.0.0.1:99999/reports",
+        f"postgresql+psycopg://postgres@127.0.0.1:notaport/reports?sslmode=disable&password={SECRET}",
+        "://x",
+    ],
+)
+def test_a_malformed_database_url_is_rejected_in_one_line_without_its_password(settings, url):
+    result = run_cli_with(settings, {"DATABASE_URL": url}, "progress", LAST_MONTH)
+    line = assert_rejected(result)
+    assert "DATABASE_URL" in line
+    assert SECRET not in result.stdout + result.stderr
+
+
+def test_a_broker_url_whose_database_is_not_a_number_is_rejected_and_nothing_is_queued(settings, sessions):
+    result = run_cli_with(settings, {"BROKER_URL": f"redis://:{SECRET}@127.0.0.1:6379/notadb"}, "trigger", LAST_MONTH)
+    line = assert_rejected(result)
+    assert "BROKER_URL" in line
+    assert SECRET not in result.stdout + result.stderr
+    assert_nothing_changed(settings, sessions)

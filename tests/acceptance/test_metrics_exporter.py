@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 
 import pytest
@@ -28,16 +30,20 @@ pytestmark = pytest.mark.acceptance
 PERIOD = "2026-10"
 
 
-@pytest.fixture
-def exporter(settings):
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+@contextmanager
+def running_exporter(settings, *args: str, **environ: str) -> Iterator[tuple[subprocess.Popen[str], Callable[[], Samples]]]:
+    """``reports exporter`` on a free port (``--port``, plus ``args``), with ``environ`` over the settings."""
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "reports", "exporter", "--host", "127.0.0.1", "--port", str(port)],
-        env={**os.environ, **settings.as_environ()}, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True,
+        [sys.executable, "-m", "reports", "exporter", "--port", str(port), *args],
+        env={**os.environ, **settings.as_environ(), **environ}, cwd=REPO, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
     )
 
-    def scrape() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    def scrape() -> Samples:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
             text = response.read().decode()
         return {
@@ -52,11 +58,20 @@ def exporter(settings):
             assert process.poll() is None, process.stderr.read() if process.stderr else ""
             return False
 
-    wait_until(up, timeout=20, what="the exporter to serve")
-    yield process, scrape
-    if process.poll() is None:
-        process.kill()
-        process.wait()
+    try:
+        wait_until(up, timeout=20, what="the exporter to serve")
+        yield process, scrape
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture
+def exporter(settings):
+    # Figures as they are at each scrape: these tests change them between scrapes.
+    with running_exporter(settings, "--host", "127.0.0.1", EXPORTER_CACHE_SECONDS="0") as running:
+        yield running
 
 
 def value(samples, name: str, **labels: str) -> float:
@@ -131,3 +146,17 @@ def test_the_exporter_rejects_a_bad_port_in_one_line(settings):
     result = run_cli(settings, "exporter", "--port", "70000")
     assert result.returncode == 2
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_the_exporter_listens_on_exporter_host_and_serves_one_collection_per_window(settings, sessions):
+    with running_exporter(settings, EXPORTER_HOST="127.0.0.1", EXPORTER_CACHE_SECONDS="30") as (process, scrape):
+        dead = ("reports_dead_letters_total", (("actor", "build_report"), ("queue", "bulk"), ("reason", "permanent")))
+        assert scrape()[dead] == 0
+        client = redis.Redis.from_url(settings.broker_url)
+        metrics.count(client, settings.broker_namespace, "dead_letters", "bulk", "build_report", "permanent")
+        client.close()
+
+        assert scrape()[dead] == 0  # within the window: the figures collected at the first scrape
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=10) == 0
+        assert "Serving metrics on http://127.0.0.1:" in process.stderr.read()

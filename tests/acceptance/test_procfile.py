@@ -343,3 +343,28 @@ def test_a_worker_on_a_misspelled_queue_consumes_nothing_and_says_nothing(
     assert_quiet(worker)
     assert "no-such-queue" not in worker.log()
     assert stop_all([worker]) == {"misspelled": 0}
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        pytest.param([sys.executable, "-m", "scheduler"], id="scheduler"),
+        pytest.param([sys.executable, "-m", "dramatiq", "actors", "--processes", "2", "--threads", "1"], id="workers"),
+    ],
+)
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [("DATABASE_URL", "postgresql+psycopg://app:s3cretpw@db:notaport/reports"),
+     ("BROKER_URL", "redis://:s3cretpw@127.0.0.1:6379/notadb")],
+)
+def test_a_process_with_a_malformed_url_exits_2_with_one_line_a_process_and_no_password(settings, command, variable, value):
+    result = subprocess.run(command, env={**os.environ, **settings.as_environ(), variable: value}, cwd=REPO,
+                            capture_output=True, text=True, timeout=60, check=False)
+
+    described = f"exit {result.returncode}\nstdout: {result.stdout!r}\nstderr: {result.stderr!r}"
+    assert result.returncode == 2, described
+    # Dramatiq's parent process logs its own lines (booting, a worker exited); ours is one line.
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert 1 <= len(errors) <= 2 and all(line.startswith(f"error: {variable} must") for line in errors), described
+    assert "Traceback" not in result.stderr, described
+    assert "s3cretpw" not in result.stdout + result.stderr, described

@@ -11,6 +11,7 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -27,11 +28,18 @@ WINDOW_SECONDS = 1.0
 
 @dataclass
 class Webhook:
-    """A local HTTP endpoint that keeps every JSON body posted to it, with when it arrived."""
+    """A local HTTP endpoint that keeps every JSON body posted to it, with when it arrived.
+
+    ``answers`` scripts the next requests' answers: ``"garbage"`` (not HTTP at all),
+    ``"redirect"`` (a 302 to ``redirect_to``); when it runs out, each post is kept and answered 200.
+    """
 
     url: str
     lock: threading.Lock = field(default_factory=threading.Lock)
     received: list[tuple[float, dict[str, Any]]] = field(default_factory=list)
+    answers: list[str] = field(default_factory=list)
+    redirect_to: str = ""
+    requests: int = 0
 
     @property
     def posts(self) -> list[dict[str, Any]]:
@@ -44,25 +52,36 @@ class Webhook:
             return [at for at, _ in self.received]
 
 
-@pytest.fixture
-def webhook() -> Iterator[Webhook]:
+@contextmanager
+def serve_webhook(host: str = "127.0.0.1") -> Iterator[Webhook]:
     port = free_port()
-    hook = Webhook(url=f"http://127.0.0.1:{port}/hooks/T000/SECRET-TOKEN")
+    hook = Webhook(url=f"http://{host}:{port}/hooks/T000/SECRET-TOKEN")
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            body = self.rfile.read(int(self.headers["Content-Length"]))
             with hook.lock:
-                hook.received.append((time.monotonic(), body))
-            self.send_response(200)
+                hook.requests += 1
+                answer = hook.answers.pop(0) if hook.answers else "ok"
+                if answer == "ok":
+                    hook.received.append((time.monotonic(), json.loads(body)))
+            if answer == "garbage":
+                self.wfile.write(b"SURPRISE\r\n\r\n")
+                return
+            self.send_response(302 if answer == "redirect" else 200)
+            if answer == "redirect":
+                self.send_header("Location", hook.redirect_to)
             self.send_header("Content-Length", "2")
             self.end_headers()
             self.wfile.write(b"ok")
 
+        def do_GET(self) -> None:
+            self.do_POST()
+
         def log_message(self, format: str, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    server = ThreadingHTTPServer((host, port), Handler)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
@@ -71,6 +90,12 @@ def webhook() -> Iterator[Webhook]:
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+@pytest.fixture
+def webhook() -> Iterator[Webhook]:
+    with serve_webhook() as hook:
+        yield hook
 
 
 @pytest.fixture
@@ -226,3 +251,52 @@ def test_the_sample_keeps_the_most_recent_message_ids(
     second = webhook.posts[1]
     assert second["dead_letters"] == 25
     assert second["sample_message_ids"] == [d.message_id for d in reversed(burst[-SAMPLE_SIZE:])]
+
+
+def alert_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "reports.alerts" and r.levelno == logging.WARNING]
+
+
+@pytest.mark.parametrize(("answer", "error"), [("garbage", "BadStatusLine"), ("redirect", "HTTPError")])
+def test_after_a_post_that_failed_the_next_windows_post_still_arrives(
+    webhook: Webhook, redis_client: redis.Redis, broker_namespace: str, caplog: pytest.LogCaptureFixture,
+    answer: str, error: str,
+) -> None:
+    webhook.answers = [answer]
+    alerts = WebhookAlerts(webhook.url, redis_client, namespace=broker_namespace, window_seconds=WINDOW_SECONDS)
+    with caplog.at_level(logging.WARNING, logger="reports.alerts"), serve_webhook("127.0.0.2") as elsewhere:
+        webhook.redirect_to = f"{elsewhere.url}/stolen"
+        alerts.dead_letter(dead_message())
+        wait_until(lambda: alert_warnings(caplog), timeout=5, interval=0.01, what="the failed post's warning")
+
+        later = dead_message()
+        alerts.dead_letter(later)
+        wait_until(lambda: webhook.posts, timeout=3 * WINDOW_SECONDS, interval=0.02, what="the next window's post")
+        assert elsewhere.requests == 0  # the redirect was not followed to the other host
+
+    assert webhook.posts[0]["sample_message_ids"] == [later.message_id]
+    assert alert_warnings(caplog) == [f"Dead-letter alert to 127.0.0.1 failed: {error}"]
+    assert all("SECRET-TOKEN" not in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:notaport/hooks/T000/SECRET-TOKEN",  # http.client.InvalidURL
+        "http://127.0.0.1:1/hooks/T000/SECRET-TOKEN\r\nX-Injected: 1",  # InvalidURL: a control character
+        "hooks.example.test/T000/SECRET-TOKEN",  # ValueError: unknown url type
+    ],
+)
+def test_a_webhook_url_that_cannot_be_posted_to_is_tried_again_every_window_without_its_secret(
+    url: str, redis_client: redis.Redis, broker_namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    alerts = WebhookAlerts(url, redis_client, namespace=broker_namespace, window_seconds=WINDOW_SECONDS)
+    with caplog.at_level(logging.WARNING, logger="reports.alerts"):
+        alerts.dead_letter(dead_message())
+        wait_until(lambda: alert_warnings(caplog), timeout=5, interval=0.01, what="the first failure")
+        alerts.dead_letter(dead_message())
+        wait_until(lambda: len(alert_warnings(caplog)) >= 2, timeout=3 * WINDOW_SECONDS, interval=0.02,
+                   what="the next window's attempt")
+
+    assert all(" failed: " in line for line in alert_warnings(caplog))
+    assert all("SECRET-TOKEN" not in r.getMessage() for r in caplog.records)

@@ -240,6 +240,34 @@ def test_a_line_break_in_a_name_cannot_inject_a_bcc_header(
     assert not any(line.lower().startswith("bcc:") for line in header_block.splitlines())
 
 
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param("=?utf-8?q?Eve=0D=0ABcc:_attacker@example.com?=", id="encoded-word-bcc"),
+        pytest.param("=?utf-8?q?Eve=0D=0A=0D=0AYour_account_is_closed.?=", id="encoded-word-replaces-body"),
+    ],
+)
+def test_an_encoded_line_break_in_a_name_adds_no_header_and_leaves_the_body_alone(
+    settings, sessions, context, smtp_server, population, name
+):
+    with sessions.begin() as session:
+        session.execute(text("UPDATE users SET name = :name WHERE id = 3"), {"name": name})
+
+    assert pipeline.run(context, job(settings, 3)) == pipeline.Outcome.DELIVERED
+
+    [(envelope, message)] = smtp_server.handler.messages
+    assert envelope == ["user3@example.test"]
+    assert message.keys() == ["From", "To", "Subject", "Date", "Message-ID", "X-Report-Period", "X-Report-User-Id",
+                              "MIME-Version", "Content-Type"]
+    assert message["Bcc"] is None
+    assert [a.addr_spec for a in message["To"].addresses] == ["user3@example.test"]
+    assert "\n" not in message["To"].addresses[0].display_name
+    count, total = population.expected[3]
+    plain = message.get_body(("plain",)).get_content()
+    assert f"Activities: {count}" in plain and f"Total: {money(total)}" in plain
+    assert "Your account is closed" not in message.as_string()
+
+
 def test_an_invalid_email_address_is_a_permanent_failure_that_sends_nothing(
     settings, sessions, context, smtp_server, population
 ):

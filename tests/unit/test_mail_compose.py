@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import email
+import email.header
 import email.policy
+import re
 from datetime import UTC, datetime
 from email.headerregistry import Address
 from email.message import EmailMessage
@@ -232,3 +234,139 @@ def test_a_non_ascii_address_is_rejected_or_written_as_a_valid_to_header(address
     parsed = reparse(compose_for(to))
     assert parsed["To"].defects == ()
     assert [a.addr_spec for a in parsed["To"].addresses] == [address]
+
+
+# --- user text cannot add a header line, on any Python version ---------------------------------
+
+#: The headers compose sets, in order; a message with any other header line was injected into.
+OUR_HEADERS = ["From", "To", "Subject", "Date", "Message-ID", "X-Report-Period", "X-Report-User-Id",
+               "MIME-Version", "Content-Type"]
+
+ATTACKS = [
+    pytest.param(INJECTION, id="crlf"),
+    pytest.param("=?utf-8?q?Eve=0D=0ABcc:_x@evil.test?=", id="encoded-word-crlf-bcc"),
+    pytest.param("=?utf-8?q?Eve=0D=0A=0D=0AYour_account_is_closed?=", id="encoded-word-blank-line-body"),
+    pytest.param("=?utf-8?b?RXZlDQpCY2M6IHhAZXZpbC50ZXN0?=", id="base64-encoded-word-crlf-bcc"),
+    pytest.param("Eve =?iso-8859-1?q?=0ABcc:_x@evil.test?= Smith", id="encoded-word-lf-mid-name"),
+    pytest.param("Eve\u2028Bcc: x@evil.test", id="unicode-line-separator"),
+    pytest.param("Eve\x85Bcc: x@evil.test", id="next-line-control"),
+]
+
+
+def header_names(raw: bytes) -> list[str]:
+    """The name of every header line in the block that is not a continuation."""
+    return [line.split(b":", 1)[0].decode() for line in header_lines(raw) if line[:1] not in (b" ", b"\t")]
+
+
+def assert_only_our_headers_and_the_body_intact(message: EmailMessage) -> EmailMessage:
+    raw = message.as_bytes()
+    assert header_names(raw) == OUR_HEADERS
+    assert all(len(line) <= 78 for line in header_lines(raw))
+    parsed = reparse(message)
+    assert parsed.keys() == OUR_HEADERS
+    assert parsed["Bcc"] is None
+    assert [a.addr_spec for a in parsed["To"].addresses] == ["ada@example.com"]
+    assert parsed.get_body(("plain",)).get_content().replace("\r\n", "\n") == rendered_factory().text
+    return parsed
+
+
+@pytest.mark.parametrize("name", ATTACKS)
+def test_a_hostile_name_adds_no_header_line_and_leaves_the_body_alone(name: str) -> None:
+    message = compose_for(recipient("ada@example.com", name))
+    parsed = assert_only_our_headers_and_the_body_intact(message)
+    # Shown as the text it is, not decoded a second time into a line break.
+    assert rfc2047_display_name(message) == display_name(name)
+    assert not re.search(r"[\r\n]", parsed["To"].addresses[0].display_name)
+
+
+@pytest.mark.parametrize("name", ATTACKS)
+def test_a_hostile_name_in_the_subject_adds_no_header_line(name: str) -> None:
+    subject = f"Your report, {name}"
+    parsed = assert_only_our_headers_and_the_body_intact(compose_with_subject(subject))
+    assert str(parsed["Subject"]) == " ".join(re.sub(r"[\r\n\x85\u2028]", " ", subject).split())
+
+
+def compose_with_subject(subject: str) -> EmailMessage:
+    return compose(rendered_factory(subject=subject), to=recipient("ada@example.com", "Ada"),
+                   mail_from="Reports <reports@reports.test>", period=OCTOBER, user_id=42,
+                   date=datetime(2026, 11, 1, 6, 0), message_id=message_id(OCTOBER, 42, "reports.test"))
+
+
+def header_field(raw: bytes, name: bytes) -> list[bytes]:
+    """The physical lines of one header field: its first line and its continuations."""
+    lines = header_lines(raw)
+    for start, line in enumerate(lines):
+        if line.lower().startswith(name.lower() + b":"):
+            end = start + 1
+            while end < len(lines) and lines[end][:1] in (b" ", b"\t"):
+                end += 1
+            return lines[start:end]
+    return []
+
+
+def test_a_hundred_thousand_character_name_is_cut_to_sixty_four_characters() -> None:
+    message = compose_for(recipient("ada@example.com", "x" * 100_000))
+    assert len(b"".join(header_field(message.as_bytes(), b"To"))) < 100
+    assert reparse(message)["To"].addresses[0].display_name == "x" * 64
+
+
+def test_a_long_non_ascii_name_is_cut_on_a_character_boundary() -> None:
+    name = "\U0001f600\u00e9" * 50_000
+    message = compose_for(recipient("ada@example.com", name))
+    assert_only_our_headers_and_the_body_intact(message)
+    assert len(b"".join(header_field(message.as_bytes(), b"To"))) < 500
+    assert rfc2047_display_name(message) == name[:64]
+
+
+def rfc2047_display_name(message: EmailMessage) -> str:
+    """The To header's display name as an RFC 2047 reader shows it (whitespace between adjacent
+    encoded words is no part of the text: what Gmail, Outlook and Thunderbird do)."""
+    to = str(email.message_from_bytes(message.as_bytes(), policy=email.policy.compat32)["To"])
+    decoded = str(email.header.make_header(email.header.decode_header(to)))
+    return decoded.rsplit(" <", 1)[0]
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["Zo\u00eb \u00c5str\u00f6m", "Jos\u00e9 Mar\u00eda Garc\u00eda", "\u674e\u5c0f\u9f8d", "Fran\u00e7ois O'Brien",
+     "\u0410\u043b\u0435\u043a\u0441\u0430\u043d\u0434\u0440 \u041f\u0443\u0448\u043a\u0438\u043d",
+     "\U0001f600 Smiley", "Lovelace, Ada", 'Ada "the Countess" L.', "Ada (admin)", "Ada Lovelace",
+     "=?utf-8?q?Ada?="],
+)
+def test_a_name_is_shown_by_a_mail_reader_exactly_as_it_is(name: str) -> None:
+    message = compose_for(recipient("ada@example.com", name))
+    assert reparse(message)["To"].addresses[0].display_name == name
+    assert rfc2047_display_name(message) == name
+
+
+@pytest.mark.parametrize(
+    "name",
+    [("\u0410\u043b\u0435\u043a\u0441\u0430\u043d\u0434\u0440 \u0421\u0435\u0440\u0433\u0435\u0435\u0432\u0438\u0447"
+      " \u041f\u0443\u0448\u043a\u0438\u043d"),
+     "\u674e\u5c0f\u9f8d" * 21, "Zo\u00eb \u00c5str\u00f6m-" * 5],
+)
+def test_a_name_too_long_for_one_encoded_word_is_shown_exactly_by_an_rfc_2047_reader(name: str) -> None:
+    cleaned = display_name(name)
+    message = compose_for(recipient("ada@example.com", name))
+    assert rfc2047_display_name(message) == cleaned
+    # Python's own address parser (every version up to 3.13) keeps the folding space between two
+    # encoded words, which RFC 2047 says is no part of the text: it shows the same characters,
+    # only spaced apart where one word ends.
+    assert reparse(message)["To"].addresses[0].display_name.replace(" ", "") == cleaned.replace(" ", "")
+
+
+def test_a_non_ascii_subject_is_shown_exactly() -> None:
+    subject = "Votre relev\u00e9 d'activit\u00e9 pour octobre 2026, Zo\u00eb \u00c5str\u00f6m \u2014 " * 3
+    message = compose_with_subject(subject)
+    assert_only_our_headers_and_the_body_intact(message)
+    assert str(reparse(message)["Subject"]) == " ".join(subject.split())
+
+
+def test_a_header_that_would_add_a_line_of_its_own_is_refused() -> None:
+    from reports.mail import compose as compose_module
+
+    message = compose_for(recipient("ada@example.com", "Ada"))
+    del message["Subject"]
+    message.set_raw("Subject", "Hello\r\nBcc: x@evil.test")
+    with pytest.raises(PermanentError, match="Subject"):
+        compose_module.check_headers(message)

@@ -302,3 +302,131 @@ def test_a_broker_url_the_redis_broker_cannot_use_is_a_configuration_error_witho
 @pytest.mark.parametrize("url", ["redis://127.0.0.1:6379/0", "rediss://h:6380/1", "unix:///tmp/redis.sock"])
 def test_redis_tls_and_unix_socket_broker_urls_are_accepted(url: str) -> None:
     assert Settings.from_env({"BROKER_URL": url}).broker_url == url
+
+
+@pytest.mark.parametrize(
+    ("url", "redacted"),
+    [
+        ("postgresql+psycopg://db/reports?password=s3cret", "postgresql+psycopg://db/reports?password=***"),
+        ("postgresql+psycopg://app@db/reports?sslmode=require&sslpassword=s3cret",
+         "postgresql+psycopg://app@db/reports?sslmode=require&sslpassword=***"),
+        ("redis://localhost:6379/0?PASSWORD=s3cret", "redis://localhost:6379/0?PASSWORD=***"),
+        ("redis://localhost:6379/0?pass=s3cret&db=1", "redis://localhost:6379/0?pass=***&db=1"),
+        ("https://api.example.com/v1?token=s3cret", "https://api.example.com/v1?token=***"),
+        ("https://api.example.com/v1?Api_Key=s3cret", "https://api.example.com/v1?Api_Key=***"),
+        ("smtp://mail:25?secret=s3cret;starttls=true", "smtp://mail:25?secret=***;starttls=true"),
+        ("postgresql://db/r?pass%77ord=s3cret", "postgresql://db/r?pass%77ord=***"),
+        ("postgresql://db/r?password=s3c@ret#x", "postgresql://db/r?password=***"),
+        ("postgresql://app:s3cret@db/r?password=s3cret", "postgresql://app:***@db/r?password=***"),
+    ],
+)
+def test_redact_url_hides_a_secret_query_parameter(url: str, redacted: str) -> None:
+    result = redact_url(url)
+    assert "s3c" not in result
+    assert result == redacted
+
+
+def test_redact_url_leaves_other_query_parameters_alone() -> None:
+    url = "postgresql+psycopg://db/reports?sslmode=require&application_name=reports&connect_timeout=5"
+    assert redact_url(url) == url
+
+
+def test_the_settings_repr_shows_no_secret_of_any_url() -> None:
+    settings = Settings(
+        database_url="postgresql+psycopg://app:db-s3cret@db:5432/reports?sslpassword=ssl-s3cret",
+        broker_url="rediss://:broker-s3cret@queue:6380/2",
+        smtp_url="smtps://mailer:smtp-s3cret@mail.example.com:465",
+        alert_webhook_url="https://hooks.example.com/services/T000/hook-s3cret",
+    )
+    shown = repr(settings)
+    assert "s3cret" not in shown and "s3cret" not in str(settings)
+    assert "db:5432/reports" in shown and "queue:6380/2" in shown and "hooks.example.com" in shown
+    assert "plan_page_size=1000" in shown
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql+psycopg://app:s3cret@db:notaport/reports",
+        "postgresql+psycopg://app:s3cret@db:99999/reports",
+        "://x",
+        "postgresql+psycopg//app:s3cret@db/reports",
+        "nosuchdialect://app:s3cret@db/reports",
+    ],
+)
+def test_a_malformed_database_url_is_a_configuration_error_without_its_password(url: str) -> None:
+    with pytest.raises(ConfigurationError, match="DATABASE_URL") as raised:
+        Settings.from_env({"DATABASE_URL": url})
+    assert "s3cret" not in str(raised.value)
+    assert "\n" not in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://:s3cret@queue:6379/notadb",
+        "redis://queue:6379/0x1",
+        "rediss://queue:6380/1?db=two",
+        "unix:///run/redis.sock?db=zero",
+        "redis://:s3cret@queue:port/0",
+    ],
+)
+def test_a_broker_url_with_a_database_that_is_not_a_number_is_a_configuration_error(url: str) -> None:
+    with pytest.raises(ConfigurationError, match="BROKER_URL") as raised:
+        Settings.from_env({"BROKER_URL": url})
+    assert "s3cret" not in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    "url", ["redis://queue:6379", "redis://queue:6379/", "redis://queue:6379/15", "unix:///run/redis.sock?db=3"]
+)
+def test_a_broker_url_with_a_numbered_or_no_database_is_accepted(url: str) -> None:
+    assert Settings.from_env({"BROKER_URL": url}).broker_url == url
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://hooks.example.com/services/T000/SECRET",
+        "https://hooks.example.com:8443/x",
+        "http://127.0.0.1:9999/hooks/SECRET",
+        "http://localhost/hooks/SECRET",
+        "http://[::1]:8080/hooks/SECRET",
+    ],
+)
+def test_an_https_or_loopback_webhook_url_is_accepted(url: str) -> None:
+    assert Settings.from_env({"ALERT_WEBHOOK_URL": url}).alert_webhook_url == url
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://hooks.example.com/services/T000/SECRET",
+        "http://10.0.0.5/hooks/SECRET",
+        "ftp://hooks.example.com/SECRET",
+        "hooks.example.com/services/SECRET",
+        "https:///SECRET",
+        "https://hooks.example.com:notaport/SECRET",
+        "https://hooks.example.com/SECRET\r\nX-Injected: 1",
+    ],
+)
+def test_a_webhook_url_that_is_not_https_or_cannot_be_posted_to_is_a_configuration_error(url: str) -> None:
+    with pytest.raises(ConfigurationError, match="ALERT_WEBHOOK_URL") as raised:
+        Settings.from_env({"ALERT_WEBHOOK_URL": url})
+    assert "SECRET" not in str(raised.value)
+
+
+def test_the_exporter_listens_everywhere_and_caches_five_seconds_unless_told_otherwise() -> None:
+    assert (Settings.from_env({}).exporter_host, Settings.from_env({}).exporter_cache_seconds) == ("0.0.0.0", 5.0)
+    settings = Settings.from_env({"EXPORTER_HOST": "127.0.0.1", "EXPORTER_CACHE_SECONDS": "0"})
+    assert (settings.exporter_host, settings.exporter_cache_seconds) == ("127.0.0.1", 0.0)
+
+
+@pytest.mark.parametrize(
+    ("variable", "raw"),
+    [("EXPORTER_CACHE_SECONDS", "-1"), ("EXPORTER_CACHE_SECONDS", "nan"), ("EXPORTER_CACHE_SECONDS", "5s"),
+     ("EXPORTER_HOST", "127.0.0.1 9300")],
+)
+def test_a_bad_exporter_setting_is_a_configuration_error_naming_the_variable(variable: str, raw: str) -> None:
+    with pytest.raises(ConfigurationError, match=variable):
+        Settings.from_env({variable: raw})
