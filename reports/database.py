@@ -19,6 +19,10 @@ _MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 
+#: Bound parameters (names, addresses, amounts) stay out of SQLAlchemy's error text, which lands
+#: in dead letters, item errors and logs.
+HIDE_PARAMETERS = True
+
 #: Idle PostgreSQL connections a process keeps: at least the threads of any worker pool.
 IDLE_CONNECTIONS_KEPT = 16
 
@@ -34,14 +38,14 @@ def create_db_engine(url: str, *, create: bool = True) -> Engine:
         # Pools open connections only as threads ask for them, but keep no more than pool_size
         # idle: below a worker's thread count (8 on the bulk pool), every busy moment opened and
         # closed connections (3,423 sessions for 40,000 reports in bench/end_to_end.py).
-        return create_engine(url, pool_pre_ping=True, pool_size=IDLE_CONNECTIONS_KEPT)
+        return create_engine(url, pool_pre_ping=True, pool_size=IDLE_CONNECTIONS_KEPT, hide_parameters=HIDE_PARAMETERS)
 
     if parsed.database and parsed.database != ":memory:":
         if not create and not Path(parsed.database).is_file():
             raise DatabaseMissing(f"There is no SQLite database at {parsed.database}: is DATABASE_URL right, "
                                   "and was `reports db upgrade` run?")
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+    engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}, hide_parameters=HIDE_PARAMETERS)
 
     @event.listens_for(engine, "connect")
     def _configure(dbapi_connection, _record):

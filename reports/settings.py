@@ -267,6 +267,11 @@ def _check_endpoints(settings: Settings) -> None:
     an exporter that could not serve. Kept out of ``__post_init__`` so its own checks stay short."""
     _check_database_url(settings.database_url)
     _check_broker_url(settings.broker_url)
+    if settings.smtp_url is not None:
+        # Imported here: the mail package reads redact_url from this module.
+        from reports.mail.smtp import SmtpTarget
+
+        SmtpTarget.from_url(settings.smtp_url)
     if settings.alert_webhook_url is not None:
         _check_webhook_url(settings.alert_webhook_url)
     if not settings.exporter_host or _BLANK_OR_CONTROL.search(settings.exporter_host):

@@ -20,6 +20,11 @@ from reports.errors import SERVICE_NOT_AVAILABLE, ConfigurationError, MailDeferr
 from reports.settings import redact_url
 
 _TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+#: The query options SMTP_URL takes. ``insecure_auth`` lets credentials go over a connection
+#: without TLS: only for a relay on the same host or network, never across the internet.
+SMTP_OPTIONS = ("starttls", "insecure_auth")
 
 #: A kept connection unused for this long is checked with NOOP before the next message.
 CHECK_IDLE_AFTER_SECONDS = 5.0
@@ -40,19 +45,39 @@ class SmtpTarget:
         if parts.scheme not in ("smtp", "smtps") or not parts.hostname:
             raise ConfigurationError(f"SMTP_URL must be smtp://host:port or smtps://host:port, got {redact_url(url)}.")
         implicit_tls = parts.scheme == "smtps"
-        query = parse_qs(parts.query)
         try:
             port = parts.port or (465 if implicit_tls else 25)
         except ValueError:
             raise ConfigurationError(f"SMTP_URL has an invalid port: {redact_url(url)}.") from None
-        return cls(
+        options = _options(parts.query, url)
+        target = cls(
             host=parts.hostname,
             port=port,
             implicit_tls=implicit_tls,
-            starttls=query.get("starttls", ["false"])[0].lower() in _TRUE,
+            starttls=options.get("starttls", False),
             username=unquote(parts.username) if parts.username else None,
             password=unquote(parts.password) if parts.password else None,
         )
+        if target.username and not (target.implicit_tls or target.starttls or options.get("insecure_auth", False)):
+            raise ConfigurationError(
+                "SMTP_URL has credentials but no TLS, so they would cross the network in clear: use smtps://, "
+                f"or ?starttls=true (or ?insecure_auth=true for a relay on this host), got {redact_url(url)}."
+            )
+        return target
+
+
+def _options(query: str, url: str) -> dict[str, bool]:
+    """The URL's options; a misspelled one must not be ignored (``?startls=true`` would send in clear)."""
+    options: dict[str, bool] = {}
+    for name, values in parse_qs(query, keep_blank_values=True).items():
+        value = values[-1].lower()
+        if name not in SMTP_OPTIONS or value not in _TRUE | _FALSE:
+            raise ConfigurationError(
+                f"SMTP_URL takes only {', '.join(f'{option}=true|false' for option in SMTP_OPTIONS)}, "
+                f"got {redact_url(url)}."
+            )
+        options[name] = value in _TRUE
+    return options
 
 
 class _Stage(enum.Enum):

@@ -56,10 +56,10 @@ def test_the_url_gives_host_port_and_tls_mode(
 @pytest.mark.parametrize(
     ("url", "username", "password"),
     [
-        ("smtp://user:secret@mail.example.com:25", "user", "secret"),
-        ("smtp://us%40er:p%40ss%3Aw%2Fo%23rd@mail.example.com", "us@er", "p@ss:w/o#rd"),
+        ("smtp://user:secret@mail.example.com:25?starttls=true", "user", "secret"),
+        ("smtps://us%40er:p%40ss%3Aw%2Fo%23rd@mail.example.com", "us@er", "p@ss:w/o#rd"),
         ("smtps://apikey:a%20b%25c@mail.example.com", "apikey", "a b%c"),
-        ("smtp://user@mail.example.com", "user", None),
+        ("smtp://user@mail.example.com?insecure_auth=true", "user", None),
     ],
 )
 def test_credentials_are_percent_decoded(url: str, username: str, password: str | None) -> None:
@@ -79,7 +79,30 @@ def test_a_bad_url_without_credentials_is_a_configuration_error_naming_smtp_url(
 
 def test_the_password_is_not_shown_in_the_targets_repr() -> None:
     # A target may end up in a log line or a traceback's locals.
-    assert "s3cret" not in repr(SmtpTarget.from_url("smtp://user:s3cret@mail.example.com:25"))
+    assert "s3cret" not in repr(SmtpTarget.from_url("smtps://user:s3cret@mail.example.com"))
+
+
+@pytest.mark.parametrize("url", [
+    "smtp://user:s3cret@mail.example.com:587",
+    "smtp://user:s3cret@mail.example.com:587?starttls=false",
+    "smtp://user@mail.example.com:25",
+])
+def test_credentials_without_tls_are_refused(url: str) -> None:
+    with pytest.raises(ConfigurationError, match="no TLS") as caught:
+        SmtpTarget.from_url(url)
+    assert "s3cret" not in str(caught.value)
+
+
+def test_credentials_without_tls_are_taken_only_when_the_url_says_so_for_a_local_relay() -> None:
+    target = SmtpTarget.from_url("smtp://user:s3cret@127.0.0.1:25?insecure_auth=true")
+    assert (target.username, target.password, target.starttls, target.implicit_tls) == ("user", "s3cret", False, False)
+
+
+@pytest.mark.parametrize("query", ["startls=true", "starttls=maybe", "tls=true", "starttls=true&debug=1", "ssl"])
+def test_an_unknown_or_misspelled_option_is_refused_not_ignored(query: str) -> None:
+    with pytest.raises(ConfigurationError, match="SMTP_URL takes only") as caught:
+        SmtpTarget.from_url(f"smtp://user:s3cret@mail.example.com:587?{query}")
+    assert "s3cret" not in str(caught.value)
 
 
 @pytest.mark.parametrize(
