@@ -334,6 +334,22 @@ def test_admin_commands_reject_bad_input_with_exit_2_one_line_and_nothing_enqueu
     assert count_rows(sessions, "resends") == 0
 
 
+
+def test_send_now_to_a_deactivated_user_is_refused_unless_the_operator_asks_for_it(settings, sessions):
+    population = load_users(sessions, count=5, inactive_every=5)
+    [inactive] = population.inactive
+
+    refused = run_cli(settings, "send-now", str(inactive), PERIOD)
+    assert refused.returncode == 2, refused.stderr
+    assert len(refused.stderr.splitlines()) == 1 and "--include-inactive" in refused.stderr
+    assert queued_messages(settings.broker_url, settings.broker_namespace, CRITICAL_QUEUE) == 0
+    assert count_rows(sessions, "resends") == 0
+
+    asked = run_cli(settings, "send-now", str(inactive), PERIOD, "--include-inactive")
+    assert asked.returncode == 0, asked.stderr
+    assert queued_messages(settings.broker_url, settings.broker_namespace, CRITICAL_QUEUE) == 1
+    assert count_rows(sessions, "resends") == 1, "the request is recorded when it is made"
+
 # --- 4. cancel and resume --------------------------------------------------------------------
 
 
