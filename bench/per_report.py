@@ -95,15 +95,10 @@ class Meter:
 
 
 class BytesMailer:
-    """Builds the message's bytes, as a real mailer must, and sends them nowhere."""
+    """Takes the message's bytes, which compose built (timed as email), and sends them nowhere."""
 
-    def __init__(self, meter: Meter) -> None:
-        self.meter = meter
-
-    def send(self, message: Any, *, recipient: str) -> None:
-        started = time.process_time()
-        message.as_bytes()
-        self.meter.add("email", time.process_time() - started)
+    def send(self, message: bytes, *, recipient: str) -> None:
+        assert message.endswith(b"\r\n")
 
 
 @contextmanager
@@ -135,7 +130,7 @@ def one_pass(settings: Settings, engine: Engine, redis_url: str, period: Period,
     client = redis.Redis.from_url(redis_url)
     breaker = CircuitBreaker(client, name=mail_breaker_name(f"bench-{uuid.uuid4().hex[:8]}"), failure_threshold=5,
                              window_ms=30_000, cooldown_ms=30_000, probe_timeout_ms=30_000)
-    context = pipeline.Context(settings=settings, sessions=sessions, mailer=BytesMailer(meter), breaker=breaker)
+    context = pipeline.Context(settings=settings, sessions=sessions, mailer=BytesMailer(), breaker=breaker)
     calls_before = redis_calls(client)
     with wrapped(meter), meter.watching(engine):
         started_cpu, started_wall = time.process_time(), time.perf_counter()
@@ -187,8 +182,7 @@ def floor_pass(settings: Settings, engine: Engine, period: Period, users: list[i
             rendered = render(settings.templates_dir, settings.template_version, name=name, summary=summary)
             now = datetime.now(UTC).replace(tzinfo=None)
             compose(rendered, to=recipient(email, name), mail_from=settings.mail_from, period=period,
-                    user_id=user_id, date=now, message_id=message_id(period, user_id, settings.mail_domain)
-                    ).as_bytes()
+                    user_id=user_id, date=now, message_id=message_id(period, user_id, settings.mail_domain))
             connection.execute(FLOOR_WRITE, {"period": str(period), "user_id": user_id,
                                              "version": settings.template_version, "subject": rendered.subject,
                                              "text": rendered.text, "html": rendered.html, "now": now})

@@ -42,6 +42,15 @@ class Claim:
         return [Resend.request_id == self.request_id]
 
 
+def new_token() -> str:
+    """A claim's token: random, so only its holder can complete it."""
+    return str(uuid.uuid4())
+
+
+def lease_end(now: datetime, lease_seconds: float) -> datetime:
+    return now + timedelta(seconds=lease_seconds)
+
+
 def take(
     session: Session, period: Period, user_id: int, *, message_id: str, lease_seconds: float, now: datetime
 ) -> Claim | None:
@@ -49,7 +58,7 @@ def take(
 
     Raises :class:`ClaimHeld` while another copy's lease is still running.
     """
-    return _take(session, Claim(period, user_id, str(uuid.uuid4())), message_id=message_id,
+    return _take(session, Claim(period, user_id, new_token()), message_id=message_id,
                  lease_seconds=lease_seconds, now=now)
 
 
@@ -73,7 +82,7 @@ def take_request(
     lease_seconds: float, now: datetime,
 ) -> Claim | None:
     """Claim the right to send for one ``send-now`` request; ``None`` when that request was served."""
-    return _take(session, Claim(period, user_id, str(uuid.uuid4()), request_id), message_id=message_id,
+    return _take(session, Claim(period, user_id, new_token(), request_id), message_id=message_id,
                  lease_seconds=lease_seconds, now=now,
                  extra={"requested_at": now, "updated_at": now, "template_version": template_version})
 
@@ -83,7 +92,7 @@ def _take(
     extra: dict[str, Any] | None = None,
 ) -> Claim | None:
     model = claim._model
-    lease_expires_at = now + timedelta(seconds=lease_seconds)
+    lease_expires_at = lease_end(now, lease_seconds)
     key_values = {"period": str(claim.period), "user_id": claim.user_id}
     if claim.request_id is not None:
         key_values["request_id"] = claim.request_id

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import ColumnElement, exists, update
+from sqlalchemy import ColumnElement, exists, func, update
 from sqlalchemy.orm import Session
 
 from reports.models import Delivery, DeliveryState, ItemState, ReportItem
@@ -44,4 +44,15 @@ def finish(
             )
             .execution_options(synchronize_session=False)
         ))
+    )
+
+
+def touch(session: Session, period: Period, user_id: int, *, now: datetime) -> None:
+    """Count an attempt at the item; its message running is proof it was handed out."""
+    session.execute(
+        update(ReportItem)
+        .where(ReportItem.period == str(period), ReportItem.user_id == user_id)
+        .values(attempts=ReportItem.attempts + 1, updated_at=now,
+                enqueued_at=func.coalesce(ReportItem.enqueued_at, now))
+        .execution_options(synchronize_session=False)
     )

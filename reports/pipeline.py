@@ -23,15 +23,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.headerregistry import Address
-from email.message import EmailMessage
 from typing import NoReturn
 
 import redis
 import sqlalchemy.exc
-from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from reports import delivery, items
+from reports import delivery, items, report_sql
 from reports.activity import load_summary
 from reports.breaker import CircuitBreaker, Permit, State
 from reports.clock import utcnow
@@ -39,7 +37,7 @@ from reports.errors import CircuitOpen, Deferred, PermanentError, is_provider_fa
 from reports.jobs import ReportJob, SendNowJob
 from reports.mail.backend import Mailer
 from reports.mail.compose import compose, message_id, recipient
-from reports.models import FINAL_STATES, ItemState, PeriodRun, Report, ReportItem, RunState, User
+from reports.models import FINAL_STATES, ItemState, Report, ReportItem, RunState, User
 from reports.periods import Period
 from reports.render import RenderedReport, render
 from reports.settings import CLAIM_LEASE_MARGIN_SECONDS, Settings
@@ -196,9 +194,10 @@ def _record_sent(ctx: Context, prepared: _Prepared) -> None:
                 now = ctx.clock()
                 for claim in prepared.claims:
                     if claim.request_id is None:
-                        # Item first, then delivery: the lock order of _prepare, so copies cannot deadlock.
-                        items.finish(session, claim.period, claim.user_id, ItemState.DELIVERED, now=now)
-                    if not delivery.complete(session, claim, now=now):
+                        recorded = report_sql.record_sent(session, claim, now=now)
+                    else:
+                        recorded = delivery.complete(session, claim, now=now)
+                    if not recorded:
                         logger.warning(
                             "Delivery claim was taken over while sending; a duplicate may follow.",
                             extra={"period": str(claim.period), "user_id": claim.user_id},
@@ -217,7 +216,8 @@ def _record_sent(ctx: Context, prepared: _Prepared) -> None:
 @dataclass(frozen=True)
 class _Prepared:
     claims: list[delivery.Claim]
-    email: EmailMessage
+    #: The message's bytes, as they go on the wire.
+    email: bytes
     address: str
     #: When the claims' leases end, on this process's monotonic clock.
     lease_ends: float
@@ -232,47 +232,41 @@ def _claim_time(ctx: Context) -> tuple[datetime, float]:
 
 
 def _prepare(ctx: Context, session: Session, job: ReportJob) -> _Prepared | Outcome:
-    # Locking the item serializes copies of this job here, before they race for the claim.
-    item = session.get(ReportItem, (str(job.period), job.user_id), with_for_update=True)
+    # Reading locks the item: copies of this job serialize here, before they race for the claim.
+    inputs = report_sql.read(session, job.period, job.user_id)
     now = ctx.clock()  # after the lock: time spent waiting for it must not come off the lease
-    if item is None:
-        _missing_item(session, job)
-    if item.state in FINAL_STATES:
+    if inputs.item_state is None:
+        _missing_item(inputs, job)
+    if inputs.item_state in FINAL_STATES:
         return Outcome.ALREADY_DONE
-    run_state = session.scalar(select(PeriodRun.state).where(PeriodRun.period == str(job.period)))
-    if run_state == RunState.CANCELLED:
+    if inputs.run_state == RunState.CANCELLED:
         # The item stays pending; `trigger` re-enqueues it when the period is resumed.
         return Outcome.CANCELLED
-    item.attempts += 1
-    item.updated_at = now
-    # This message is proof the item was handed out, whatever the coordinator managed to stamp.
-    item.enqueued_at = item.enqueued_at or now
-
-    user = session.get(User, job.user_id)
-    if user is None or not user.active:
+    if inputs.email is None or not inputs.active:
+        report_sql.count_attempt(session, job.period, job.user_id, now=now)
         items.finish(session, job.period, job.user_id, ItemState.SKIPPED, now=now)
         return Outcome.SKIPPED
 
-    to, rendered = _render_and_store(ctx, session, user, job.period, job.template_version, now)
-    stable_id = message_id(job.period, user.id, ctx.settings.mail_domain)
+    to = recipient(inputs.email, inputs.name)
+    rendered = render(ctx.settings.templates_dir, job.template_version, name=inputs.name, summary=inputs.summary)
+    stable_id = message_id(job.period, job.user_id, ctx.settings.mail_domain)
     claimed_at, lease_ends = _claim_time(ctx)
-    claim = delivery.take(session, job.period, user.id, message_id=stable_id,
-                          lease_seconds=ctx.settings.claim_lease_seconds, now=claimed_at)
+    claim = report_sql.store_and_claim(
+        session, job.period, job.user_id, template_version=job.template_version, rendered=rendered,
+        message_id=stable_id, lease_seconds=ctx.settings.claim_lease_seconds, now=now, claimed_at=claimed_at,
+    )
     if claim is None:
         # The email already went out; make the item say so.
         items.finish(session, job.period, job.user_id, ItemState.DELIVERED, now=now)
         return Outcome.ALREADY_DONE
-    email = compose(rendered, to=to, mail_from=ctx.settings.mail_from, period=job.period, user_id=user.id,
+    email = compose(rendered, to=to, mail_from=ctx.settings.mail_from, period=job.period, user_id=job.user_id,
                     date=now, message_id=stable_id)
     return _Prepared(claims=[claim], email=email, address=to.addr_spec, lease_ends=lease_ends)
 
 
-def _missing_item(session: Session, job: ReportJob) -> NoReturn:
+def _missing_item(inputs: report_sql.Inputs, job: ReportJob) -> NoReturn:
     """Raise for a message whose item is not there: defer while the walk may still record it."""
-    run = session.execute(
-        select(PeriodRun.planned, PeriodRun.cursor).where(PeriodRun.period == str(job.period))
-    ).one_or_none()
-    if run is not None and not run.planned and run.cursor < job.user_id:
+    if inputs.run_state is not None and not inputs.planned and inputs.cursor < job.user_id:
         raise ItemNotYetRecorded()
     raise UnknownItem(f"No report item for period {job.period}, user {job.user_id}.")
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from email.message import EmailMessage
+from email.utils import parseaddr
 from typing import Protocol
 
 from reports.mail.maildir import MaildirMailer
@@ -11,10 +11,12 @@ from reports.settings import Settings
 
 
 class Mailer(Protocol):
-    def send(self, message: EmailMessage, *, recipient: str) -> None: ...
+    def send(self, message: bytes, *, recipient: str) -> None:
+        """Hand over one message, as it goes on the wire, for ``recipient``."""
 
 
 def build_mailer(settings: Settings) -> Mailer:
     if settings.smtp_url:
-        return SmtpMailer(settings.smtp_url, timeout_seconds=settings.smtp_timeout_seconds)
+        return SmtpMailer(settings.smtp_url, timeout_seconds=settings.smtp_timeout_seconds,
+                          sender=parseaddr(settings.mail_from)[1])
     return MaildirMailer(settings.outbox_dir)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import mailbox
-from email.message import EmailMessage
 from pathlib import Path
 
 
@@ -14,5 +13,5 @@ class MaildirMailer:
         # Maildir delivers through tmp/ and an atomic rename: safe across worker processes.
         self.maildir = mailbox.Maildir(path, create=False)
 
-    def send(self, message: EmailMessage, *, recipient: str) -> None:
+    def send(self, message: bytes, *, recipient: str) -> None:
         self.maildir.add(message)

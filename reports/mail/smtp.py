@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import email.utils
 import enum
-import functools
 import math
 import re
 import smtplib
@@ -12,7 +10,6 @@ import ssl
 import threading
 import time
 from dataclasses import dataclass, field
-from email.message import EmailMessage
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -189,9 +186,11 @@ class SmtpMailer:
     longer than ``timeout_seconds``, so it cannot outlive the claim's lease.
     """
 
-    def __init__(self, url: str, *, timeout_seconds: float) -> None:
+    def __init__(self, url: str, *, timeout_seconds: float, sender: str) -> None:
         self.target = SmtpTarget.from_url(url)
         self.timeout_seconds = timeout_seconds
+        #: The envelope sender (MAIL FROM).
+        self.sender = sender
         self._local = threading.local()
 
     def _connect(self, deadline: float) -> _DeadlineSMTP:
@@ -241,17 +240,15 @@ class SmtpMailer:
         if client is not None:
             client.close()
 
-    def send(self, message: EmailMessage, *, recipient: str) -> None:
+    def send(self, message: bytes, *, recipient: str) -> None:
         deadline = time.monotonic() + self.timeout_seconds
-        sender = _envelope_sender(str(message["From"]))
-        data = message.as_bytes()
         # A session the provider broke (before the content was accepted or refused) is replaced
         # and the message tried once more on the new one, within the same deadline.
         for last_try in (False, True):
             client = self._client(deadline)
             stage: list[_Stage] = []
             try:
-                _transaction(client, sender, recipient, data, stage)
+                _transaction(client, self.sender, recipient, message, stage)
                 self._local.last_used = time.monotonic()
                 return
             except _Refused as refused:
@@ -297,7 +294,3 @@ def _transaction(client: _DeadlineSMTP, sender: str, recipient: str, data: bytes
     if code != 250:
         raise _Refused(_Stage.CONTENT, code, reply)
 
-
-@functools.lru_cache(maxsize=8)
-def _envelope_sender(from_header: str) -> str:
-    return email.utils.parseaddr(from_header)[1]

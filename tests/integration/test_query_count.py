@@ -26,11 +26,12 @@ from reports.settings import Settings
 from tests.conftest import SmtpServer
 from tests.integration.conftest import PERIOD, plan_everything
 
-#: Statements one monthly report sends to the database today: read and lock the item, read the
-#: run's state, count the attempt, read the user, the grouped activity query, store the report,
-#: take the claim; then mark the item delivered and the claim sent. A change that adds one
-#: should be a deliberate one: raise this knowingly, never because it grew with the data.
-STATEMENTS_PER_REPORT = 9
+#: Statements one monthly report sends to the database today. On PostgreSQL: lock the item and read
+#: the run, the user and the activity; store the report, count the attempt and take the claim; mark
+#: the item delivered and the claim sent (reports/report_sql.py). On SQLite, which has neither
+#: row locks nor data-modifying CTEs, each of those parts is a statement of its own. A change that
+#: adds one should be a deliberate one: raise this knowingly, never because it grew with the data.
+STATEMENTS_PER_REPORT = {"postgresql": 3, "sqlite": 9}
 #: Before the send and after it: no transaction stays open while the provider is talked to.
 TRANSACTIONS_PER_REPORT = 2
 
@@ -146,6 +147,7 @@ def test_a_report_costs_a_small_fixed_number_of_statements(settings, sessions, c
 
     counted = run_counted(settings, sessions, context, busiest)
 
-    assert len(counted.statements) <= STATEMENTS_PER_REPORT, "\n".join(counted.statements)
+    dialect = sessions.kw["bind"].dialect.name
+    assert len(counted.statements) == STATEMENTS_PER_REPORT[dialect], "\n".join(counted.statements)
     assert counted.transactions == TRANSACTIONS_PER_REPORT
     assert len(smtp_server.by_user()[busiest]) == 1

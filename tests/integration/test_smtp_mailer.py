@@ -11,18 +11,18 @@ from reports.mail import smtp
 from reports.mail.smtp import SmtpMailer
 
 
-def _message(to: str) -> EmailMessage:
+def _message(to: str) -> bytes:
     message = EmailMessage()
     message["From"] = "reports@reports.test"
     message["To"] = to
     message["Subject"] = "report"
     message.set_content("hello")
-    return message
+    return message.as_bytes()
 
 
 def test_a_refused_message_does_not_break_the_next_send_on_the_same_connection(smtp_server):
     smtp_server.handler.fault = lambda rcpt, attempt: "550 5.1.1 No such user" if rcpt.startswith("bad") else None
-    mailer = SmtpMailer(smtp_server.url, timeout_seconds=5)
+    mailer = SmtpMailer(smtp_server.url, timeout_seconds=5, sender="reports@reports.test")
     with pytest.raises(MailRejected):
         mailer.send(_message("bad@example.test"), recipient="bad@example.test")
     mailer.send(_message("good@example.test"), recipient="good@example.test")
@@ -32,7 +32,7 @@ def test_a_refused_message_does_not_break_the_next_send_on_the_same_connection(s
 
 def test_a_connection_the_provider_dropped_is_replaced_before_the_next_message(smtp_server, monkeypatch):
     monkeypatch.setattr(smtp, "CHECK_IDLE_AFTER_SECONDS", 0.0)  # every kept connection is checked
-    mailer = SmtpMailer(smtp_server.url, timeout_seconds=5)
+    mailer = SmtpMailer(smtp_server.url, timeout_seconds=5, sender="reports@reports.test")
     mailer.send(_message("a@example.test"), recipient="a@example.test")
     smtp_server.stop()
     smtp_server.start()

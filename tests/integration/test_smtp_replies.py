@@ -129,13 +129,13 @@ def provider() -> Iterator[Provider]:
         controller.stop()
 
 
-def message(to: str) -> EmailMessage:
+def message(to: str) -> bytes:
     built = EmailMessage()
     built["From"] = f"Monthly Reports <{SENDER}>"
     built["To"] = to
     built["Subject"] = "Your report"
     built.set_content("hello")
-    return built
+    return built.as_bytes()
 
 
 def send(mailer: SmtpMailer, to: str) -> None:
@@ -153,7 +153,7 @@ def test_a_421_that_leaves_the_connection_open_is_deferred_and_the_next_send_use
     provider: Provider, command: str
 ) -> None:
     provider.script.replies[command] = ["421 4.7.0 Too many messages, try again later"]
-    mailer = SmtpMailer(provider.url, timeout_seconds=5)
+    mailer = SmtpMailer(provider.url, timeout_seconds=5, sender=SENDER)
 
     with pytest.raises(MailDeferred) as deferred:
         send(mailer, "first@example.test")
@@ -169,7 +169,7 @@ def test_a_421_that_leaves_the_connection_open_is_deferred_and_the_next_send_use
 def test_a_provider_that_forgot_the_session_on_a_kept_connection_still_gets_the_next_message(
     provider: Provider,
 ) -> None:
-    mailer = SmtpMailer(provider.url, timeout_seconds=5)
+    mailer = SmtpMailer(provider.url, timeout_seconds=5, sender=SENDER)
     send(mailer, "first@example.test")
     # The provider now forgets the session without closing the connection (an unsolicited 421).
     provider.script.replies["MAIL"] = [FORGOTTEN]
@@ -189,7 +189,7 @@ def test_a_session_error_to_a_command_is_retried_once_on_a_new_connection_and_th
     provider: Provider, command: str, code: int
 ) -> None:
     provider.script.replies[command] = [f"{code} 5.5.1 Error: command out of sequence"]
-    mailer = SmtpMailer(provider.url, timeout_seconds=5)
+    mailer = SmtpMailer(provider.url, timeout_seconds=5, sender=SENDER)
 
     send(mailer, "user@example.test")  # neither MailRejected nor anything else
 
@@ -202,7 +202,7 @@ def test_a_session_error_on_both_tries_is_a_transient_provider_failure_never_a_r
     provider: Provider, command: str
 ) -> None:
     provider.script.always[command] = FORGOTTEN
-    mailer = SmtpMailer(provider.url, timeout_seconds=5)
+    mailer = SmtpMailer(provider.url, timeout_seconds=5, sender=SENDER)
 
     with pytest.raises(ProviderUnavailable) as failure:
         send(mailer, "user@example.test")
@@ -219,7 +219,7 @@ def test_a_550_to_the_recipient_rejects_the_message_and_the_next_one_goes_over_t
     provider: Provider,
 ) -> None:
     provider.script.replies["RCPT"] = ["550 5.1.1 No such user"]
-    mailer = SmtpMailer(provider.url, timeout_seconds=5)
+    mailer = SmtpMailer(provider.url, timeout_seconds=5, sender=SENDER)
 
     with pytest.raises(MailRejected) as rejected:
         send(mailer, "gone@example.test")
@@ -235,7 +235,7 @@ def test_a_554_to_the_content_rejects_the_message_and_the_next_one_goes_over_the
     provider: Provider,
 ) -> None:
     provider.handler.fault = lambda rcpt, attempt: "554 5.6.0 Message content rejected" if rcpt.startswith("spam") else None
-    mailer = SmtpMailer(provider.url, timeout_seconds=5)
+    mailer = SmtpMailer(provider.url, timeout_seconds=5, sender=SENDER)
 
     with pytest.raises(MailRejected) as rejected:
         send(mailer, "spam@example.test")
@@ -250,7 +250,7 @@ def test_a_554_to_the_content_rejects_the_message_and_the_next_one_goes_over_the
 
 def test_a_550_to_mail_from_is_the_providers_trouble_not_a_rejection_of_the_message(provider: Provider) -> None:
     provider.script.always["MAIL"] = "550 5.7.1 Sender address rejected: not authorised"
-    mailer = SmtpMailer(provider.url, timeout_seconds=5)
+    mailer = SmtpMailer(provider.url, timeout_seconds=5, sender=SENDER)
 
     with pytest.raises(ProviderUnavailable) as failure:
         send(mailer, "user@example.test")
@@ -288,7 +288,7 @@ def test_addresses_in_the_providers_reply_are_kept_out_of_the_error(
         provider.handler.fault = lambda rcpt, attempt: reply
     else:
         provider.script.always[command] = reply
-    mailer = SmtpMailer(provider.url, timeout_seconds=5)
+    mailer = SmtpMailer(provider.url, timeout_seconds=5, sender=SENDER)
 
     with pytest.raises(expected) as raised:
         send(mailer, PERSON)
@@ -362,7 +362,7 @@ class SlowProvider:
 def test_a_provider_slow_on_every_reply_cannot_stretch_one_send_past_its_deadline() -> None:
     slow = SlowProvider(delay=0.8)  # 0.8 s a reply is within any per-command timeout of 2 s
     try:
-        mailer = SmtpMailer(f"smtp://127.0.0.1:{slow.port}", timeout_seconds=2)
+        mailer = SmtpMailer(f"smtp://127.0.0.1:{slow.port}", timeout_seconds=2, sender=SENDER)
         started = time.monotonic()
 
         with pytest.raises(ProviderUnavailable):

@@ -13,7 +13,7 @@ from email.message import EmailMessage
 import pytest
 
 from reports.errors import InvalidRecipient, PermanentError
-from reports.mail.compose import compose, display_name, message_id, recipient
+from reports.mail.compose import check_header_block, compose, display_name, message_id, recipient
 from reports.periods import Period
 from reports.render import RenderedReport
 
@@ -32,7 +32,7 @@ def rendered_factory(**overrides: str) -> RenderedReport:
 
 def compose_for(
     to: Address, *, user_id: int = 42, period: Period = OCTOBER, **overrides: object
-) -> EmailMessage:
+) -> bytes:
     arguments: dict[str, object] = {
         "to": to,
         "mail_from": "Monthly Reports <reports@reports.test>",
@@ -50,8 +50,9 @@ def header_lines(raw: bytes) -> list[bytes]:
     return raw.split(b"\r\n\r\n", 1)[0].split(b"\r\n")
 
 
-def reparse(message: EmailMessage) -> EmailMessage:
-    return email.message_from_bytes(message.as_bytes(), policy=email.policy.default)  # type: ignore[return-value]
+def reparse(message: bytes) -> EmailMessage:
+    """The message as a mail reader parses it."""
+    return email.message_from_bytes(message, policy=email.policy.default)  # type: ignore[return-value]
 
 
 # --- message_id ------------------------------------------------------------------------------
@@ -86,7 +87,7 @@ def test_a_composed_message_carries_the_same_message_id_on_every_attempt() -> No
     to = recipient("ada@example.com", "Ada")
     first = compose_for(to, date=datetime(2026, 11, 1, 6, 0))
     retry = compose_for(to, date=datetime(2026, 11, 1, 9, 30))
-    assert first["Message-ID"] == retry["Message-ID"] == "<report.2026-10.42@reports.test>"
+    assert reparse(first)["Message-ID"] == reparse(retry)["Message-ID"] == "<report.2026-10.42@reports.test>"
 
 
 # --- display_name ----------------------------------------------------------------------------
@@ -176,7 +177,7 @@ def test_an_invalid_recipient_is_a_permanent_failure() -> None:
 
 def test_a_name_with_an_injected_bcc_adds_no_header() -> None:
     message = compose_for(recipient("ada@example.com", INJECTION))
-    raw = message.as_bytes()
+    raw = message
     lines = header_lines(raw)
     assert not [line for line in lines if line.lower().startswith(b"bcc:")]
     assert len([line for line in lines if line.lower().startswith(b"to:")]) == 1
@@ -218,7 +219,7 @@ def test_the_message_is_multipart_alternative_with_a_text_and_an_html_part() -> 
 
 
 def test_the_serialized_message_uses_crlf_line_endings_only() -> None:
-    raw = compose_for(recipient("ada@example.com", INJECTION)).as_bytes()
+    raw = compose_for(recipient("ada@example.com", INJECTION))
     assert b"\n" not in raw.replace(b"\r\n", b"")
     assert b"\r" not in raw.replace(b"\r\n", b"")
 
@@ -258,8 +259,8 @@ def header_names(raw: bytes) -> list[str]:
     return [line.split(b":", 1)[0].decode() for line in header_lines(raw) if line[:1] not in (b" ", b"\t")]
 
 
-def assert_only_our_headers_and_the_body_intact(message: EmailMessage) -> EmailMessage:
-    raw = message.as_bytes()
+def assert_only_our_headers_and_the_body_intact(message: bytes) -> EmailMessage:
+    raw = message
     assert header_names(raw) == OUR_HEADERS
     assert all(len(line) <= 78 for line in header_lines(raw))
     parsed = reparse(message)
@@ -286,7 +287,7 @@ def test_a_hostile_name_in_the_subject_adds_no_header_line(name: str) -> None:
     assert str(parsed["Subject"]) == " ".join(re.sub(r"[\r\n\x85\u2028]", " ", subject).split())
 
 
-def compose_with_subject(subject: str) -> EmailMessage:
+def compose_with_subject(subject: str) -> bytes:
     return compose(rendered_factory(subject=subject), to=recipient("ada@example.com", "Ada"),
                    mail_from="Reports <reports@reports.test>", period=OCTOBER, user_id=42,
                    date=datetime(2026, 11, 1, 6, 0), message_id=message_id(OCTOBER, 42, "reports.test"))
@@ -306,7 +307,7 @@ def header_field(raw: bytes, name: bytes) -> list[bytes]:
 
 def test_a_hundred_thousand_character_name_is_cut_to_sixty_four_characters() -> None:
     message = compose_for(recipient("ada@example.com", "x" * 100_000))
-    assert len(b"".join(header_field(message.as_bytes(), b"To"))) < 100
+    assert len(b"".join(header_field(message, b"To"))) < 100
     assert reparse(message)["To"].addresses[0].display_name == "x" * 64
 
 
@@ -314,14 +315,14 @@ def test_a_long_non_ascii_name_is_cut_on_a_character_boundary() -> None:
     name = "\U0001f600\u00e9" * 50_000
     message = compose_for(recipient("ada@example.com", name))
     assert_only_our_headers_and_the_body_intact(message)
-    assert len(b"".join(header_field(message.as_bytes(), b"To"))) < 500
+    assert len(b"".join(header_field(message, b"To"))) < 500
     assert rfc2047_display_name(message) == name[:64]
 
 
-def rfc2047_display_name(message: EmailMessage) -> str:
+def rfc2047_display_name(message: bytes) -> str:
     """The To header's display name as an RFC 2047 reader shows it (whitespace between adjacent
     encoded words is no part of the text: what Gmail, Outlook and Thunderbird do)."""
-    to = str(email.message_from_bytes(message.as_bytes(), policy=email.policy.compat32)["To"])
+    to = str(email.message_from_bytes(message, policy=email.policy.compat32)["To"])
     decoded = str(email.header.make_header(email.header.decode_header(to)))
     return decoded.rsplit(" <", 1)[0]
 
@@ -362,11 +363,17 @@ def test_a_non_ascii_subject_is_shown_exactly() -> None:
     assert str(reparse(message)["Subject"]) == " ".join(subject.split())
 
 
-def test_a_header_that_would_add_a_line_of_its_own_is_refused() -> None:
-    from reports.mail import compose as compose_module
+@pytest.mark.parametrize("block", [
+    pytest.param(b"Subject: Hello\r\nBcc: x@evil.test\r\n", id="a-line-of-its-own"),
+    pytest.param(b"Subject: Hello\nBcc: x@evil.test\r\n", id="a-bare-lf"),
+    pytest.param(b"Subject: Hello\rBcc: x@evil.test\r\n", id="a-bare-cr"),
+    pytest.param(b"Subject: Hello\r\n\r\nYour account is closed\r\n", id="a-blank-line-then-a-body"),
+    pytest.param(b"Subject: Hello", id="an-unended-block"),
+])
+def test_a_header_block_that_would_add_a_line_of_its_own_is_refused(block: bytes) -> None:
+    with pytest.raises(PermanentError, match="add a line"):
+        check_header_block(block)
 
-    message = compose_for(recipient("ada@example.com", "Ada"))
-    del message["Subject"]
-    message.set_raw("Subject", "Hello\r\nBcc: x@evil.test")
-    with pytest.raises(PermanentError, match="Subject"):
-        compose_module.check_headers(message)
+
+def test_a_folded_header_block_is_accepted() -> None:
+    check_header_block(b"Subject: =?utf-8?b?QQ==?=\r\n =?utf-8?b?Qg==?=\r\nTo: ada@example.com\r\n")
