@@ -8,6 +8,7 @@ from reports.cli import (  # noqa: F401  (registers the commands)
     exporter,
     periods,
     preview,
+    prune,
     reconcile,
 )
 from reports.cli.app import cli, main
