@@ -22,7 +22,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from reports import progress
+from reports import progress, send_rate
 from reports.breaker import STATE_VALUES, State
 from reports.jobs import BUILD_REPORT, PLAN_PERIOD, SEND_NOW
 from reports.models import DeadLetter, PeriodRun, RunState
@@ -149,6 +149,17 @@ class ReportsCollector(Collector):
         for labels, value in self._hash("breaker_transitions"):
             transitions.add_metric(labels, value)
         yield transitions
+        yield self._throttled()
+
+    def _throttled(self) -> Metric:
+        throttled = CounterMetricFamily("reports_send_throttled",
+                                        "Sends held back by the fleet's send rate: waited for a slot, or deferred.",
+                                        labels=["outcome"])
+        counts = {send_rate.WAITED: 0.0, send_rate.DEFERRED: 0.0}
+        counts.update({labels[0]: value for labels, value in self._hash(send_rate.THROTTLED_COUNTER)})
+        for outcome, value in sorted(counts.items()):
+            throttled.add_metric([outcome], value)
+        return throttled
 
     def _actors(self) -> Iterator[Metric]:
         outcomes = CounterMetricFamily("reports_actor_outcomes", "Messages processed, by actor and outcome.",

@@ -46,6 +46,15 @@ MAINTENANCE_SCALE = 1_000_000
 #: Largest count any other numeric setting accepts (messages, failures).
 MAX_COUNT = 1_000_000_000
 
+#: Fastest send rate accepted, in emails per second: far beyond any provider's account limit.
+MAX_SEND_RATE = 100_000
+
+#: Longest retention accepted, in months: a century.
+MAX_RETENTION_MONTHS = 1_200
+
+#: Settings that are unset by default and a number when set: read as this type.
+_OPTIONAL_NUMBERS: dict[str, type[int | float]] = {"send_rate_per_second": float, "retention_months": int}
+
 #: Settings holding a URL that may carry a secret; :meth:`Settings.__repr__` shows them redacted.
 SECRET_URLS = ("database_url", "broker_url", "smtp_url", "alert_webhook_url")
 
@@ -135,6 +144,14 @@ class Settings:
     #: A scrape within this many seconds of the last collection is served the same figures, so
     #: scrapes cannot load the database and Redis; 0 collects at every scrape, in seconds.
     exporter_cache_seconds: float = 5.0
+    #: The most emails per second the whole fleet hands to the provider (a provider's account
+    #: limit, or a new domain's warm-up); ``None``: no limit.
+    send_rate_per_second: float | None = None
+    #: Sends the rate admits back to back after an idle spell: 1 spaces every send evenly.
+    send_rate_burst: int = 1
+    #: Items, deliveries and stored reports of periods older than this many months are pruned
+    #: monthly by the scheduler; ``None``: kept for ever.
+    retention_months: int | None = None
 
     def __post_init__(self) -> None:
         if not self.database_url:
@@ -174,7 +191,8 @@ class Settings:
             if raw is None or raw == "":
                 continue
             try:
-                values[name] = _parse(getattr(_DEFAULTS, name), raw)
+                values[name] = _OPTIONAL_NUMBERS[name](raw) if name in _OPTIONAL_NUMBERS else _parse(
+                    getattr(_DEFAULTS, name), raw)
             except ValueError:
                 raise ConfigurationError(f"{variable} must be a number, got {raw!r}.") from None
         return cls(**values)  # type: ignore[arg-type]
@@ -224,6 +242,9 @@ _RANGES = {
     "max_backoff_ms": _Range(1, MAX_BACKOFF_MS, "a number of milliseconds"),
     "breaker_failure_threshold": _Range(1, MAX_COUNT, "a whole number"),
     "schedule_lookback_months": _Range(1, MAX_LOOKBACK_MONTHS, "a number of months"),
+    "send_rate_per_second": _Range(0, MAX_SEND_RATE, "a number of emails per second", above=True),
+    "send_rate_burst": _Range(1, MAX_COUNT, "a whole number"),
+    "retention_months": _Range(1, MAX_RETENTION_MONTHS, "a number of months"),
     # Zero would mean no time at all: an SMTP timeout that fails every send, a lease that
     # protects nothing, a breaker that is open for no time, a coordinator slice that walks no page.
     **{name: _Range(0, MAX_SECONDS, "a number of seconds", above=True) for name in (
@@ -241,6 +262,8 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 def _check_ranges(settings: Settings) -> None:
     for name, allowed in _RANGES.items():
         value = getattr(settings, name)
+        if value is None and name in _OPTIONAL_NUMBERS:
+            continue
         if not allowed.admits(value):
             raise ConfigurationError(f"{ENVIRONMENT[name]} must be {allowed.describe()}, got {value}.")
     if settings.min_backoff_ms > settings.max_backoff_ms:
@@ -344,6 +367,9 @@ ENVIRONMENT = {
     "breaker_cooldown_seconds": "BREAKER_COOLDOWN_SECONDS",
     "exporter_host": "EXPORTER_HOST",
     "exporter_cache_seconds": "EXPORTER_CACHE_SECONDS",
+    "send_rate_per_second": "SEND_RATE_PER_SECOND",
+    "send_rate_burst": "SEND_RATE_BURST",
+    "retention_months": "RETENTION_MONTHS",
 }
 
 _DEFAULTS = Settings()

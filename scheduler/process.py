@@ -16,6 +16,11 @@ Observable state in Redis, under the broker namespace:
 * ``{namespace}:scheduler:last_trigger``: JSON ``{"period": "YYYY-MM", "at": <epoch seconds>}``
   of the most recent run this fleet created (for the metrics exporter).
 * ``{namespace}:scheduler:reconcile-lock``: held by the replica reconciling this interval.
+* **prune**, when ``RETENTION_MONTHS`` is set: on the 2nd of each month at 03:00 UTC (a day
+  clear of the 1st's fan-out), one replica (a Redis lock held for a day) deletes the per-user
+  rows of the periods older than that many months (:func:`reports.retention.prune`). It stops
+  at its next batch on SIGTERM; the next month, or ``reports prune``, finishes it.
+* ``{namespace}:scheduler:prune-lock``: held by the replica pruning this month.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from apscheduler.triggers.cron import CronTrigger  # type: ignore[import-untyped
 from apscheduler.triggers.interval import IntervalTrigger  # type: ignore[import-untyped]
 from sqlalchemy.orm import Session, sessionmaker
 
-from reports import runs
+from reports import retention, runs
 from reports.broker import build_broker, send_coordinator
 from reports.clock import utcnow
 from reports.database import create_db_engine, session_factory
@@ -74,6 +79,14 @@ def last_trigger_key(namespace: str) -> str:
 
 def reconcile_lock_key(namespace: str) -> str:
     return f"{namespace}:scheduler:reconcile-lock"
+
+
+def prune_lock_key(namespace: str) -> str:
+    return f"{namespace}:scheduler:prune-lock"
+
+
+#: How long the prune lock is held: one replica prunes, the others skip this month's run.
+PRUNE_LOCK_MS = 86_400_000
 
 
 class SchedulerProcess:
@@ -197,6 +210,25 @@ class SchedulerProcess:
         if requests:
             logger.info("Re-enqueued %d lost send-now request(s).", requests)
 
+    # --- retention -------------------------------------------------------------------------
+
+    def prune(self) -> retention.Pruned | None:
+        """Prune the periods older than ``RETENTION_MONTHS``; ``None`` if another replica is at it."""
+        months = self.settings.retention_months
+        assert months is not None
+        if not self.redis.set(prune_lock_key(self.settings.broker_namespace), self.replica, nx=True, px=PRUNE_LOCK_MS):
+            logger.info("Prune skipped: another replica holds this month's lock.")
+            return None
+        before = retention.cutoff(self.clock(), months)
+        result = retention.prune(self.sessions, before=before, should_stop=self.stopping.is_set)
+        logger.info(
+            "Pruned %d row(s) of %d period(s) before %s%s%s.", result.rows, len(result.periods), before,
+            f"; kept unfinished {_names([Period.parse(p) for p in result.unfinished])}" if result.unfinished else "",
+            "" if result.finished else "; stopped early, the rest at the next run",
+            extra={"before": str(before), "rows": result.rows, "periods": [p.period for p in result.periods]},
+        )
+        return result
+
     # --- the process -------------------------------------------------------------------------
 
     def build_scheduler(self) -> BlockingScheduler:
@@ -214,6 +246,9 @@ class SchedulerProcess:
         # moment it has, rather than waiting for the next reconcile tick.
         scheduler.add_job(self._guarded(self.catch_up), args=("month-end",), id="utc-month-start",
                           trigger=CronTrigger(day=1, hour=0, minute=0, second=1, timezone=UTC), **defaults)
+        if self.settings.retention_months is not None:
+            scheduler.add_job(self._guarded(self.prune), id="prune",
+                              trigger=CronTrigger(day=2, hour=3, minute=0, timezone=UTC), **defaults)
         interval = self.settings.schedule_reconcile_interval_seconds
         if interval > 0:
             scheduler.add_job(self._guarded(self.tick), id="reconcile",

@@ -68,6 +68,10 @@ def test_an_explicit_database_url_wins_over_the_var_dir_default() -> None:
         ("MIN_BACKOFF_MS", "10", "min_backoff_ms", 10),
         ("MAX_BACKOFF_MS", "20000", "max_backoff_ms", 20_000),
         ("LOG_LEVEL", "DEBUG", "log_level", "DEBUG"),
+        ("SEND_RATE_PER_SECOND", "2.5", "send_rate_per_second", 2.5),
+        ("SEND_RATE_PER_SECOND", "200", "send_rate_per_second", 200.0),
+        ("SEND_RATE_BURST", "20", "send_rate_burst", 20),
+        ("RETENTION_MONTHS", "13", "retention_months", 13),
     ],
 )
 def test_a_variable_overrides_its_setting_with_the_settings_type(
@@ -78,7 +82,8 @@ def test_a_variable_overrides_its_setting_with_the_settings_type(
     assert type(value) is type(expected)
 
 
-@pytest.mark.parametrize("variable", ["SMTP_URL", "PLAN_PAGE_SIZE", "BROKER_URL", "VAR_DIR"])
+@pytest.mark.parametrize("variable", ["SMTP_URL", "PLAN_PAGE_SIZE", "BROKER_URL", "VAR_DIR", "SEND_RATE_PER_SECOND",
+                                      "RETENTION_MONTHS"])
 def test_an_empty_variable_means_the_default(variable: str) -> None:
     assert Settings.from_env({variable: ""}) == Settings.from_env({})
 
@@ -105,6 +110,10 @@ def test_an_explicit_mapping_is_read_instead_of_the_process_environment(
         ("SMTP_TIMEOUT_SECONDS", "ten"),
         ("CLAIM_LEASE_SECONDS", "30s"),
         ("PLAN_SLICE_SECONDS", "1,5"),
+        ("SEND_RATE_PER_SECOND", "fast"),
+        ("SEND_RATE_BURST", "2.5"),
+        ("RETENTION_MONTHS", "1.5"),
+        ("RETENTION_MONTHS", "a year"),
     ],
 )
 def test_a_bad_number_is_a_configuration_error_naming_the_variable(variable: str, raw: str) -> None:
@@ -151,6 +160,14 @@ def test_a_bad_number_is_a_configuration_error_naming_the_variable(variable: str
         ("REPORT_TEMPLATE_VERSION", "/etc"),
         ("LOG_LEVEL", "LOUD"),
         ("LOG_LEVEL", "10"),
+        ("SEND_RATE_PER_SECOND", "0"),
+        ("SEND_RATE_PER_SECOND", "-1"),
+        ("SEND_RATE_PER_SECOND", "nan"),
+        ("SEND_RATE_PER_SECOND", "inf"),
+        ("SEND_RATE_PER_SECOND", "1000001"),
+        ("SEND_RATE_BURST", "0"),
+        ("RETENTION_MONTHS", "0"),
+        ("RETENTION_MONTHS", "1201"),
     ],
 )
 def test_a_value_out_of_range_is_a_configuration_error_naming_the_variable(variable: str, raw: str) -> None:

@@ -1,0 +1,41 @@
+"""``reports prune``: delete what periods older than N months left behind (see :mod:`reports.retention`)."""
+
+from __future__ import annotations
+
+import click
+
+from reports import retention
+from reports.cli.app import Obj, cli, pass_obj
+from reports.clock import utcnow
+from reports.settings import MAX_RETENTION_MONTHS
+
+
+@cli.command()
+@click.option("--older-than-months", "months", type=click.IntRange(1, MAX_RETENTION_MONTHS), required=True,
+              help="Prune the periods that ended more than this many months before the current one.")
+@click.option("--dry-run", is_flag=True, help="Say what would be deleted; change nothing.")
+@pass_obj
+def prune(obj: Obj, months: int, dry_run: bool) -> None:
+    """Delete old periods' report items, deliveries and stored reports, in short batches.
+
+    Keeps unfinished periods, what unreplayed dead letters need, and every period's run.
+    Stopped part-way, it is resumed by running it again.
+    """
+    before = retention.cutoff(utcnow(), months)
+    result = retention.prune(obj.sessions(), before=before, dry_run=dry_run)
+    for line in describe(result, dry_run=dry_run):
+        click.echo(line)
+    verb = "Would delete" if dry_run else "Deleted"
+    click.echo(f"{verb} {result.rows:,} row(s) of {len(result.periods)} period(s) before {before}.")
+
+
+def describe(result: retention.Pruned, *, dry_run: bool) -> list[str]:
+    """One line per old period: what goes (or would), what stays and why."""
+    lines = []
+    for pruned in result.periods:
+        parts = ", ".join(f"{n:,} {name}" for name, n in pruned.deleted.items())
+        kept = (f"; kept {pruned.kept_for_dead_letters:,} user(s) an unreplayed dead letter needs"
+                if pruned.kept_for_dead_letters else "")
+        lines.append(f"{pruned.period}: {'would delete' if dry_run else 'deleted'} {parts}{kept}.")
+    lines += [f"{period}: kept whole, its run is unfinished." for period in result.unfinished]
+    return lines

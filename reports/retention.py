@@ -1,0 +1,187 @@
+"""Retention: delete what old periods left behind, in short batches, keeping what is still needed.
+
+Every month adds a row per user to ``report_items``, ``deliveries`` and ``reports`` (with the
+whole HTML). :func:`prune` deletes those rows of periods older than the cut-off, in batches of
+``batch_size`` rows by primary-key range, one transaction each: no lock is held for long, and a
+prune that stops (crash, SIGTERM) is resumed by running it again. It keeps:
+
+* every row of a period whose run is unfinished (its walk not done, an item pending, a send-now
+  request not finished), whatever its state: a cancelled period can be resumed;
+* the item, report and delivery of a (period, user) that an unreplayed dead letter refers to:
+  its replay needs the item, and the delivery's ``sent`` keeps a replay from mailing twice;
+* ``period_runs``: a few bytes a month, and a period without its run looks never triggered, so
+  the scheduler's catch-up (or ``reports trigger``) would walk it again and, its deliveries gone,
+  mail everyone a second time.
+
+Replayed dead letters and finished send-now requests of pruned periods go too. The item counts
+that the triggers of migration 0004 keep follow the deleted items; their emptied rows go.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import cast
+
+from sqlalchemy import Exists, Table, and_, delete, exists, func, or_, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from reports.models import (
+    DeadLetter,
+    Delivery,
+    DeliveryState,
+    ItemCount,
+    ItemState,
+    PeriodRun,
+    Report,
+    ReportItem,
+    Resend,
+)
+from reports.periods import Period
+from reports.sql import rowcount
+
+#: Rows deleted per transaction: a few milliseconds of locks on PostgreSQL.
+BATCH_SIZE = 5_000
+
+#: The per-user tables, in the order they are pruned, and how they are named to an operator.
+_PER_USER: tuple[tuple[Table, str], ...] = (
+    (cast(Table, Report.__table__), "reports"),
+    (cast(Table, Delivery.__table__), "deliveries"),
+    (cast(Table, ReportItem.__table__), "report items"),
+)
+
+
+def cutoff(now: datetime, months: int) -> Period:
+    """The oldest period kept when keeping ``months`` months before the current one; older ones go.
+
+    At any moment of December 2026 with 12 months, 2025-12 is kept and 2025-11 goes.
+    """
+    index = now.year * 12 + now.month - 1 - months
+    return Period(index // 12, index % 12 + 1)
+
+
+@dataclass
+class PeriodPruned:
+    period: str
+    #: Rows deleted (or, in a dry run, that would be), by table as :data:`_PER_USER` names them.
+    deleted: dict[str, int] = field(default_factory=dict)
+    #: (period, user) pairs kept because an unreplayed dead letter refers to them.
+    kept_for_dead_letters: int = 0
+
+
+@dataclass
+class Pruned:
+    periods: list[PeriodPruned] = field(default_factory=list)
+    #: Old periods left whole because their run is unfinished.
+    unfinished: list[str] = field(default_factory=list)
+    #: False when ``should_stop`` ended the prune early: run it again to finish.
+    finished: bool = True
+
+    @property
+    def rows(self) -> int:
+        return sum(sum(p.deleted.values()) for p in self.periods)
+
+
+def _unreplayed_letter(table: Table) -> Exists:
+    return exists().where(DeadLetter.period == table.c.period, DeadLetter.user_id == table.c.user_id,
+                          DeadLetter.replayed_at.is_(None))
+
+
+def unfinished_periods(session: Session) -> set[str]:
+    """Periods whose run is not done, active or cancelled: their rows are still a work list."""
+    pending = exists().where(ReportItem.period == PeriodRun.period, ReportItem.state == ItemState.PENDING)
+    requested = exists().where(
+        Resend.period == PeriodRun.period, Resend.state.in_((DeliveryState.REQUESTED, DeliveryState.CLAIMED)))
+    return set(session.scalars(select(PeriodRun.period).where(or_(PeriodRun.planned.is_(False), pending, requested))))
+
+
+def old_periods(session: Session, before: Period) -> list[str]:
+    """Every period before ``before`` that has per-user rows, oldest first.
+
+    One index lookup per period and table (a loose index scan), not a scan of the rows.
+    """
+    found: set[str] = set()
+    for table, _name in _PER_USER:
+        last = ""
+        while (period := session.scalar(select(func.min(table.c.period)).where(
+                table.c.period > last, table.c.period < str(before)))) is not None:
+            found.add(period)
+            last = period
+    found.update(session.scalars(select(Resend.period).where(Resend.period < str(before)).distinct()))
+    return sorted(found)
+
+
+def prune(sessions: sessionmaker[Session], *, before: Period, batch_size: int = BATCH_SIZE, dry_run: bool = False,
+          should_stop: Callable[[], bool] = lambda: False) -> Pruned:
+    """Delete the per-user rows of periods before ``before`` (see the module's docstring).
+
+    :param dry_run: count what would go; change nothing.
+    :param should_stop: asked between batches; ``True`` ends the prune there (resumable).
+    """
+    with sessions.begin() as session:
+        periods = old_periods(session, before)
+        busy = unfinished_periods(session)
+    result = Pruned(unfinished=[p for p in periods if p in busy])
+    for period in (p for p in periods if p not in busy):
+        pruned = PeriodPruned(period)
+        result.periods.append(pruned)
+        with sessions.begin() as session:
+            pruned.kept_for_dead_letters = _kept(session, period)
+        for table, name in _PER_USER:
+            if dry_run:
+                with sessions.begin() as session:
+                    pruned.deleted[name] = _count(session, table, period)
+                continue
+            pruned.deleted[name] = 0
+            for deleted in _delete_in_batches(sessions, table, period, batch_size):
+                pruned.deleted[name] += deleted
+                if should_stop():
+                    result.finished = False
+                    return result
+        with sessions.begin() as session:
+            pruned.deleted["send-now requests"], pruned.deleted["replayed dead letters"] = _small_tables(
+                session, period, dry_run=dry_run)
+            if not dry_run:
+                session.execute(delete(ItemCount).where(ItemCount.period == period, ItemCount.n == 0))
+    return result
+
+
+def _kept(session: Session, period: str) -> int:
+    return session.scalar(select(func.count(func.distinct(DeadLetter.user_id))).where(
+        DeadLetter.period == period, DeadLetter.user_id.is_not(None), DeadLetter.replayed_at.is_(None))) or 0
+
+
+def _count(session: Session, table: Table, period: str) -> int:
+    return session.scalar(select(func.count()).select_from(table).where(
+        table.c.period == period, ~_unreplayed_letter(table))) or 0
+
+
+def _delete_in_batches(sessions: sessionmaker[Session], table: Table, period: str, batch_size: int) -> Iterator[int]:
+    """Delete the period's rows of ``table`` by ranges of user ids, one short transaction each."""
+    after = 0
+    while True:
+        with sessions.begin() as session:
+            page = (select(table.c.user_id).where(table.c.period == period, table.c.user_id > after)
+                    .order_by(table.c.user_id).limit(batch_size).subquery())
+            upto = session.scalar(select(func.max(page.c.user_id)))
+            if upto is None:
+                return
+            deleted = rowcount(session.execute(delete(table).where(
+                table.c.period == period, table.c.user_id > after, table.c.user_id <= upto,
+                ~_unreplayed_letter(table))))
+        after = upto
+        yield deleted
+
+
+def _small_tables(session: Session, period: str, *, dry_run: bool) -> tuple[int, int]:
+    """Finished send-now requests and replayed dead letters of ``period``: few rows, one statement each."""
+    finished_requests = and_(Resend.period == period, Resend.state.in_((DeliveryState.SENT, DeliveryState.DEAD)),
+                             ~exists().where(DeadLetter.period == period, DeadLetter.user_id == Resend.user_id,
+                                             DeadLetter.replayed_at.is_(None)))
+    replayed = and_(DeadLetter.period == period, DeadLetter.replayed_at.is_not(None))
+    if dry_run:
+        return (session.scalar(select(func.count()).select_from(Resend).where(finished_requests)) or 0,
+                session.scalar(select(func.count()).select_from(DeadLetter).where(replayed)) or 0)
+    return (rowcount(session.execute(delete(Resend).where(finished_requests))),
+            rowcount(session.execute(delete(DeadLetter).where(replayed))))

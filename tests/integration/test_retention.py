@@ -1,0 +1,178 @@
+"""Pruning old periods on SQLite and PostgreSQL: what goes, what stays, in batches, resumably,
+and the scheduler's monthly run."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import pytest
+import redis
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from reports import progress, retention
+from reports.broker import build_broker
+from reports.models import (
+    DeadLetter,
+    Delivery,
+    DeliveryState,
+    ItemCount,
+    ItemState,
+    PeriodRun,
+    Report,
+    ReportItem,
+    Resend,
+    RunState,
+    User,
+)
+from reports.periods import Period
+from reports.settings import Settings
+from scheduler.process import SchedulerProcess, prune_lock_key
+from scheduler.schedule import Schedule
+
+NOW = datetime(2021, 3, 10, 12, 0)
+OLD, CANCELLED, UNPLANNED, RECENT = "2020-01", "2020-02", "2020-03", "2021-02"
+BEFORE = Period.parse("2021-01")
+USERS = 10
+#: In OLD: user 3's message died (not replayed), user 4's died and was replayed, user 5 asked for a send-now.
+DEAD_USER, REPLAYED_USER, RESEND_USER = 3, 4, 5
+
+
+def fill_period(session: Session, period: str, *, state: RunState = RunState.ACTIVE, planned: bool = True,
+                pending: int = 0, dead_user: int | None = None) -> None:
+    """A run of ``USERS`` items with reports; delivered ones have a sent delivery, ``dead_user``'s is dead."""
+    session.add(PeriodRun(period=period, state=state, template_version="v1", cursor=USERS, planned=planned,
+                          triggered_at=NOW, updated_at=NOW))
+    for user_id in range(1, USERS + 1):
+        item_state = ItemState.PENDING if user_id <= pending else ItemState.DELIVERED
+        if user_id == dead_user:
+            item_state = ItemState.DEAD
+        session.add(ReportItem(period=period, user_id=user_id, state=item_state, attempts=1, created_at=NOW,
+                               updated_at=NOW))
+        session.add(Report(period=period, user_id=user_id, template_version="v1", subject="s", body_text="t",
+                           body_html="<p>h</p>" * 50, rendered_at=NOW))
+        if item_state == ItemState.DELIVERED:
+            session.add(Delivery(period=period, user_id=user_id, state=DeliveryState.SENT, message_id="<m>",
+                                 claim_token="t", lease_expires_at=NOW, claimed_at=NOW, sent_at=NOW))
+
+
+def dead_letter(session: Session, period: str, user_id: int, *, replayed: bool) -> None:
+    session.add(DeadLetter(message_id=f"m-{period}-{user_id}", actor="build_report", queue="bulk", payload="{}",
+                           period=period, user_id=user_id, attempts=1, reason="permanent",
+                           error_class="MailRejected", error_message="550", first_failed_at=NOW, died_at=NOW,
+                           replayed_at=NOW if replayed else None))
+
+
+def add_users(session: Session) -> None:
+    session.add_all([User(id=i, email=f"u{i}@example.test", name=None, active=True) for i in range(1, USERS + 1)])
+
+
+@pytest.fixture
+def filled(sessions: sessionmaker[Session]) -> sessionmaker[Session]:
+    with sessions.begin() as session:
+        add_users(session)
+        fill_period(session, OLD, dead_user=DEAD_USER)
+        fill_period(session, CANCELLED, state=RunState.CANCELLED, pending=2)
+        fill_period(session, UNPLANNED, planned=False)
+        fill_period(session, RECENT)
+        dead_letter(session, OLD, DEAD_USER, replayed=False)
+        dead_letter(session, OLD, REPLAYED_USER, replayed=True)
+        session.add(Resend(request_id="00000000-0000-0000-0000-000000000001", period=OLD, user_id=RESEND_USER,
+                           state=DeliveryState.SENT, message_id="<r>", claim_token="t", lease_expires_at=NOW,
+                           claimed_at=NOW, requested_at=NOW, sent_at=NOW))
+    return sessions
+
+
+def rows(sessions: sessionmaker[Session], model: type, period: str) -> list[int]:
+    with sessions() as session:
+        column = model.user_id  # type: ignore[attr-defined]
+        return sorted(session.scalars(select(column).where(model.period == period)))  # type: ignore[attr-defined]
+
+
+def everything(sessions: sessionmaker[Session]) -> dict[str, int]:
+    with sessions() as session:
+        return {model.__tablename__: session.scalar(select(func.count()).select_from(model)) or 0
+                for model in (PeriodRun, ReportItem, Report, Delivery, DeadLetter, Resend, ItemCount)}
+
+
+@pytest.mark.parametrize(("now", "months", "oldest_kept"), [
+    (datetime(2026, 12, 1), 12, "2025-12"),
+    (datetime(2026, 12, 31, 23, 59), 12, "2025-12"),
+    (datetime(2026, 1, 15), 1, "2025-12"),
+    (datetime(2026, 1, 15), 13, "2024-12"),
+    (datetime(2026, 3, 1), 1200, "1926-03"),
+])
+def test_the_cutoff_keeps_that_many_months_before_the_current_one(now, months, oldest_kept) -> None:
+    assert str(retention.cutoff(now, months)) == oldest_kept
+
+
+def test_an_old_period_loses_its_rows_but_not_what_an_unreplayed_dead_letter_needs(filled) -> None:
+    result = retention.prune(filled, before=BEFORE, batch_size=3)
+
+    assert [p.period for p in result.periods] == [OLD]
+    assert result.periods[0].deleted == {"reports": USERS - 1, "deliveries": USERS - 1, "report items": USERS - 1,
+                                         "send-now requests": 1, "replayed dead letters": 1}
+    assert result.finished
+    # The dead-lettered user keeps the item its replay resets, and the report.
+    assert rows(filled, ReportItem, OLD) == [DEAD_USER]
+    assert rows(filled, Report, OLD) == [DEAD_USER]
+    assert rows(filled, Delivery, OLD) == []
+    with filled() as session:
+        assert session.scalars(select(DeadLetter.user_id)).all() == [DEAD_USER]
+        assert session.get(PeriodRun, OLD) is not None
+        # Progress counts what is left: the one dead item, nothing pending.
+        left = progress.count(session, Period.parse(OLD))
+        assert (left.total, left.dead, left.pending, left.complete) == (1, 1, 0, True)
+        assert session.scalar(select(func.count()).select_from(ItemCount)
+                              .where(ItemCount.period == OLD, ItemCount.n == 0)) == 0
+
+
+def test_unfinished_and_recent_periods_are_kept_whole(filled) -> None:
+    result = retention.prune(filled, before=BEFORE)
+    assert result.unfinished == [CANCELLED, UNPLANNED]
+    for period in (CANCELLED, UNPLANNED, RECENT):
+        assert rows(filled, ReportItem, period) == list(range(1, USERS + 1))
+        assert rows(filled, Report, period) == list(range(1, USERS + 1))
+
+
+def test_a_prune_stopped_between_batches_finishes_when_run_again(filled) -> None:
+    stopped = retention.prune(filled, before=BEFORE, batch_size=3, should_stop=lambda: True)
+    assert not stopped.finished
+    # The first batch, users 1 to 3, of which the dead-lettered user 3 stays.
+    assert stopped.rows == 2
+    assert rows(filled, Report, OLD) == list(range(3, USERS + 1))
+
+    again = retention.prune(filled, before=BEFORE, batch_size=3)
+    assert again.finished
+    assert rows(filled, ReportItem, OLD) == rows(filled, Report, OLD) == [DEAD_USER]
+    # Nothing is left to delete, and a third run says so.
+    assert retention.prune(filled, before=BEFORE).rows == 0
+
+
+def test_a_dry_run_counts_what_would_go_and_changes_nothing(filled) -> None:
+    before = everything(filled)
+    dry = retention.prune(filled, before=BEFORE, dry_run=True)
+    assert everything(filled) == before
+    real = retention.prune(filled, before=BEFORE)
+    assert [p.deleted for p in dry.periods] == [p.deleted for p in real.periods]
+    assert dry.periods[0].kept_for_dead_letters == 1
+
+
+def test_the_scheduler_prunes_monthly_once_across_replicas(filled, settings: Settings) -> None:
+    configured = Settings(**{**{f: getattr(settings, f) for f in settings.__dataclass_fields__}, "retention_months": 2})
+    broker = build_broker(configured)
+    client = redis.Redis.from_url(configured.broker_url)
+    replicas = [SchedulerProcess(configured, Schedule.from_settings(configured), sessions=filled, broker=broker,
+                                 redis_client=client, clock=lambda: NOW) for _ in range(2)]
+
+    first, second = (replica.prune() for replica in replicas)
+
+    assert first is not None and [p.period for p in first.periods] == [OLD]
+    assert second is None
+    assert client.pttl(prune_lock_key(configured.broker_namespace)) > 0
+    assert rows(filled, ReportItem, OLD) == [DEAD_USER]
+    assert "prune" in {job.id for job in replicas[0].build_scheduler().get_jobs()}
+    unset = SchedulerProcess(settings, Schedule.from_settings(settings), sessions=filled, broker=broker,
+                             redis_client=client)
+    assert "prune" not in {job.id for job in unset.build_scheduler().get_jobs()}
+    broker.close()
