@@ -92,8 +92,22 @@ class Settings:
     #: Longest one whole send may take (connect, greeting, TLS, login, the transaction), in seconds.
     smtp_timeout_seconds: float = 10.0
     templates_dir: Path = DEFAULT_TEMPLATES_DIR
-    #: Template version pinned into every per-user message of a new period run.
-    template_version: str = "v1"
+    #: Template version pinned into every per-user message of a new period run. Periods pinned to
+    #: an older version (``v1``) keep rendering with it.
+    template_version: str = "v2"
+    #: Locale that writes the reports' money, percentages and month names (Babel, CLDR).
+    report_locale: str = "en_US"
+    #: ISO 4217 currency of every ``amount_cents``, counted in its minor unit (cents; yen for JPY).
+    report_currency: str = "USD"
+    #: ``send`` mails a short, friendly report for a month without activity; ``skip`` mails none.
+    report_empty_month: str = "send"
+    #: Branding of the report: the name in its header and footer, the header and link colour, the
+    #: chart's colour, a logo (https) shown instead of the name, and the sender's postal address.
+    report_product_name: str = "Monthly Reports"
+    report_brand_color: str = "#1d4ed8"
+    report_accent_color: str = "#0ea5e9"
+    report_logo_url: str | None = None
+    report_postal_address: str = ""
     #: Users read per keyset page by the coordinator.
     plan_page_size: int = 1000
     #: Longest the coordinator walks in one message before it re-enqueues itself, in seconds.
@@ -255,6 +269,9 @@ _RANGES = {
         "schedule_reconcile_interval_seconds", "exporter_cache_seconds")},
 }
 
+#: What ``REPORT_EMPTY_MONTH`` accepts.
+EMPTY_MONTH_CHOICES = ("send", "skip")
+
 #: Level names ``LOG_LEVEL`` accepts, in any case.
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -281,6 +298,15 @@ def _check_names(settings: Settings) -> None:
     if not is_version_name(settings.template_version):
         raise ConfigurationError("REPORT_TEMPLATE_VERSION must be a plain folder name (letters, digits, '.', '_', "
                                  f"'-'; no '/' and not '..'), got {settings.template_version!r}.")
+    if settings.report_empty_month not in EMPTY_MONTH_CHOICES:
+        raise ConfigurationError(f"REPORT_EMPTY_MONTH must be one of {', '.join(EMPTY_MONTH_CHOICES)}, "
+                                 f"got {settings.report_empty_month!r}.")
+    # Imported here: Babel's locale data loads only for the processes that build settings.
+    from reports import formats
+    from reports.look import ReportLook
+
+    formats.check(settings.report_locale, settings.report_currency)
+    ReportLook.from_settings(settings)
     if settings.log_level.upper() not in LOG_LEVELS:
         raise ConfigurationError(f"LOG_LEVEL must be one of {', '.join(LOG_LEVELS)}, got {settings.log_level!r}.")
 
@@ -344,6 +370,14 @@ ENVIRONMENT = {
     "smtp_timeout_seconds": "SMTP_TIMEOUT_SECONDS",
     "templates_dir": "TEMPLATES_DIR",
     "template_version": "REPORT_TEMPLATE_VERSION",
+    "report_locale": "REPORT_LOCALE",
+    "report_currency": "REPORT_CURRENCY",
+    "report_empty_month": "REPORT_EMPTY_MONTH",
+    "report_product_name": "REPORT_PRODUCT_NAME",
+    "report_brand_color": "REPORT_BRAND_COLOR",
+    "report_accent_color": "REPORT_ACCENT_COLOR",
+    "report_logo_url": "REPORT_LOGO_URL",
+    "report_postal_address": "REPORT_POSTAL_ADDRESS",
     "plan_page_size": "PLAN_PAGE_SIZE",
     "plan_slice_seconds": "PLAN_SLICE_SECONDS",
     "plan_high_water": "PLAN_HIGH_WATER",

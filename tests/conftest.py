@@ -164,6 +164,9 @@ def settings(database_url: str, broker_namespace: str, redis_url: str, tmp_path:
         broker_url=redis_url,
         broker_namespace=broker_namespace,
         mail_from="Monthly Reports <reports@reports.test>",
+        # The fan-out, delivery and failure tests read figures out of v1's plain lines ("Total: …");
+        # v2, the default, has its own tests (tests/unit/test_render_v2.py, test_pipeline.py).
+        template_version="v1",
         plan_page_size=7,
         min_backoff_ms=200,
         max_backoff_ms=2_000,

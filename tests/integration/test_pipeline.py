@@ -302,3 +302,22 @@ def test_an_unreachable_provider_is_transient_and_releases_the_claim(
     assert len(smtp_server.messages) == 1
     assert smtp_server.by_user() == {7: smtp_server.messages}
     assert item_state(sessions, 7) == ItemState.DELIVERED
+
+
+def test_a_v2_report_goes_through_the_pipeline_with_its_currency_and_chart(settings, sessions, smtp_server):
+    """The default template version, end to end: rendered, stored and sent as both parts."""
+    settings = replace(settings, template_version="v2", smtp_url=smtp_server.url)
+    context = pipeline.Context(settings=settings, sessions=sessions, mailer=build_mailer(settings))
+    population = load_users(sessions, count=3, names={2: HTML_NAME})
+    plan_everything(sessions, settings)
+    _, total = population.expected[2]
+
+    assert pipeline.run(context, ReportJob(PERIOD, 2, "v2")) == pipeline.Outcome.DELIVERED
+
+    [(_, message)] = smtp_server.handler.messages
+    plain = message.get_body(("plain",)).get_content().replace("\r\n", "\n")
+    html = message.get_body(("html",)).get_content()
+    assert f"Total spent   ${money(total)}\n" in plain
+    assert '<p class="kpi-total"' in html and f"${money(total)}</p>" in html
+    assert "&lt;b&gt;Eve&lt;/b&gt; &amp; co" in html and "<b>Eve</b>" not in html
+    assert 'class="bar"' in html

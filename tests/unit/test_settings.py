@@ -19,7 +19,9 @@ def test_an_empty_environment_gives_the_documented_defaults() -> None:
     assert settings.smtp_url is None
     assert settings.outbox_dir == Path("var") / "outbox"
     assert settings.templates_dir == DEFAULT_TEMPLATES_DIR
-    assert settings.template_version == "v1"
+    assert settings.template_version == "v2"
+    assert (settings.report_locale, settings.report_currency, settings.report_empty_month) == ("en_US", "USD", "send")
+    assert settings.report_logo_url is None
     assert settings.plan_page_size == 1000
     assert settings.max_retries == 25
     assert "@" in settings.mail_from
@@ -58,7 +60,16 @@ def test_an_explicit_database_url_wins_over_the_var_dir_default() -> None:
         ("SMTP_TIMEOUT_SECONDS", "2.5", "smtp_timeout_seconds", 2.5),
         ("SMTP_TIMEOUT_SECONDS", "3", "smtp_timeout_seconds", 3.0),
         ("TEMPLATES_DIR", "/srv/templates", "templates_dir", Path("/srv/templates")),
-        ("REPORT_TEMPLATE_VERSION", "v2", "template_version", "v2"),
+        ("REPORT_TEMPLATE_VERSION", "v1", "template_version", "v1"),
+        ("REPORT_LOCALE", "de_DE", "report_locale", "de_DE"),
+        ("REPORT_CURRENCY", "EUR", "report_currency", "EUR"),
+        ("REPORT_EMPTY_MONTH", "skip", "report_empty_month", "skip"),
+        ("REPORT_PRODUCT_NAME", "Acme Ledger", "report_product_name", "Acme Ledger"),
+        ("REPORT_BRAND_COLOR", "#0f766e", "report_brand_color", "#0f766e"),
+        ("REPORT_ACCENT_COLOR", "#f59e0b", "report_accent_color", "#f59e0b"),
+        ("REPORT_LOGO_URL", "https://cdn.example.com/logo.png", "report_logo_url", "https://cdn.example.com/logo.png"),
+        ("REPORT_POSTAL_ADDRESS", "Acme Inc., 1 Main St, Springfield", "report_postal_address",
+         "Acme Inc., 1 Main St, Springfield"),
         ("PLAN_PAGE_SIZE", "50", "plan_page_size", 50),
         ("PLAN_SLICE_SECONDS", "0.5", "plan_slice_seconds", 0.5),
         ("CLAIM_LEASE_SECONDS", "45", "claim_lease_seconds", 45.0),
@@ -168,6 +179,19 @@ def test_a_bad_number_is_a_configuration_error_naming_the_variable(variable: str
         ("SEND_RATE_BURST", "0"),
         ("RETENTION_MONTHS", "0"),
         ("RETENTION_MONTHS", "1201"),
+        ("REPORT_LOCALE", "xx_YY"),
+        ("REPORT_LOCALE", "english"),
+        ("REPORT_CURRENCY", "usd"),
+        ("REPORT_CURRENCY", "DOLLARS"),
+        ("REPORT_EMPTY_MONTH", "never"),
+        ("REPORT_BRAND_COLOR", "red"),
+        ("REPORT_BRAND_COLOR", "#12345"),
+        ("REPORT_ACCENT_COLOR", "#fff;background:url(x)"),
+        ("REPORT_LOGO_URL", "http://cdn.example.com/logo.png"),
+        ("REPORT_LOGO_URL", 'https://cdn.example.com/a.png" onerror="x'),
+        ("REPORT_PRODUCT_NAME", " "),
+        ("REPORT_PRODUCT_NAME", "x" * 61),
+        ("REPORT_POSTAL_ADDRESS", "1 Main St\r\nBcc: x@evil.test"),
     ],
 )
 def test_a_value_out_of_range_is_a_configuration_error_naming_the_variable(variable: str, raw: str) -> None:
