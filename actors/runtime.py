@@ -6,13 +6,14 @@ import threading
 
 import redis
 
-from reports import metrics
+from reports import metrics, send_rate
 from reports.alerts import WebhookAlerts
 from reports.breaker import CircuitBreaker, mail_breaker_name
 from reports.database import create_db_engine, session_factory
 from reports.dead_letter_sink import DeadLetterSink
 from reports.mail.backend import build_mailer
 from reports.pipeline import Context
+from reports.render import ReportLook
 from reports.settings import Settings
 
 
@@ -56,8 +57,12 @@ class Runtime:
                     self.redis, settings.broker_namespace, "breaker_transitions", "mail", str(after)),
             )
         engine = create_db_engine(settings.database_url)
-        return Context(settings=settings, sessions=session_factory(engine), mailer=build_mailer(settings),
-                       breaker=breaker)
+        return Context(
+            settings=settings, sessions=session_factory(engine), mailer=build_mailer(settings), breaker=breaker,
+            send_rate=send_rate.build(self.redis, namespace=settings.broker_namespace,
+                                      per_second=settings.send_rate_per_second, burst=settings.send_rate_burst),
+            look=ReportLook.from_settings(settings),
+        )
 
     def _build_sink(self) -> DeadLetterSink:
         settings = self.settings

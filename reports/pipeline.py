@@ -39,7 +39,9 @@ from reports.mail.backend import Mailer
 from reports.mail.compose import compose, message_id, recipient
 from reports.models import FINAL_STATES, ItemState, Report, ReportItem, RunState, User
 from reports.periods import Period
-from reports.render import RenderedReport, render
+from reports.render import RenderedReport, ReportLook, render
+from reports.report_view import should_send
+from reports.send_rate import SendRate, pace
 from reports.settings import CLAIM_LEASE_MARGIN_SECONDS, Settings
 from reports.sql import upsert
 
@@ -96,6 +98,10 @@ class Context:
     mailer: Mailer
     #: Shared circuit breaker for the mail provider; ``None`` when there is no remote provider.
     breaker: CircuitBreaker | None = None
+    #: The fleet's send rate; ``None`` when SEND_RATE_PER_SECOND is unset.
+    send_rate: SendRate | None = None
+    #: Branding, locale and currency of the report, built once from the settings.
+    look: ReportLook | None = None
     clock: Callable[[], datetime] = utcnow
 
 
@@ -122,6 +128,8 @@ def _deliver(ctx: Context, prepare: Callable[[Session], _Prepared | Outcome]) ->
     # Asked only now, so a message that turns out done, skipped or cancelled never holds the
     # half-open probe's one slot for the probe timeout.
     try:
+        # First: a sleep for a slot must not eat the lease's send margin, nor hold the probe's slot.
+        pace(ctx.send_rate, _millis(ctx.clock()), sleep=time.sleep)
         if prepared.lease_left() < ctx.settings.smtp_timeout_seconds + RECORD_TIME_SECONDS:
             raise LeaseTooShort()
         permit = _ask_breaker(ctx)
@@ -242,13 +250,15 @@ def _prepare(ctx: Context, session: Session, job: ReportJob) -> _Prepared | Outc
     if inputs.run_state == RunState.CANCELLED:
         # The item stays pending; `trigger` re-enqueues it when the period is resumed.
         return Outcome.CANCELLED
-    if inputs.email is None or not inputs.active:
+    if (inputs.email is None or not inputs.active
+            or not should_send(inputs.summary, empty_month=ctx.settings.report_empty_month)):
         report_sql.count_attempt(session, job.period, job.user_id, now=now)
         items.finish(session, job.period, job.user_id, ItemState.SKIPPED, now=now)
         return Outcome.SKIPPED
 
     to = recipient(inputs.email, inputs.name)
-    rendered = render(ctx.settings.templates_dir, job.template_version, name=inputs.name, summary=inputs.summary)
+    rendered = render(ctx.settings.templates_dir, job.template_version, name=inputs.name, summary=inputs.summary,
+                      look=ctx.look)
     stable_id = message_id(job.period, job.user_id, ctx.settings.mail_domain)
     claimed_at, lease_ends = _claim_time(ctx)
     claim = report_sql.store_and_claim(
@@ -304,7 +314,7 @@ def _render_and_store(
     """Read the user's activity, render the report, and store it as it is about to be sent."""
     to = recipient(user.email, user.name)
     rendered = render(ctx.settings.templates_dir, template_version, name=user.name,
-                      summary=load_summary(session, user.id, period))
+                      summary=load_summary(session, user.id, period), look=ctx.look)
     session.execute(upsert(session, Report.__table__, {
         "period": str(period), "user_id": user.id, "template_version": template_version,
         "subject": rendered.subject, "body_text": rendered.text, "body_html": rendered.html, "rendered_at": now,

@@ -73,7 +73,7 @@ class ReportView:
     unsubscribe_url: str | None
 
 
-def should_send(summary: Summary, *, empty_month: EmptyMonth) -> bool:
+def should_send(summary: Summary, *, empty_month: str) -> bool:
     """Whether this report is mailed: always, unless the month had no activity and
     ``REPORT_EMPTY_MONTH=skip``."""
     return empty_month == "send" or not is_empty(summary)

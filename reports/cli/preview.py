@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from datetime import datetime
-from email.message import EmailMessage
 from pathlib import Path
 
 import click
@@ -22,7 +21,7 @@ from reports.jobs import MAX_USER_ID, is_version_name
 from reports.mail.compose import compose, message_id, recipient
 from reports.models import PeriodRun, User
 from reports.periods import Period
-from reports.render import RenderedReport, render
+from reports.render import RenderedReport, ReportLook, render
 from reports.settings import Settings
 
 #: Users one preview renders at most: it is a look at a template, not a run.
@@ -34,7 +33,8 @@ DEFAULT_SAMPLE = 5
 
 @dataclass(frozen=True)
 class Preview:
-    email: EmailMessage
+    #: The message's bytes, as they would go on the wire.
+    email: bytes
     rendered: RenderedReport
 
 
@@ -43,7 +43,7 @@ def build(session: Session, settings: Settings, user: User, period: Period, temp
     """The email the pipeline would send ``user`` for ``period`` now, built by the pipeline's own
     read path (activity, render, compose) and nothing else: the one place a change of it lands here."""
     rendered = render(settings.templates_dir, template_version, name=user.name,
-                      summary=load_summary(session, user.id, period))
+                      summary=load_summary(session, user.id, period), look=ReportLook.from_settings(settings))
     email = compose(rendered, to=recipient(user.email, user.name), mail_from=settings.mail_from, period=period,
                     user_id=user.id, date=now, message_id=message_id(period, user.id, settings.mail_domain))
     return Preview(email=email, rendered=rendered)
@@ -125,7 +125,7 @@ def preview(obj: Obj, period: Period, user_ids: tuple[int, ...], sample: int | N
                 # (BEGIN IMMEDIATE), which a running period's workers must not wait behind.
                 session.rollback()
             stem = out / f"{period}-{user.id}"
-            stem.with_suffix(".eml").write_bytes(built.email.as_bytes())
+            stem.with_suffix(".eml").write_bytes(built.email)
             stem.with_suffix(".html").write_text(built.rendered.html, encoding="utf-8")
             click.echo(stem.with_suffix(".eml"))
             click.echo(stem.with_suffix(".html"))

@@ -7,9 +7,10 @@ from dataclasses import replace
 from datetime import timedelta
 
 import pytest
+import redis
 from sqlalchemy import select, text
 
-from reports import pipeline
+from reports import pipeline, send_rate
 from reports.clock import utcnow
 from reports.errors import ClaimHeld, InvalidRecipient, ProviderUnavailable
 from reports.jobs import ReportJob
@@ -321,3 +322,36 @@ def test_a_v2_report_goes_through_the_pipeline_with_its_currency_and_chart(setti
     assert '<p class="kpi-total"' in html and f"${money(total)}</p>" in html
     assert "&lt;b&gt;Eve&lt;/b&gt; &amp; co" in html and "<b>Eve</b>" not in html
     assert 'class="bar"' in html
+
+
+def test_a_month_without_activity_is_skipped_when_the_setting_says_so(settings, sessions, smtp_server, population):
+    # load_users gives user i (i % 4) activities in the period: users 4 and 8 have none.
+    quiet, busy = 4, 7
+    skipping = replace(settings, smtp_url=smtp_server.url, report_empty_month="skip")
+    context = pipeline.Context(settings=skipping, sessions=sessions, mailer=build_mailer(skipping))
+
+    assert pipeline.run(context, job(settings, quiet)) == pipeline.Outcome.SKIPPED
+    assert pipeline.run(context, job(settings, busy)) == pipeline.Outcome.DELIVERED
+
+    assert sorted(smtp_server.by_user()) == [busy]
+    assert (item_state(sessions, quiet), item_state(sessions, busy)) == (ItemState.SKIPPED, ItemState.DELIVERED)
+
+
+def test_a_send_past_the_fleets_rate_is_deferred_and_gives_its_claim_back(
+    settings, sessions, smtp_server, population, redis_url, broker_namespace
+):
+    mail_settings = replace(settings, smtp_url=smtp_server.url)
+    limiter = send_rate.build(redis.Redis.from_url(redis_url), namespace=broker_namespace, per_second=0.1, burst=1)
+    context = pipeline.Context(settings=mail_settings, sessions=sessions, mailer=build_mailer(mail_settings),
+                               send_rate=limiter)
+
+    assert pipeline.run(context, job(settings, 1)) == pipeline.Outcome.DELIVERED
+    # The next slot is ten seconds away: deferred, without a retry spent, and nothing held meanwhile.
+    with pytest.raises(send_rate.Throttled):
+        pipeline.run(context, job(settings, 2))
+
+    assert sorted(smtp_server.by_user()) == [1]
+    assert item_state(sessions, 2) == ItemState.PENDING
+    with sessions() as session:
+        claim = session.scalars(select(Delivery).where(Delivery.user_id == 2)).one()
+        assert claim.state == DeliveryState.CLAIMED and claim.lease_expires_at <= utcnow()
