@@ -9,7 +9,9 @@ milliseconds passed in by the caller.
 
 Each process keeps the state it last read from Redis (with the end of the cool-down or of the
 probe's lease) for ``state_cache_ms`` (:data:`STATE_CACHE_MS`), measured from the moment the
-read was sent, so that a closed breaker costs no Redis call per send. What the breaker promises:
+read was sent, so that a closed breaker costs no Redis call per send: about one call per cache
+period per process (when it goes stale, one thread asks and the others take its answer). What the
+breaker promises:
 
 * **While open, no send touches the provider**, except sends that start within one cache period
   (at most ``state_cache_ms``) of the breaker opening in another process, in a process that read
@@ -173,6 +175,7 @@ class CircuitBreaker:
         self._success = client.register_script(_SUCCESS)
         self._reading: _Reading | None = None
         self._reading_lock = threading.Lock()
+        self._asking = threading.Lock()
 
     def state(self) -> State:
         """The state as Redis holds it now (never cached)."""
@@ -182,6 +185,15 @@ class CircuitBreaker:
         cached = self._cached_permit(now_ms)
         if cached is not None:
             return cached
+        if self.state_cache_ms <= 0:
+            return self._ask(now_ms)
+        # When the reading goes stale, one thread asks and the others take its answer, rather
+        # than every worker thread of the process asking at once.
+        with self._asking:
+            cached = self._cached_permit(now_ms)
+            return cached if cached is not None else self._ask(now_ms)
+
+    def _ask(self, now_ms: int) -> Permit:
         asked_at = self._clock()
         allowed, wait_ms, state, changed, until_ms = self._allow(
             keys=[self._state_key], args=[now_ms, self.probe_timeout_ms])

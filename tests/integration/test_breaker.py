@@ -357,6 +357,32 @@ def test_many_calls_within_the_cache_period_make_one_redis_call(new_breaker: New
     counter.close()
 
 
+def test_threads_of_one_process_that_find_the_reading_stale_together_make_one_redis_call(
+    new_breaker: NewBreaker, private_redis: str, clock: FakeClock
+) -> None:
+    breaker = new_breaker(url=private_redis, clock=clock)
+    new_breaker(url=private_redis, state_cache_ms=0).allow(T0)  # loads the script
+    breaker.client.ping()
+    counter = redis.Redis.from_url(private_redis)
+    before = redis_commands(counter)
+    start = threading.Barrier(8)
+    permits: list[Permit] = []
+
+    def ask() -> None:
+        start.wait()
+        permits.extend(breaker.allow(T0 + i) for i in range(50))
+
+    threads = [threading.Thread(target=ask) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=10)
+
+    assert permits == [ALLOWED] * 400
+    assert round_trips(counter, before) == 1
+    counter.close()
+
+
 def test_while_open_the_cache_refuses_with_the_remaining_cool_down_without_redis(
     new_breaker: NewBreaker, private_redis: str, clock: FakeClock
 ) -> None:
