@@ -8,7 +8,7 @@ import redis
 
 from reports import metrics, send_rate
 from reports.alerts import WebhookAlerts
-from reports.breaker import CircuitBreaker, mail_breaker_name
+from reports.breaker import STATE_CACHE_MS, CircuitBreaker, mail_breaker_name
 from reports.database import create_db_engine, session_factory
 from reports.dead_letter_sink import DeadLetterSink
 from reports.mail.backend import build_mailer
@@ -53,6 +53,8 @@ class Runtime:
                 cooldown_ms=int(settings.breaker_cooldown_seconds * 1000),
                 # A probe that never reports back (its worker died) frees the slot after this.
                 probe_timeout_ms=int(settings.smtp_timeout_seconds * 3000),
+                # Sends within this of another process opening it may still go out (reports.breaker).
+                state_cache_ms=STATE_CACHE_MS,
                 on_change=lambda _before, after: metrics.count(
                     self.redis, settings.broker_namespace, "breaker_transitions", "mail", str(after)),
             )

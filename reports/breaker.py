@@ -4,15 +4,38 @@ closed ──(N provider failures within the window)──► open ──(cool-d
   ▲                                                   ▲                            │
   └──────────────── the probe succeeds ───────────────┴──── the probe fails ───────┘
 
-While open, no send touches the provider. In half-open exactly one caller, the probe, is let
-through; the others wait as if open. Transitions happen in Lua scripts, so concurrent workers
-agree on the state. Times are milliseconds passed in by the caller.
+Transitions happen in Lua scripts, so concurrent workers agree on the state. Times are
+milliseconds passed in by the caller.
+
+Each process keeps the state it last read from Redis (with the end of the cool-down or of the
+probe's lease) for ``state_cache_ms`` (:data:`STATE_CACHE_MS`), measured from the moment the
+read was sent, so that a closed breaker costs no Redis call per send: about one call per cache
+period per process (when it goes stale, one thread asks and the others take its answer). What the
+breaker promises:
+
+* **While open, no send touches the provider**, except sends that start within one cache period
+  (at most ``state_cache_ms``) of the breaker opening in another process, in a process that read
+  "closed" just before. That process learns of the opening at once from its own first failure
+  (``record_failure`` answers "open" and refreshes its cache), so while the provider is down the
+  extra sends are also at most one per worker thread of that process. The process whose failure opened the breaker asks no more of the
+  provider after it, as before.
+* **Exactly one probe in half-open**, unchanged: the cache only ever answers "closed, go" or
+  "open, wait ``until - now``"; once a cached cool-down has passed, or the cache is stale, or the
+  state is half-open, the caller asks the Lua script, which alone hands out the probe.
+* A probe's success (closing the breaker) is seen by other processes within one cache period;
+  until then they keep waiting, which sends nothing to the provider.
+
+A cached answer is replaced only by one whose read was sent later, and never outlives its
+read's time plus the cache period, so a race between threads cannot stretch the window.
+``state_cache_ms=0`` turns the cache off: every ``allow`` asks Redis, as before.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
@@ -42,36 +65,48 @@ def state_of(client: redis.Redis, name: str) -> State:
     raw = cast(bytes | None, client.hget(f"{name}:state", "state"))
     return State(raw.decode()) if raw else State.CLOSED
 
-# KEYS: state hash. ARGV: now, probe lease. Returns {allowed (0/1), wait ms, state, changed (0/1)}.
+#: How long a process trusts the breaker state it last read from Redis, in milliseconds.
+#: Bounds how late another process's opening is seen; 0 asks Redis on every ``allow``.
+STATE_CACHE_MS = 250
+
+# The scripts also return the state's ``until`` (cool-down or probe lease end, in ms; 0 when
+# closed), so one call refreshes a process's cache.
+
+# KEYS: state hash. ARGV: now, probe lease.
+# Returns {allowed (0/1), wait ms, state, changed (0/1), until}.
 _ALLOW = """
 local state = redis.call('HGET', KEYS[1], 'state') or 'closed'
 local now = tonumber(ARGV[1])
-if state == 'closed' then return {1, 0, state, 0} end
+if state == 'closed' then return {1, 0, state, 0, 0} end
 local until_ms = tonumber(redis.call('HGET', KEYS[1], 'until') or '0')
-if now < until_ms then return {0, until_ms - now, state, 0} end
-redis.call('HSET', KEYS[1], 'state', 'half_open', 'until', now + tonumber(ARGV[2]))
-return {1, 0, 'half_open', state == 'open' and 1 or 0}
+if now < until_ms then return {0, until_ms - now, state, 0, until_ms} end
+until_ms = now + tonumber(ARGV[2])
+redis.call('HSET', KEYS[1], 'state', 'half_open', 'until', until_ms)
+return {1, 0, 'half_open', state == 'open' and 1 or 0, until_ms}
 """
 
 # KEYS: state hash, failure zset. ARGV: now, window, threshold, cool-down, member.
-# Returns {state after, changed (0/1)}.
+# Returns {state after, changed (0/1), until, state before}.
 _FAILURE = """
 local state = redis.call('HGET', KEYS[1], 'state') or 'closed'
 local now = tonumber(ARGV[1])
 -- A late failure from a send let through before the breaker opened: the cool-down stands.
-if state == 'open' then return {state, 0} end
+if state == 'open' then
+  return {state, 0, tonumber(redis.call('HGET', KEYS[1], 'until') or '0'), state}
+end
 if state == 'closed' then
   redis.call('ZADD', KEYS[2], now, ARGV[5])
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - tonumber(ARGV[2]))
   redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[2]))
-  if redis.call('ZCARD', KEYS[2]) < tonumber(ARGV[3]) then return {state, 0} end
+  if redis.call('ZCARD', KEYS[2]) < tonumber(ARGV[3]) then return {state, 0, 0, state} end
 end
-redis.call('HSET', KEYS[1], 'state', 'open', 'until', now + tonumber(ARGV[4]))
+local until_ms = now + tonumber(ARGV[4])
+redis.call('HSET', KEYS[1], 'state', 'open', 'until', until_ms)
 redis.call('DEL', KEYS[2])
-return {'open', 1}
+return {'open', 1, until_ms, state}
 """
 
-# KEYS: state hash, failure zset. Returns the state before.
+# KEYS: state hash, failure zset. Returns the state before (the state after is closed).
 _SUCCESS = """
 local state = redis.call('HGET', KEYS[1], 'state') or 'closed'
 if state ~= 'closed' then redis.call('DEL', KEYS[1], KEYS[2]) end
@@ -88,7 +123,29 @@ class Permit:
     probe: bool
 
 
+_GO = Permit(allowed=True, wait_ms=0, probe=False)
+
+
+@dataclass(frozen=True)
+class _Reading:
+    """The state as a script last answered it, and when that call was sent (monotonic seconds)."""
+
+    state: State
+    until_ms: int
+    asked_at: float
+
+
 class CircuitBreaker:
+    """The breaker ``name`` in Redis, as one process sees it.
+
+    :param failure_threshold: provider failures within ``window_ms`` that open it.
+    :param cooldown_ms: how long it stays open before one probe is let through.
+    :param probe_timeout_ms: how long the probe holds its slot if it never reports back.
+    :param state_cache_ms: how long a state read from Redis is trusted (:data:`STATE_CACHE_MS`;
+        0: never). See the module docstring for what this does to the breaker's promise.
+    :param clock: seconds from an arbitrary start, for the cache's age (``time.monotonic``).
+    """
+
     def __init__(
         self,
         client: redis.Redis,
@@ -98,7 +155,9 @@ class CircuitBreaker:
         window_ms: int,
         cooldown_ms: int,
         probe_timeout_ms: int,
+        state_cache_ms: int = STATE_CACHE_MS,
         on_change: Callable[[State, State], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client = client
         self.name = name
@@ -106,38 +165,81 @@ class CircuitBreaker:
         self.window_ms = window_ms
         self.cooldown_ms = cooldown_ms
         self.probe_timeout_ms = probe_timeout_ms
+        self.state_cache_ms = state_cache_ms
         self._on_change = on_change
+        self._clock = clock
         self._state_key = f"{name}:state"
         self._failures_key = f"{name}:failures"
         self._allow = client.register_script(_ALLOW)
         self._failure = client.register_script(_FAILURE)
         self._success = client.register_script(_SUCCESS)
+        self._reading: _Reading | None = None
+        self._reading_lock = threading.Lock()
+        self._asking = threading.Lock()
 
     def state(self) -> State:
+        """The state as Redis holds it now (never cached)."""
         return state_of(self.client, self.name)
 
     def allow(self, now_ms: int) -> Permit:
-        allowed, wait_ms, state, changed = self._allow(keys=[self._state_key], args=[now_ms, self.probe_timeout_ms])
+        cached = self._cached_permit(now_ms)
+        if cached is not None:
+            return cached
+        if self.state_cache_ms <= 0:
+            return self._ask(now_ms)
+        # When the reading goes stale, one thread asks and the others take its answer, rather
+        # than every worker thread of the process asking at once.
+        with self._asking:
+            cached = self._cached_permit(now_ms)
+            return cached if cached is not None else self._ask(now_ms)
+
+    def _ask(self, now_ms: int) -> Permit:
+        asked_at = self._clock()
+        allowed, wait_ms, state, changed, until_ms = self._allow(
+            keys=[self._state_key], args=[now_ms, self.probe_timeout_ms])
+        after = State(state.decode())
+        self._remember(after, int(until_ms), asked_at)
         if changed:
             self._log(State.OPEN, State.HALF_OPEN)
-        return Permit(allowed=bool(allowed), wait_ms=int(wait_ms), probe=bool(allowed) and state == b"half_open")
+        return Permit(allowed=bool(allowed), wait_ms=int(wait_ms), probe=bool(allowed) and after is State.HALF_OPEN)
 
     def record_failure(self, now_ms: int, *, token: str) -> State:
         """Count a provider failure; returns the state after (``OPEN`` means: do not retry now)."""
-        before = self.state()
-        state, changed = self._failure(
+        asked_at = self._clock()
+        state, changed, until_ms, before = self._failure(
             keys=[self._state_key, self._failures_key],
             args=[now_ms, self.window_ms, self.failure_threshold, self.cooldown_ms, token],
         )
         after = State(state.decode())
+        self._remember(after, int(until_ms), asked_at)
         if changed:
-            self._log(before, after)
+            self._log(State(before.decode()), after)
         return after
 
     def record_success(self) -> None:
+        asked_at = self._clock()
         before = State(self._success(keys=[self._state_key, self._failures_key]).decode())
+        self._remember(State.CLOSED, 0, asked_at)
         if before is not State.CLOSED:
             self._log(before, State.CLOSED)
+
+    def _cached_permit(self, now_ms: int) -> Permit | None:
+        """The answer the last reading gives without Redis: go while closed, wait while open."""
+        reading = self._reading
+        if reading is None or self._clock() - reading.asked_at >= self.state_cache_ms / 1000:
+            return None
+        if reading.state is State.CLOSED:
+            return _GO
+        if reading.state is State.OPEN and now_ms < reading.until_ms:
+            return Permit(allowed=False, wait_ms=reading.until_ms - now_ms, probe=False)
+        # Half-open, or a cool-down that has passed: only the script may hand out the probe.
+        return None
+
+    def _remember(self, state: State, until_ms: int, asked_at: float) -> None:
+        # Threads' answers can arrive out of order; the one sent last saw the latest state.
+        with self._reading_lock:
+            if self._reading is None or asked_at >= self._reading.asked_at:
+                self._reading = _Reading(state, until_ms, asked_at)
 
     def _log(self, before: State, after: State) -> None:
         logger.warning("Circuit breaker %s: %s -> %s.", self.name, before, after,

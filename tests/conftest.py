@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -88,6 +89,14 @@ def broker_namespace(redis_url: str) -> Iterator[str]:
     keys = list(client.scan_iter(match=f"{namespace}:*", count=1000))
     if keys:
         client.delete(*keys)
+
+
+def redis_commands(client: redis.Redis) -> Counter[str]:
+    """Commands the server has run since it started, by name (``INFO commandstats``), not counting
+    INFO itself: on a private server, the difference of two readings is what ran in between."""
+    stats = client.info("commandstats")
+    return Counter({name.removeprefix("cmdstat_"): int(stat["calls"]) for name, stat in stats.items()
+                    if name != "cmdstat_info"})
 
 
 @pytest.fixture

@@ -108,7 +108,14 @@ def test_the_exporter_serves_queue_depths_dead_letters_breaker_state_and_period_
             return count(session, period).complete
 
     wait_until(complete, timeout=60, what="the period")
-    after = scrape()
+
+    def all_timed() -> Samples | None:
+        samples = scrape()
+        timed = samples.get(("reports_actor_duration_seconds_count", (("actor", "build_report"),)))
+        return samples if timed == len(population.active) else None
+
+    # The workers write their actor metrics once a second, so the last messages' come a moment later.
+    after = wait_until(all_timed, timeout=3, what="the workers' actor metrics to be flushed")
     assert value(after, "reports_queue_messages", queue="bulk", state="ready") == 0
     assert value(after, "reports_queue_oldest_message_age_seconds", queue="bulk") == 0
     assert value(after, "reports_period_items", period=PERIOD, state="delivered") == len(population.active) - 1

@@ -1,19 +1,23 @@
 """The mail provider's circuit breaker on a real Redis: every transition, shared between processes.
 
 Times are passed in (milliseconds), so the tests walk the clock instead of sleeping; the one
-real-time effect (the failure window's key expiry) is longer than any test here.
+real-time effect (the failure window's key expiry) is longer than any test here. The state cache's
+age is read from a clock of its own (monotonic seconds), which the cache tests pass in and move.
 """
 
 from __future__ import annotations
 
 import threading
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import redis
 
-from reports.breaker import CircuitBreaker, Permit, State
+from reports.breaker import STATE_CACHE_MS, CircuitBreaker, Permit, State
+from tests.conftest import redis_commands
 
 THRESHOLD = 5
 WINDOW_MS = 10_000
@@ -30,8 +34,8 @@ def new_breaker(redis_url: str, broker_namespace: str) -> Iterator[NewBreaker]:
     clients: list[redis.Redis] = []
     name = f"{broker_namespace}:breaker:mail"
 
-    def build(**overrides: int) -> CircuitBreaker:
-        client = redis.Redis.from_url(redis_url)
+    def build(*, url: str = redis_url, **overrides: Any) -> CircuitBreaker:
+        client = redis.Redis.from_url(url)
         clients.append(client)
         options = {"failure_threshold": THRESHOLD, "window_ms": WINDOW_MS, "cooldown_ms": COOLDOWN_MS,
                    "probe_timeout_ms": PROBE_TIMEOUT_MS, **overrides}
@@ -214,7 +218,8 @@ def test_every_transition_is_logged(new_breaker: NewBreaker, caplog: pytest.LogC
 
 
 def test_two_processes_share_one_breaker(new_breaker: NewBreaker) -> None:
-    first, second = new_breaker(), new_breaker()
+    # Without the state cache every change is seen at once (the cached variants are below).
+    first, second = new_breaker(state_cache_ms=0), new_breaker(state_cache_ms=0)
 
     # Failures seen by either count together.
     fail(first, T0, 2)
@@ -295,3 +300,187 @@ def test_twenty_threads_sharing_one_client_also_get_exactly_one_probe(new_breake
     assert len(permits) == 20
     assert [permit.probe for permit in permits].count(True) == 1
     assert sum(permit.allowed for permit in permits) == 1
+
+
+# --- The state cache: a Redis call per cache period, not per send ------------------------------
+
+
+class FakeClock:
+    """Monotonic seconds that move only when told."""
+
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance_ms(self, ms: float) -> None:
+        self.now += ms / 1000
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+def round_trips(counter: redis.Redis, before: Counter[str]) -> int:
+    """The breaker's calls to Redis since ``before``: each is one EVALSHA (the commands its script
+    runs are counted under their own names, and are all that may appear beside it)."""
+    ran = redis_commands(counter) - before
+    assert set(ran) <= {"evalsha", "hget", "hset"}, ran
+    return ran["evalsha"]
+
+
+def test_the_state_is_cached_for_state_cache_ms_by_default(new_breaker: NewBreaker) -> None:
+    assert new_breaker().state_cache_ms == STATE_CACHE_MS
+    assert 0 < STATE_CACHE_MS < 1_000
+
+
+def test_many_calls_within_the_cache_period_make_one_redis_call(new_breaker: NewBreaker, private_redis: str,
+                                                                clock: FakeClock) -> None:
+    breaker = new_breaker(url=private_redis, clock=clock)
+    new_breaker(url=private_redis, state_cache_ms=0).allow(T0)  # loads the script, as any worker's first call
+    breaker.client.ping()  # and opens the connection
+    counter = redis.Redis.from_url(private_redis)
+    before = redis_commands(counter)
+
+    permits = [breaker.allow(T0 + i) for i in range(1_000)]
+    clock.advance_ms(STATE_CACHE_MS - 1)
+    permits.append(breaker.allow(T0 + 1_000))
+
+    assert permits == [ALLOWED] * 1_001
+    assert round_trips(counter, before) == 1
+
+    clock.advance_ms(1)  # the reading is now one cache period old: the next call asks again
+    assert breaker.allow(T0 + 1_001) == ALLOWED
+    assert round_trips(counter, before) == 2
+    counter.close()
+
+
+def test_threads_of_one_process_that_find_the_reading_stale_together_make_one_redis_call(
+    new_breaker: NewBreaker, private_redis: str, clock: FakeClock
+) -> None:
+    breaker = new_breaker(url=private_redis, clock=clock)
+    new_breaker(url=private_redis, state_cache_ms=0).allow(T0)  # loads the script
+    breaker.client.ping()
+    counter = redis.Redis.from_url(private_redis)
+    before = redis_commands(counter)
+    start = threading.Barrier(8)
+    permits: list[Permit] = []
+
+    def ask() -> None:
+        start.wait()
+        permits.extend(breaker.allow(T0 + i) for i in range(50))
+
+    threads = [threading.Thread(target=ask) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=10)
+
+    assert permits == [ALLOWED] * 400
+    assert round_trips(counter, before) == 1
+    counter.close()
+
+
+def test_while_open_the_cache_refuses_with_the_remaining_cool_down_without_redis(
+    new_breaker: NewBreaker, private_redis: str, clock: FakeClock
+) -> None:
+    breaker = new_breaker(url=private_redis, clock=clock)
+    new_breaker(url=private_redis, state_cache_ms=0).allow(T0)  # loads the script
+    open_breaker(breaker, T0)  # the failure that opens it also tells this process at once
+    counter = redis.Redis.from_url(private_redis)
+    before = redis_commands(counter)
+
+    assert breaker.allow(T0) == denied(COOLDOWN_MS)
+    assert breaker.allow(T0 + 12_345) == denied(COOLDOWN_MS - 12_345)
+    assert breaker.allow(T0 + COOLDOWN_MS - 1) == denied(1)
+    assert round_trips(counter, before) == 0
+
+    # The cool-down's end is past: the cache does not answer, the script hands out the probe.
+    assert breaker.allow(T0 + COOLDOWN_MS) == PROBE
+    assert breaker.allow(T0 + COOLDOWN_MS) == denied(PROBE_TIMEOUT_MS)  # half-open is never cached
+    assert round_trips(counter, before) == 2
+    counter.close()
+
+
+def test_another_processs_opening_is_seen_within_one_cache_period(new_breaker: NewBreaker,
+                                                                    clock: FakeClock) -> None:
+    cached, other = new_breaker(clock=clock), new_breaker(state_cache_ms=0)
+    assert cached.allow(T0) == ALLOWED  # read "closed" at clock.now
+
+    open_breaker(other, T0 + 1)
+
+    # The promise's one exception: sends that start within a cache period of the read go ahead.
+    clock.advance_ms(STATE_CACHE_MS - 1)
+    assert cached.allow(T0 + 2) == ALLOWED
+    clock.advance_ms(1)
+    assert cached.allow(T0 + 3) == denied(COOLDOWN_MS - 2)
+
+
+def test_a_late_failure_from_a_cached_permit_is_told_the_breaker_is_open(new_breaker: NewBreaker,
+                                                                          clock: FakeClock) -> None:
+    cached, other = new_breaker(clock=clock), new_breaker(state_cache_ms=0)
+    assert cached.allow(T0) == ALLOWED
+    open_breaker(other, T0 + 1)
+    assert cached.allow(T0 + 2) == ALLOWED  # within the cache period
+
+    assert fail(cached, T0 + 3) is State.OPEN
+    assert cached.allow(T0 + 4) == denied(COOLDOWN_MS - 3)  # from its cache, straight away
+
+
+def test_a_successful_probe_elsewhere_is_seen_within_one_cache_period(new_breaker: NewBreaker,
+                                                                       clock: FakeClock) -> None:
+    cached, prober = new_breaker(clock=clock), new_breaker(state_cache_ms=0)
+    open_breaker(prober, T0)
+    after = T0 + COOLDOWN_MS
+    assert cached.allow(T0 + 1) == denied(COOLDOWN_MS - 1)
+    assert prober.allow(after) == PROBE
+    prober.record_success()
+
+    assert cached.allow(after - 1) == denied(1)  # its cached cool-down, still fresh
+    clock.advance_ms(STATE_CACHE_MS)
+    assert cached.allow(after - 1) == ALLOWED
+
+
+def test_an_answer_read_earlier_never_replaces_one_read_later(new_breaker: NewBreaker, clock: FakeClock) -> None:
+    """Two threads of one process: the reply to the earlier call arrives last and is not kept."""
+    breaker = new_breaker(clock=clock)
+    earlier_call_sent_at = clock()
+    clock.advance_ms(10)
+    open_breaker(breaker, T0)
+
+    # Reordered replies cannot be staged through Redis; this is the step the earlier reply takes.
+    breaker._remember(State.CLOSED, 0, earlier_call_sent_at)
+
+    assert breaker.allow(T0 + 1) == denied(COOLDOWN_MS - 1)
+
+
+def test_twenty_cached_processes_and_threads_past_the_cool_down_get_exactly_one_probe(
+    new_breaker: NewBreaker,
+) -> None:
+    open_breaker(new_breaker(state_cache_ms=0), T0)
+    # Every "process" has read "open" and caches it (real time: well within the cache period).
+    breakers = [new_breaker() for _ in range(10)]
+    assert [breaker.allow(T0 + 1) for breaker in breakers] == [denied(COOLDOWN_MS - 1)] * 10
+    after = T0 + COOLDOWN_MS
+    start = threading.Barrier(20)
+    permits: list[Permit] = []
+    lock = threading.Lock()
+
+    def ask(breaker: CircuitBreaker) -> None:
+        start.wait()
+        for offset in range(5):
+            permit = breaker.allow(after + offset)
+            with lock:
+                permits.append(permit)
+
+    threads = [threading.Thread(target=ask, args=(breaker,)) for breaker in breakers * 2]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=10)
+
+    assert len(permits) == 100
+    assert [permit for permit in permits if permit.allowed] == [PROBE]
+    assert breakers[0].state() is State.HALF_OPEN
