@@ -8,10 +8,10 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import case, func, select
-from sqlalchemy.orm import Session
 
 from reports.models import Activity
 from reports.periods import Period
+from reports.sql import Executor, dialect_name
 
 
 @dataclass(frozen=True)
@@ -64,19 +64,19 @@ def summarize(period: Period, rows: Iterable[Row]) -> Summary:
     )
 
 
-def _occurred_at(session: Session) -> tuple[Any, Callable[[datetime], Any]]:
+def _occurred_at(session: Executor) -> tuple[Any, Callable[[datetime], Any]]:
     """The column to compare and how to write a bound, for the session's database.
 
     SQLite keeps timestamps as text in whatever form the writer used ('2026-10-01 00:00:00',
     '…T…', with or without fractions), and text compares character by character: normalizing
     with ``datetime()`` keeps month boundaries exact for rows loaded by plain SQL.
     """
-    if session.get_bind().dialect.name == "sqlite":
+    if dialect_name(session) == "sqlite":
         return func.datetime(Activity.occurred_at), lambda moment: moment.strftime("%Y-%m-%d %H:%M:%S")
     return Activity.occurred_at, lambda moment: moment
 
 
-def load_summary(session: Session, user_id: int, period: Period) -> Summary:
+def load_summary(session: Executor, user_id: int, period: Period) -> Summary:
     occurred_at, bound = _occurred_at(session)
     in_period = case((occurred_at >= bound(period.start), True), else_=False).label("in_period")
     rows = session.execute(

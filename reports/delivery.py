@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from reports.errors import ClaimHeld
 from reports.models import Delivery, DeliveryState, Resend
 from reports.periods import Period
-from reports.sql import insert_ignoring_conflicts, rowcount
+from reports.sql import Executor, insert_ignoring_conflicts, rowcount
 
 #: Claim states a send may take over once their lease has run out.
 TAKEABLE = (DeliveryState.REQUESTED, DeliveryState.CLAIMED)
@@ -52,7 +52,7 @@ def lease_end(now: datetime, lease_seconds: float) -> datetime:
 
 
 def take(
-    session: Session, period: Period, user_id: int, *, message_id: str, lease_seconds: float, now: datetime
+    session: Executor, period: Period, user_id: int, *, message_id: str, lease_seconds: float, now: datetime
 ) -> Claim | None:
     """Claim the right to send the monthly email; ``None`` when it was already sent.
 
@@ -88,7 +88,7 @@ def take_request(
 
 
 def _take(
-    session: Session, claim: Claim, *, message_id: str, lease_seconds: float, now: datetime,
+    session: Executor, claim: Claim, *, message_id: str, lease_seconds: float, now: datetime,
     extra: dict[str, Any] | None = None,
 ) -> Claim | None:
     model = claim._model
@@ -130,7 +130,7 @@ def is_sent(session: Session, period: Period, user_id: int) -> bool:
     ) == DeliveryState.SENT
 
 
-def complete(session: Session, claim: Claim, *, now: datetime) -> bool:
+def complete(session: Executor, claim: Claim, *, now: datetime) -> bool:
     """Record the send; ``False`` if this claim had been taken over meanwhile (its lease ran out)."""
     model = claim._model
     return bool(
@@ -143,7 +143,7 @@ def complete(session: Session, claim: Claim, *, now: datetime) -> bool:
     )
 
 
-def release(session: Session, claim: Claim, *, now: datetime) -> None:
+def release(session: Executor, claim: Claim, *, now: datetime) -> None:
     """End a claim's lease early after a send that failed, so the retry need not wait it out."""
     model = claim._model
     session.execute(

@@ -10,18 +10,17 @@ from __future__ import annotations
 from datetime import datetime
 
 from sqlalchemy import ColumnElement, exists, func, update
-from sqlalchemy.orm import Session
 
 from reports.models import Delivery, DeliveryState, ItemState, ReportItem
 from reports.periods import Period
-from reports.sql import rowcount
+from reports.sql import Executor, rowcount
 
 #: Longest error text kept on an item; the dead-letter store keeps the full traceback.
 ERROR_TEXT_LIMIT = 2000
 
 
 def finish(
-    session: Session, period: Period, user_id: int, state: ItemState, *, now: datetime, error: str | None = None
+    session: Executor, period: Period, user_id: int, state: ItemState, *, now: datetime, error: str | None = None
 ) -> bool:
     """Move a pending item to a final ``state``; ``False`` if it had already finished.
 
@@ -47,7 +46,7 @@ def finish(
     )
 
 
-def touch(session: Session, period: Period, user_id: int, *, now: datetime) -> None:
+def touch(session: Executor, period: Period, user_id: int, *, now: datetime) -> None:
     """Count an attempt at the item; its message running is proof it was handed out."""
     session.execute(
         update(ReportItem)

@@ -20,13 +20,15 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.headerregistry import Address
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import redis
 import sqlalchemy.exc
+from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from reports import delivery, items, report_sql
@@ -43,7 +45,7 @@ from reports.render import RenderedReport, ReportLook, render
 from reports.report_view import should_send
 from reports.send_rate import SendRate, pace
 from reports.settings import CLAIM_LEASE_MARGIN_SECONDS, Settings
-from reports.sql import upsert
+from reports.sql import Executor, upsert
 
 logger = logging.getLogger(__name__)
 
@@ -102,12 +104,19 @@ class Context:
     send_rate: SendRate | None = None
     #: Branding, locale and currency of the report, built once from the settings.
     look: ReportLook | None = None
+
+    def monthly_transaction(self) -> AbstractContextManager[Executor]:
+        """A transaction for the monthly path: a bare connection on PostgreSQL, whose statements
+        (reports/report_sql.py) need no ORM session (it cost about 0.2 ms a transaction there); a
+        session on SQLite, where the path goes through the general functions."""
+        engine: Engine = self.sessions.kw["bind"]
+        return engine.begin() if engine.dialect.name == "postgresql" else self.sessions.begin()
     clock: Callable[[], datetime] = utcnow
 
 
 def run(ctx: Context, job: ReportJob) -> Outcome:
     """The monthly email for one (period, user)."""
-    return _deliver(ctx, lambda session: _prepare(ctx, session, job))
+    return _deliver(ctx, lambda db: _prepare(ctx, db, job), ctx.monthly_transaction)
 
 
 def send_now(ctx: Context, job: SendNowJob) -> Outcome:
@@ -117,12 +126,13 @@ def send_now(ctx: Context, job: SendNowJob) -> Outcome:
     the monthly email has not gone out, this *is* the monthly email (its claim and Message-ID),
     so the monthly run will not send a second one.
     """
-    return _deliver(ctx, lambda session: _prepare_now(ctx, session, job))
+    return _deliver(ctx, lambda session: _prepare_now(ctx, session, job), ctx.sessions.begin)
 
 
-def _deliver(ctx: Context, prepare: Callable[[Session], _Prepared | Outcome]) -> Outcome:
-    with ctx.sessions.begin() as session:
-        prepared = prepare(session)
+def _deliver(ctx: Context, prepare: Callable[[Any], _Prepared | Outcome],
+             transaction: Callable[[], AbstractContextManager[Executor]]) -> Outcome:
+    with transaction() as db:
+        prepared = prepare(db)
     if not isinstance(prepared, _Prepared):
         return prepared
     # Asked only now, so a message that turns out done, skipped or cancelled never holds the
@@ -134,20 +144,21 @@ def _deliver(ctx: Context, prepare: Callable[[Session], _Prepared | Outcome]) ->
             raise LeaseTooShort()
         permit = _ask_breaker(ctx)
     except (Deferred, redis.RedisError):
-        _release(ctx, prepared)
+        _release(ctx, prepared, transaction)
         raise
-    _send(ctx, prepared, permit)
+    _send(ctx, prepared, permit, transaction)
     return Outcome.DELIVERED
 
 
-def _send(ctx: Context, prepared: _Prepared, permit: Permit | None) -> None:
+def _send(ctx: Context, prepared: _Prepared, permit: Permit | None,
+          transaction: Callable[[], AbstractContextManager[Executor]]) -> None:
     try:
         ctx.mailer.send(prepared.email, recipient=prepared.address)
     except Exception as error:
-        _release(ctx, prepared)
+        _release(ctx, prepared, transaction)
         _tell_breaker_failure(ctx, permit, error)
         raise
-    _record_sent(ctx, prepared)
+    _record_sent(ctx, prepared, transaction)
     if permit is not None and permit.probe:
         try:
             ctx.breaker.record_success()  # type: ignore[union-attr]
@@ -156,12 +167,12 @@ def _send(ctx: Context, prepared: _Prepared, permit: Permit | None) -> None:
             logger.warning("Could not tell the breaker its probe succeeded: Redis unreachable.")
 
 
-def _release(ctx: Context, prepared: _Prepared) -> None:
+def _release(ctx: Context, prepared: _Prepared, transaction: Callable[[], AbstractContextManager[Executor]]) -> None:
     """End the claims' leases early, so the next attempt need not wait them out."""
     try:
-        with ctx.sessions.begin() as session:
+        with transaction() as db:
             for claim in prepared.claims:
-                delivery.release(session, claim, now=ctx.clock())
+                delivery.release(db, claim, now=ctx.clock())
     except sqlalchemy.exc.SQLAlchemyError:
         logger.warning("Could not release a delivery claim; it ends with its lease.")
 
@@ -192,19 +203,20 @@ def _millis(moment: datetime) -> int:
     return int(moment.replace(tzinfo=UTC).timestamp() * 1000)
 
 
-def _record_sent(ctx: Context, prepared: _Prepared) -> None:
+def _record_sent(ctx: Context, prepared: _Prepared,
+                 transaction: Callable[[], AbstractContextManager[Executor]]) -> None:
     """Record a send that happened, trying until the claim's lease is nearly spent: failing here
     is what lets a later copy send the email again."""
     pause = 0.05
     while True:
         try:
-            with ctx.sessions.begin() as session:
+            with transaction() as db:
                 now = ctx.clock()
                 for claim in prepared.claims:
                     if claim.request_id is None:
-                        recorded = report_sql.record_sent(session, claim, now=now)
+                        recorded = report_sql.record_sent(db, claim, now=now)
                     else:
-                        recorded = delivery.complete(session, claim, now=now)
+                        recorded = delivery.complete(db, claim, now=now)
                     if not recorded:
                         logger.warning(
                             "Delivery claim was taken over while sending; a duplicate may follow.",
@@ -239,7 +251,7 @@ def _claim_time(ctx: Context) -> tuple[datetime, float]:
     return ctx.clock(), time.monotonic() + ctx.settings.claim_lease_seconds
 
 
-def _prepare(ctx: Context, session: Session, job: ReportJob) -> _Prepared | Outcome:
+def _prepare(ctx: Context, session: Executor, job: ReportJob) -> _Prepared | Outcome:
     # Reading locks the item: copies of this job serialize here, before they race for the claim.
     inputs = report_sql.read(session, job.period, job.user_id)
     now = ctx.clock()  # after the lock: time spent waiting for it must not come off the lease

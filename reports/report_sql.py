@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import select, text
-from sqlalchemy.orm import Session
 
 from reports import delivery, items
 from reports.activity import Summary, load_summary, summarize
@@ -23,7 +22,7 @@ from reports.errors import ClaimHeld
 from reports.models import DeliveryState, ItemState, PeriodRun, Report, ReportItem, User
 from reports.periods import Period
 from reports.render import RenderedReport
-from reports.sql import upsert
+from reports.sql import Executor, dialect_name, upsert
 
 
 @dataclass(frozen=True)
@@ -61,7 +60,7 @@ LEFT JOIN LATERAL (
 """)
 
 
-def read(session: Session, period: Period, user_id: int) -> Inputs:
+def read(session: Executor, period: Period, user_id: int) -> Inputs:
     """Lock the item (serializing copies of the message) and read everything the report needs."""
     if _is_sqlite(session):
         return _read_each(session, period, user_id)
@@ -75,7 +74,7 @@ def read(session: Session, period: Period, user_id: int) -> Inputs:
                   email=first[4], name=first[5], active=bool(first[6]), summary=summary)
 
 
-def _read_each(session: Session, period: Period, user_id: int) -> Inputs:
+def _read_each(session: Executor, period: Period, user_id: int) -> Inputs:
     # SQLite has no row locks: its write-intent transaction (BEGIN IMMEDIATE) serializes the copies.
     item_state = session.scalar(
         select(ReportItem.state).where(ReportItem.period == str(period), ReportItem.user_id == user_id))
@@ -115,7 +114,7 @@ FROM (SELECT 1) AS one LEFT JOIN deliveries d ON d.period = :period AND d.user_i
 
 
 def store_and_claim(
-    session: Session, period: Period, user_id: int, *, template_version: str, rendered: RenderedReport,
+    session: Executor, period: Period, user_id: int, *, template_version: str, rendered: RenderedReport,
     message_id: str, lease_seconds: float, now: datetime, claimed_at: datetime,
 ) -> delivery.Claim | None:
     """Store the report as it is about to be sent, count the attempt, and claim the monthly email.
@@ -142,12 +141,12 @@ def store_and_claim(
     raise ClaimHeld(retry_after_seconds=max((expires - claimed_at).total_seconds(), 0.0))
 
 
-def count_attempt(session: Session, period: Period, user_id: int, *, now: datetime) -> None:
+def count_attempt(session: Executor, period: Period, user_id: int, *, now: datetime) -> None:
     """Count an attempt that ends before anything is stored (the user is skipped)."""
     items.touch(session, period, user_id, now=now)
 
 
-def _store_each(session: Session, period: Period, user_id: int, *, template_version: str,
+def _store_each(session: Executor, period: Period, user_id: int, *, template_version: str,
                 rendered: RenderedReport, now: datetime) -> None:
     session.execute(upsert(session, Report.__table__, {
         "period": str(period), "user_id": user_id, "template_version": template_version,
@@ -156,18 +155,23 @@ def _store_each(session: Session, period: Period, user_id: int, *, template_vers
     items.touch(session, period, user_id, now=now)
 
 
+# The item is locked before the claim, as reading locks it before storing takes the claim: the
+# claim's condition waits on the item's update (an InitPlan, run before the claim's row is
+# locked). Without that order a copy taking the claim and this one recording it can deadlock.
 _RECORD_SENT = text("""
 WITH finished AS (
     UPDATE report_items SET state = 'delivered', finished_at = :now, updated_at = :now, last_error = NULL
     WHERE period = :period AND user_id = :user_id AND state IN ('pending', 'dead')
+    RETURNING 1
 )
 UPDATE deliveries SET state = 'sent', sent_at = :now
 WHERE period = :period AND user_id = :user_id AND claim_token = :token
+  AND (SELECT count(*) FROM finished) >= 0
 RETURNING 1
 """)
 
 
-def record_sent(session: Session, claim: delivery.Claim, *, now: datetime) -> bool:
+def record_sent(session: Executor, claim: delivery.Claim, *, now: datetime) -> bool:
     """Mark the item delivered and the claim sent; ``False`` if the claim was taken over meanwhile."""
     if _is_sqlite(session):
         # Item first, then delivery: the lock order of reading, so copies cannot deadlock.
@@ -178,6 +182,6 @@ def record_sent(session: Session, claim: delivery.Claim, *, now: datetime) -> bo
     }).first() is not None
 
 
-def _is_sqlite(session: Session) -> bool:
-    return session.get_bind().dialect.name == "sqlite"
+def _is_sqlite(db: Executor) -> bool:
+    return dialect_name(db) == "sqlite"
 

@@ -4,26 +4,34 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, FromClause, Result
+from sqlalchemy import Connection, CursorResult, FromClause, Result
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+#: What a statement runs on: an ORM session, or a bare connection where the session's bookkeeping
+#: would cost more than the statement (the per-report path on PostgreSQL).
+Executor = Session | Connection
 
-def dialect_insert(session: Session, table: FromClause):
+
+def dialect_name(executor: Executor) -> str:
+    return executor.dialect.name if isinstance(executor, Connection) else executor.get_bind().dialect.name
+
+
+def dialect_insert(session: Executor, table: FromClause):
     """The session's dialect's INSERT, the one with ``on_conflict_do_nothing`` and ``on_conflict_do_update``."""
-    dialect = session.get_bind().dialect.name
+    dialect = dialect_name(session)
     module = {"postgresql": postgresql, "sqlite": sqlite}.get(dialect)
     if module is None:
         raise NotImplementedError(f"Unsupported database dialect {dialect!r}.")
     return module.insert(table)
 
 
-def insert_ignoring_conflicts(session: Session, table: FromClause):
+def insert_ignoring_conflicts(session: Executor, table: FromClause):
     """``INSERT … ON CONFLICT DO NOTHING`` for the session's dialect."""
     return dialect_insert(session, table).on_conflict_do_nothing()
 
 
-def upsert(session: Session, table: FromClause, values: dict, *, key: list[str]):
+def upsert(session: Executor, table: FromClause, values: dict, *, key: list[str]):
     """``INSERT … ON CONFLICT (key) DO UPDATE`` setting every non-key column from ``values``."""
     statement = dialect_insert(session, table).values(values)
     return statement.on_conflict_do_update(
