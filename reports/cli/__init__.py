@@ -10,6 +10,7 @@ from reports.cli import (  # noqa: F401  (registers the commands)
     preview,
     prune,
     reconcile,
+    suppress,
 )
 from reports.cli.app import cli, main
 
