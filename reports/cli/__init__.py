@@ -11,6 +11,7 @@ from reports.cli import (  # noqa: F401  (registers the commands)
     prune,
     reconcile,
     suppress,
+    web,
 )
 from reports.cli.app import cli, main
 
