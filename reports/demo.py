@@ -143,3 +143,6 @@ def _summary(console: Console, settings: Settings, final: progress.Progress, log
     console.print(f"Mail (Maildir): {outbox}", soft_wrap=True)
     console.print(f"Reports: table `reports` in {redact_url(settings.database_url)}", soft_wrap=True)
     console.print(f"Worker log: {log_path}", soft_wrap=True)
+    if not settings.unsubscribe_secret:
+        console.print(f"Unsubscribe links point at {settings.public_base_url} (`reports web`) and are signed with "
+                      "the built-in development secret; a real deployment sets UNSUBSCRIBE_SECRET.", soft_wrap=True)

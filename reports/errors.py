@@ -53,8 +53,11 @@ class UnsafeHeader(PermanentError):
 class MailRejected(PermanentError):
     """The mail provider refused the message for good (an SMTP 5xx reply)."""
 
-    def __init__(self, code: int, reply: str) -> None:
+    def __init__(self, code: int, reply: str, *, recipient: bool = False) -> None:
         self.code = code
+        #: The refusal was the reply to RCPT TO: the address itself is refused (a hard bounce),
+        #: which suppresses the user; a refused content is not the address's fault.
+        self.recipient = recipient
         super().__init__(f"SMTP {code}: {reply}")
 
 

@@ -22,7 +22,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from reports import progress, send_rate
+from reports import progress, send_rate, suppressions
 from reports.breaker import STATE_VALUES, State
 from reports.jobs import BUILD_REPORT, PLAN_PERIOD, SEND_NOW
 from reports.models import DeadLetter, PeriodRun, RunState
@@ -214,6 +214,7 @@ class ReportsCollector(Collector):
             counts = progress.items_by_state(session, [period for period, _, _, _ in runs])
             was_replayed = DeadLetter.replayed_at.is_not(None)
             letters = {bool(k): n for k, n in session.execute(select(was_replayed, func.count()).group_by(was_replayed))}
+            suppressed = suppressions.count_by_reason(session)
         for period, is_planned, triggered_at, state in runs:
             by_state = counts.get(period, {})
             for state in ("pending", "delivered", "skipped", "dead"):
@@ -230,6 +231,15 @@ class ReportsCollector(Collector):
         yield triggered
         yield cancelled
         yield stored
+        yield self._suppressions(suppressed)
+
+    @staticmethod
+    def _suppressions(counts: dict[str, int]) -> Metric:
+        gauge = GaugeMetricFamily("reports_suppressions", "Users on the suppression list, by reason.",
+                                  labels=["reason"])
+        for reason, n in counts.items():
+            gauge.add_metric([reason], n)
+        return gauge
 
     def _scheduler(self) -> Iterator[Metric]:
         raw = cast(bytes | None, self.client.get(f"{self.namespace}:scheduler:last_trigger"))

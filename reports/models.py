@@ -240,3 +240,30 @@ class DeadLetter(Base):
         Index("ix_dead_letters_period", "period"),
         Index("ix_dead_letters_died_at", "died_at"),
     )
+
+
+class SuppressionReason(enum.StrEnum):
+    #: The user asked, by the one-click POST, the confirm page, or an operator on their behalf.
+    UNSUBSCRIBED = "unsubscribed"
+    #: The provider refused the address for good (a 5xx to RCPT TO).
+    BOUNCED = "bounced"
+    #: The user reported the mail as spam (a provider's feedback loop, entered by an operator).
+    COMPLAINED = "complained"
+
+
+class Suppression(Base):
+    """A user who gets no monthly report, and why: read by the coordinator and the per-user job.
+
+    Kept per user, not per address: the contract's unsubscribe is the user's, and the per-user
+    read finds it by primary key in the statement it runs anyway. A user whose address bounced
+    stays suppressed after changing it, until an operator removes the entry.
+    """
+
+    __tablename__ = "suppressions"
+
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), primary_key=True,
+                                         autoincrement=False)
+    reason: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[Timestamp]
+    #: Where it came from: ``web``, ``cli``, or the provider's reply code (``smtp 550``).
+    source: Mapped[str | None] = mapped_column(Text)

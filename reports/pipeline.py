@@ -31,21 +31,22 @@ import sqlalchemy.exc
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from reports import delivery, items, report_sql
+from reports import delivery, items, report_sql, suppressions
 from reports.activity import load_summary
 from reports.breaker import CircuitBreaker, Permit, State
 from reports.clock import utcnow
-from reports.errors import CircuitOpen, Deferred, PermanentError, is_provider_failure
+from reports.errors import CircuitOpen, Deferred, MailRejected, PermanentError, is_provider_failure
 from reports.jobs import ReportJob, SendNowJob
 from reports.mail.backend import Mailer
 from reports.mail.compose import compose, message_id, recipient
-from reports.models import FINAL_STATES, ItemState, Report, ReportItem, RunState, User
+from reports.models import FINAL_STATES, ItemState, Report, ReportItem, RunState, SuppressionReason, User
 from reports.periods import Period
 from reports.render import RenderedReport, ReportLook, render
 from reports.report_view import should_send
 from reports.send_rate import SendRate, pace
 from reports.settings import CLAIM_LEASE_MARGIN_SECONDS, Settings
 from reports.sql import Executor, upsert
+from reports.unsubscribe import Links
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +105,16 @@ class Context:
     send_rate: SendRate | None = None
     #: Branding, locale and currency of the report, built once from the settings.
     look: ReportLook | None = None
+    clock: Callable[[], datetime] = utcnow
+    #: Every user's unsubscribe link; ``None`` builds it from the settings, once per context.
+    unsubscribe: Links | None = None
+
+    def __post_init__(self) -> None:
+        if self.unsubscribe is None:
+            object.__setattr__(self, "unsubscribe", self.settings.unsubscribe_links())
+
+    def unsubscribe_url(self, user_id: int) -> str:
+        return self.unsubscribe.url(user_id)  # type: ignore[union-attr]
 
     def monthly_transaction(self) -> AbstractContextManager[Executor]:
         """A transaction for the monthly path: a bare connection on PostgreSQL, whose statements
@@ -111,7 +122,6 @@ class Context:
         session on SQLite, where the path goes through the general functions."""
         engine: Engine = self.sessions.kw["bind"]
         return engine.begin() if engine.dialect.name == "postgresql" else self.sessions.begin()
-    clock: Callable[[], datetime] = utcnow
 
 
 def run(ctx: Context, job: ReportJob) -> Outcome:
@@ -155,7 +165,8 @@ def _send(ctx: Context, prepared: _Prepared, permit: Permit | None,
     try:
         ctx.mailer.send(prepared.email, recipient=prepared.address)
     except Exception as error:
-        _release(ctx, prepared, transaction)
+        bounced = error if isinstance(error, MailRejected) and error.recipient else None
+        _release(ctx, prepared, transaction, bounced=bounced)
         _tell_breaker_failure(ctx, permit, error)
         raise
     _record_sent(ctx, prepared, transaction)
@@ -167,14 +178,20 @@ def _send(ctx: Context, prepared: _Prepared, permit: Permit | None,
             logger.warning("Could not tell the breaker its probe succeeded: Redis unreachable.")
 
 
-def _release(ctx: Context, prepared: _Prepared, transaction: Callable[[], AbstractContextManager[Executor]]) -> None:
-    """End the claims' leases early, so the next attempt need not wait them out."""
+def _release(ctx: Context, prepared: _Prepared, transaction: Callable[[], AbstractContextManager[Executor]], *,
+             bounced: MailRejected | None = None) -> None:
+    """End the claims' leases early, so the next attempt need not wait them out; on a hard bounce
+    also put the user on the suppression list, so no later month mails a refused address."""
     try:
         with transaction() as db:
+            now = ctx.clock()
             for claim in prepared.claims:
-                delivery.release(db, claim, now=ctx.clock())
+                delivery.release(db, claim, now=now)
+            if bounced is not None:
+                suppressions.add(db, prepared.claims[0].user_id, SuppressionReason.BOUNCED, now=now,
+                                 source=f"smtp {bounced.code}")
     except sqlalchemy.exc.SQLAlchemyError:
-        logger.warning("Could not release a delivery claim; it ends with its lease.")
+        logger.warning("Could not release a delivery claim (or record a bounce); the claim ends with its lease.")
 
 
 def _ask_breaker(ctx: Context) -> Permit | None:
@@ -262,15 +279,17 @@ def _prepare(ctx: Context, session: Executor, job: ReportJob) -> _Prepared | Out
     if inputs.run_state == RunState.CANCELLED:
         # The item stays pending; `trigger` re-enqueues it when the period is resumed.
         return Outcome.CANCELLED
-    if (inputs.email is None or not inputs.active
+    # Suppressed after the coordinator planned the user (or before, by an older release): skipped.
+    if (inputs.email is None or not inputs.active or inputs.suppressed is not None
             or not should_send(inputs.summary, empty_month=ctx.settings.report_empty_month)):
         report_sql.count_attempt(session, job.period, job.user_id, now=now)
         items.finish(session, job.period, job.user_id, ItemState.SKIPPED, now=now)
         return Outcome.SKIPPED
 
     to = recipient(inputs.email, inputs.name)
+    unsubscribe_url = ctx.unsubscribe_url(job.user_id)
     rendered = render(ctx.settings.templates_dir, job.template_version, name=inputs.name, summary=inputs.summary,
-                      look=ctx.look)
+                      look=ctx.look, unsubscribe_url=unsubscribe_url)
     stable_id = message_id(job.period, job.user_id, ctx.settings.mail_domain)
     claimed_at, lease_ends = _claim_time(ctx)
     claim = report_sql.store_and_claim(
@@ -282,7 +301,7 @@ def _prepare(ctx: Context, session: Executor, job: ReportJob) -> _Prepared | Out
         items.finish(session, job.period, job.user_id, ItemState.DELIVERED, now=now)
         return Outcome.ALREADY_DONE
     email = compose(rendered, to=to, mail_from=ctx.settings.mail_from, period=job.period, user_id=job.user_id,
-                    date=now, message_id=stable_id)
+                    date=now, message_id=stable_id, unsubscribe_url=unsubscribe_url)
     return _Prepared(claims=[claim], email=email, address=to.addr_spec, lease_ends=lease_ends)
 
 
@@ -316,7 +335,7 @@ def _prepare_now(ctx: Context, session: Session, job: SendNowJob) -> _Prepared |
         if monthly is not None:
             claims, chosen_id = [monthly, request], monthly_id
     email = compose(rendered, to=to, mail_from=ctx.settings.mail_from, period=job.period, user_id=user.id,
-                    date=now, message_id=chosen_id)
+                    date=now, message_id=chosen_id, unsubscribe_url=ctx.unsubscribe_url(user.id))
     return _Prepared(claims=claims, email=email, address=to.addr_spec, lease_ends=lease_ends)
 
 
@@ -326,7 +345,8 @@ def _render_and_store(
     """Read the user's activity, render the report, and store it as it is about to be sent."""
     to = recipient(user.email, user.name)
     rendered = render(ctx.settings.templates_dir, template_version, name=user.name,
-                      summary=load_summary(session, user.id, period), look=ctx.look)
+                      summary=load_summary(session, user.id, period), look=ctx.look,
+                      unsubscribe_url=ctx.unsubscribe_url(user.id))
     session.execute(upsert(session, Report.__table__, {
         "period": str(period), "user_id": user.id, "template_version": template_version,
         "subject": rendered.subject, "body_text": rendered.text, "body_html": rendered.html, "rendered_at": now,

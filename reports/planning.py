@@ -22,13 +22,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import DateTime, func, literal, select, update
+from sqlalchemy import DateTime, exists, func, literal, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from reports.clock import utcnow
 from reports.errors import PermanentError
 from reports.jobs import ReportJob
-from reports.models import ItemState, PeriodRun, ReportItem, RunState, User
+from reports.models import ItemState, PeriodRun, ReportItem, RunState, Suppression, User
 from reports.periods import Period
 from reports.sql import dialect_insert
 
@@ -155,7 +155,9 @@ def _record_page(
             ["period", "user_id", "state", "attempts", "created_at", "updated_at"],
             select(literal(str(period)), User.id, literal(ItemState.PENDING.value), literal(0),
                    *[literal(now, DateTime())] * 2)
-            .where(User.active, User.id > run.cursor, User.id <= last),
+            .where(User.active, User.id > run.cursor, User.id <= last,
+                   # Suppressed users get no item: inside this statement, so no statement is added.
+                   ~exists().where(Suppression.user_id == User.id)),
         )
         items = ReportItem.__table__.c
         user_ids = session.scalars(

@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from reports import progress
 from reports.jobs import BULK_QUEUE, CRITICAL_QUEUE, PlanJob, ReportJob, SendNowJob
-from reports.models import Delivery, DeliveryState, ItemState, PeriodRun, ReportItem, Resend, User
+from reports.models import Delivery, DeliveryState, ItemState, PeriodRun, ReportItem, Resend, Suppression, User
 from reports.periods import Period
 
 #: Stuck items re-enqueued per transaction.
@@ -104,6 +104,8 @@ def reconcile(
             select(func.count()).select_from(User).where(
                 User.active,
                 ~exists().where(ReportItem.period == str(period), ReportItem.user_id == User.id),
+                # Not planned on purpose: the coordinator leaves suppressed users out.
+                ~exists().where(Suppression.user_id == User.id),
             )
         ) or 0
         walk_paused = not counts.planned and run.paused_at is not None and run.paused_at >= untouched_since

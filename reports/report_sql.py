@@ -1,7 +1,8 @@
 """The monthly report's statements: read, store and claim, record the send.
 
 On PostgreSQL each step is one statement, written once as SQL here and prepared by the driver:
-reading locks the item and reads the run, the user and the two months of activity together;
+reading locks the item and reads the run, the user, their suppression-list entry and the two
+months of activity together;
 storing writes the report, counts the attempt and takes the delivery claim together; recording
 marks the item delivered and the claim sent together. That is 3 statements in 2 transactions
 per report, where the general path (and SQLite, which has neither data-modifying CTEs nor row
@@ -19,7 +20,7 @@ from sqlalchemy import select, text
 from reports import delivery, items
 from reports.activity import Summary, load_summary, summarize
 from reports.errors import ClaimHeld
-from reports.models import DeliveryState, ItemState, PeriodRun, Report, ReportItem, User
+from reports.models import DeliveryState, ItemState, PeriodRun, Report, ReportItem, Suppression, User
 from reports.periods import Period
 from reports.render import RenderedReport
 from reports.sql import Executor, dialect_name, upsert
@@ -40,6 +41,8 @@ class Inputs:
     name: str | None
     active: bool
     summary: Summary
+    #: Why the user is on the suppression list; ``None`` when they are not.
+    suppressed: str | None = None
 
 
 _READ = text("""
@@ -47,10 +50,11 @@ WITH item AS (
     SELECT state FROM report_items WHERE period = :period AND user_id = :user_id FOR UPDATE
 )
 SELECT (SELECT state FROM item), r.state, r.planned, r.cursor, u.email, u.name, u.active,
-       a.in_period, a.category, a.n, a.total
+       a.in_period, a.category, a.n, a.total, s.reason
 FROM (SELECT 1) AS one
 LEFT JOIN period_runs r ON r.period = :period
 LEFT JOIN users u ON u.id = :user_id
+LEFT JOIN suppressions s ON s.user_id = :user_id
 LEFT JOIN LATERAL (
     SELECT occurred_at >= :start AS in_period, category, count(*) AS n, sum(amount_cents) AS total
     FROM activities
@@ -71,7 +75,7 @@ def read(session: Executor, period: Period, user_id: int) -> Inputs:
     first = rows[0]
     summary = summarize(period, ((bool(r[7]), r[8], r[9], r[10]) for r in rows if r[8] is not None))
     return Inputs(item_state=first[0], run_state=first[1], planned=bool(first[2]), cursor=first[3] or 0,
-                  email=first[4], name=first[5], active=bool(first[6]), summary=summary)
+                  email=first[4], name=first[5], active=bool(first[6]), summary=summary, suppressed=first[11])
 
 
 def _read_each(session: Executor, period: Period, user_id: int) -> Inputs:
@@ -81,11 +85,15 @@ def _read_each(session: Executor, period: Period, user_id: int) -> Inputs:
     run = session.execute(
         select(PeriodRun.state, PeriodRun.planned, PeriodRun.cursor).where(PeriodRun.period == str(period))
     ).one_or_none()
-    user = session.execute(select(User.email, User.name, User.active).where(User.id == user_id)).one_or_none()
+    user = session.execute(
+        select(User.email, User.name, User.active, Suppression.reason)
+        .outerjoin(Suppression, Suppression.user_id == User.id).where(User.id == user_id)
+    ).one_or_none()
     return Inputs(
         item_state=item_state, run_state=run.state if run else None, planned=bool(run and run.planned),
         cursor=run.cursor if run else 0, email=user.email if user else None, name=user.name if user else None,
         active=bool(user and user.active), summary=load_summary(session, user_id, period),
+        suppressed=user.reason if user else None,
     )
 
 

@@ -9,6 +9,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import sqlalchemy.exc
@@ -16,6 +17,9 @@ from sqlalchemy.engine import make_url
 
 from reports.errors import ConfigurationError
 from reports.jobs import is_version_name
+
+if TYPE_CHECKING:
+    from reports.unsubscribe import Links
 
 #: Longest duration any setting accepts: ten years, in seconds.
 MAX_SECONDS = 10 * 366 * 86_400
@@ -166,6 +170,12 @@ class Settings:
     #: Items, deliveries and stored reports of periods older than this many months are pruned
     #: monthly by the scheduler; ``None``: kept for ever.
     retention_months: int | None = None
+    #: Where ``reports web`` is reached from outside; every unsubscribe link starts with it.
+    #: https, or plain http only to a loopback host (a developer's machine, the demo).
+    public_base_url: str = "http://127.0.0.1:8000"
+    #: Comma-separated secrets that sign unsubscribe links, newest first (the first signs, any
+    #: verifies). Unset is allowed only while PUBLIC_BASE_URL is loopback: the demo's fixed secret.
+    unsubscribe_secret: str = ""
 
     def __post_init__(self) -> None:
         if not self.database_url:
@@ -195,6 +205,13 @@ class Settings:
         address = self.mail_from.rsplit("<", 1)[-1].rstrip(">").strip()
         _local, at, domain = address.rpartition("@")
         return domain if at and domain and " " not in domain else "localhost"
+
+    def unsubscribe_links(self) -> Links:
+        """The unsubscribe links of this deployment; build once per process and keep."""
+        from reports import unsubscribe
+
+        secrets = unsubscribe.parse_secrets(self.unsubscribe_secret) or (unsubscribe.DEV_SECRET,)
+        return unsubscribe.Links(self.public_base_url.rstrip("/"), unsubscribe.Signer.from_secrets(secrets))
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -325,6 +342,46 @@ def _check_endpoints(settings: Settings) -> None:
         _check_webhook_url(settings.alert_webhook_url)
     if not settings.exporter_host or _BLANK_OR_CONTROL.search(settings.exporter_host):
         raise ConfigurationError(f"EXPORTER_HOST must be an address or a host name, got {settings.exporter_host!r}.")
+    _check_unsubscribe(settings.public_base_url, settings.unsubscribe_secret)
+
+
+#: Longest PUBLIC_BASE_URL accepted: the List-Unsubscribe header stays one short line.
+MAX_PUBLIC_BASE_URL_CHARS = 200
+
+_PUBLIC_BASE_URL = re.compile(r"https?://[A-Za-z0-9.\-\[\]:]+(/[A-Za-z0-9._~!$&'()*+,;=:@%/-]*)?")
+
+
+def _check_unsubscribe(base_url: str, secret: str) -> None:
+    # The URL goes into a mail header and every report's footer: plain ASCII URL characters only.
+    try:
+        parts = urlsplit(base_url)
+        host, _port = parts.hostname, parts.port
+    except ValueError:
+        host = None
+    if (not host or len(base_url) > MAX_PUBLIC_BASE_URL_CHARS or not _PUBLIC_BASE_URL.fullmatch(base_url)
+            or parts.query or parts.fragment):
+        raise ConfigurationError(
+            "PUBLIC_BASE_URL must be the https:// address reports web is reached at, such as "
+            f"https://reports.example.com (no query, at most {MAX_PUBLIC_BASE_URL_CHARS} characters), got {base_url!r}."
+        )
+    if parts.scheme == "http" and not _is_loopback(host):
+        raise ConfigurationError(
+            "PUBLIC_BASE_URL must use https:// (mailbox providers expect it of a one-click unsubscribe link; "
+            f"plain http:// only to 127.0.0.1, ::1 or localhost), got {base_url!r}."
+        )
+    from reports import unsubscribe
+
+    secrets = unsubscribe.parse_secrets(secret)
+    if not secrets and not _is_loopback(host):
+        raise ConfigurationError(
+            "UNSUBSCRIBE_SECRET is required when PUBLIC_BASE_URL is not on this machine: set it to a long random "
+            "string (python -c 'import secrets; print(secrets.token_urlsafe(32))')."
+        )
+    if any(len(s) < unsubscribe.MIN_SECRET_CHARS or _BLANK_OR_CONTROL.search(s) for s in secrets):
+        raise ConfigurationError(
+            f"UNSUBSCRIBE_SECRET must be comma-separated secrets of at least {unsubscribe.MIN_SECRET_CHARS} "
+            "characters each, without spaces (newest first)."
+        )
 
 
 def _check_database_url(url: str) -> None:
@@ -404,10 +461,9 @@ ENVIRONMENT = {
     "send_rate_per_second": "SEND_RATE_PER_SECOND",
     "send_rate_burst": "SEND_RATE_BURST",
     "retention_months": "RETENTION_MONTHS",
+    "public_base_url": "PUBLIC_BASE_URL",
+    "unsubscribe_secret": "UNSUBSCRIBE_SECRET",
 }
-
-_DEFAULTS = Settings()
-
 
 def _parse(default: object, raw: str) -> object:
     """Convert ``raw`` to the type of the setting's default."""
@@ -448,6 +504,8 @@ def _is_loopback(host: str) -> bool:
 
 
 def _shown(name: str, value: object) -> object:
+    if name == "unsubscribe_secret":
+        return "***" if value else ""
     if name == "alert_webhook_url" and isinstance(value, str):
         return redact_webhook_url(value)
     if name in SECRET_URLS and isinstance(value, str):
@@ -487,3 +545,7 @@ def _redact_userinfo(url: str) -> str:
         return url
     user = userinfo.split(":", 1)[0]
     return f"{scheme}{separator}{user}{':' if user else ''}***@{host}"
+
+
+#: Built last: its checks use every helper above.
+_DEFAULTS = Settings()

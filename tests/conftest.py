@@ -255,6 +255,8 @@ class RecordingHandler:
         self.attempts: dict[str, int] = {}
         self.refused: list[tuple[str, str]] = []
         self.fault: Fault | None = None
+        #: Decides a reply to RCPT TO, given the address: an SMTP reply to refuse it, or None.
+        self.rcpt_fault: Callable[[str], str | None] | None = None
         #: Seconds each message takes, to stretch a run so it can be interrupted. Spent before the
         #: data, as a slow network or a slow provider would; the final "." is answered at once.
         self.delay_seconds = 0.0
@@ -262,6 +264,8 @@ class RecordingHandler:
     async def handle_RCPT(self, server, session, envelope, address, rcpt_options):  # type: ignore[no-untyped-def]
         if self.delay_seconds:
             await asyncio.sleep(self.delay_seconds)
+        if self.rcpt_fault is not None and (reply := self.rcpt_fault(address)) is not None:
+            return reply
         envelope.rcpt_tos.append(address)
         return "250 OK"
 

@@ -10,6 +10,8 @@ from reports.cli import (  # noqa: F401  (registers the commands)
     preview,
     prune,
     reconcile,
+    suppress,
+    web,
 )
 from reports.cli.app import cli, main
 

@@ -28,7 +28,7 @@ MAX_TEXT_OPTION = 200
 #: Commands that only read. On SQLite they open an existing file and never create one: a
 #: mistyped path must not leave an empty database behind (SQLite creates the file on connect).
 READ_ONLY_COMMANDS = frozenset({"reports progress", "reports periods", "reports dlq list", "reports dlq show",
-                                "reports preview"})
+                                "reports preview", "reports suppress list"})
 
 
 class Obj:

@@ -42,10 +42,13 @@ def build(session: Session, settings: Settings, user: User, period: Period, temp
           now: datetime) -> Preview:
     """The email the pipeline would send ``user`` for ``period`` now, built by the pipeline's own
     read path (activity, render, compose) and nothing else: the one place a change of it lands here."""
+    unsubscribe_url = settings.unsubscribe_links().url(user.id)
     rendered = render(settings.templates_dir, template_version, name=user.name,
-                      summary=load_summary(session, user.id, period), look=ReportLook.from_settings(settings))
+                      summary=load_summary(session, user.id, period), look=ReportLook.from_settings(settings),
+                      unsubscribe_url=unsubscribe_url)
     email = compose(rendered, to=recipient(user.email, user.name), mail_from=settings.mail_from, period=period,
-                    user_id=user.id, date=now, message_id=message_id(period, user.id, settings.mail_domain))
+                    user_id=user.id, date=now, message_id=message_id(period, user.id, settings.mail_domain),
+                    unsubscribe_url=unsubscribe_url)
     return Preview(email=email, rendered=rendered)
 
 

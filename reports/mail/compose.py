@@ -88,6 +88,7 @@ def compose(
     user_id: int,
     date: datetime,
     message_id: str,
+    unsubscribe_url: str | None = None,
 ) -> bytes:
     """The message as it goes on the wire: multipart/alternative, text then HTML, CRLF line ends.
 
@@ -96,6 +97,10 @@ def compose(
     generated from ids, or built by :func:`to_header` and :func:`subject_header`; the header
     block is then checked as a whole (:func:`check_header_block`). Both parts are
     quoted-printable, whose output never holds the boundary's ``=_``.
+
+    :param unsubscribe_url: the user's one-click link (:meth:`reports.unsubscribe.Links.url`),
+        written as ``List-Unsubscribe`` with ``List-Unsubscribe-Post`` (RFC 8058); ``None`` writes
+        neither (a message not for a user's report).
     """
     boundary = f"=_{secrets.token_hex(12)}".encode("ascii")
     headers = b"".join((
@@ -106,6 +111,7 @@ def compose(
         b"Message-ID: ", message_id.encode("ascii"), CRLF,
         b"X-Report-Period: ", str(period).encode("ascii"), CRLF,
         b"X-Report-User-Id: ", str(user_id).encode("ascii"), CRLF,
+        _unsubscribe_lines(unsubscribe_url),
         b"MIME-Version: 1.0", CRLF,
         b'Content-Type: multipart/alternative; boundary="', boundary, b'"', CRLF,
     ))
@@ -123,7 +129,8 @@ CRLF = b"\r\n"
 #: The header names :func:`compose` writes: a line of the header block is one of them or a
 #: continuation of the one before.
 HEADER_NAMES = (b"From:", b"To:", b"Subject:", b"Date:", b"Message-ID:", b"X-Report-Period:",
-                b"X-Report-User-Id:", b"MIME-Version:", b"Content-Type:")
+                b"X-Report-User-Id:", b"List-Unsubscribe:", b"List-Unsubscribe-Post:",
+                b"MIME-Version:", b"Content-Type:")
 
 
 def check_header_block(block: bytes) -> None:
@@ -135,6 +142,21 @@ def check_header_block(block: bytes) -> None:
     for line in lines[:-1]:
         if not (line.startswith(HEADER_NAMES) or (line[:1] in (b" ", b"\t") and line.strip())):
             raise UnsafeHeader("A header would add a line of its own; the message was not sent.")
+
+
+#: What a List-Unsubscribe URL may hold: printable ASCII without space, ``<``, ``>`` or ``,``
+#: (RFC 2369 lists URLs in angle brackets, separated by commas).
+_HEADER_URL = re.compile(r"https?://[!-+\--;=?-~]+")
+
+
+def _unsubscribe_lines(url: str | None) -> bytes:
+    if url is None:
+        return b""
+    if not _HEADER_URL.fullmatch(url):
+        raise UnsafeHeader("The unsubscribe URL is not a plain http(s) URL; the message was not sent.")
+    # RFC 8058: the POST a provider sends is exactly this body, to the https URL above.
+    return b"".join((b"List-Unsubscribe: <", url.encode("ascii"), b">", CRLF,
+                     b"List-Unsubscribe-Post: List-Unsubscribe=One-Click", CRLF))
 
 
 @functools.lru_cache(maxsize=8)

@@ -117,7 +117,7 @@ class _Refused(Exception):
         if self.breaks_session:
             return ProviderUnavailable(f"SMTP session broken: {self.code} to {self.stage.value}: {self.reply}")
         if self.code >= 500:
-            return MailRejected(self.code, self.reply)
+            return MailRejected(self.code, self.reply, recipient=self.stage is _Stage.RCPT)
         return MailDeferred(self.code, self.reply)
 
 

@@ -49,3 +49,17 @@ def test_the_scheduler_exits_at_start_with_one_line_naming_the_variable(tmp_path
     result = start([sys.executable, "-m", "scheduler"], tmp_path, variable, value)
     assert_one_error_line(result, variable)
     assert len(result.stderr.splitlines()) == 1, result.stderr
+
+
+@pytest.mark.parametrize("command", [
+    [sys.executable, "-m", "dramatiq", "actors", "--processes", "1", "--threads", "1"],
+    [sys.executable, "-m", "scheduler"],
+    [sys.executable, "-m", "reports", "web", "--port", "1"],
+], ids=["workers", "scheduler", "web"])
+def test_a_production_process_without_an_unsubscribe_secret_refuses_to_start(tmp_path, command):
+    """Only links served from this machine (the demo, a laptop) may use the built-in secret."""
+    result = start(command, tmp_path, "PUBLIC_BASE_URL", "https://reports.example.com")
+    described = f"exit {result.returncode}\nstderr: {result.stderr!r}"
+    assert result.returncode == 2, described
+    errors = [line for line in result.stderr.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and errors[0].startswith("error: UNSUBSCRIBE_SECRET is required"), described

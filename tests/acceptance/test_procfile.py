@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -42,7 +43,7 @@ from reports.jobs import (
 from reports.periods import Period
 from reports.progress import count
 from reports.settings import Settings
-from tests.conftest import REPO, kill_group, load_users, wait_until
+from tests.conftest import REPO, free_port, kill_group, load_users, wait_until
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)]
 
@@ -368,3 +369,31 @@ def test_a_process_with_a_malformed_url_exits_2_with_one_line_a_process_and_no_p
     assert 1 <= len(errors) <= 2 and all(line.startswith(f"error: {variable} must") for line in errors), described
     assert "Traceback" not in result.stderr, described
     assert "s3cretpw" not in result.stdout + result.stderr, described
+
+
+def test_the_web_line_as_written_serves_healthz_on_port_and_exits_0_on_sigterm(settings, sessions, tmp_path):
+    """A PaaS sets PORT, expands it in the line, and SIGTERMs every process at once."""
+    command = read_procfile()["web"]
+    assert "$PORT" in command
+    port = free_port()
+    log_path = tmp_path / "web.log"
+    with log_path.open("wb") as log:
+        # PORT is the platform's, not a setting; expanded as the platform's shell does, then exec'd.
+        argv = [word.replace("$PORT", str(port)) for word in shlex.split(command)]
+        popen = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                 env={**line_environment(settings), "PORT": str(port)})
+    process = LineProcess("web", popen, log_path)
+
+    def healthy() -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:
+                return response.status == 200
+        except OSError:
+            return popen.poll() is not None
+
+    try:
+        wait_until(healthy, timeout=30, what="the web line to answer /healthz")
+        assert popen.poll() is None, process.log()
+        assert stop_all([process], timeout=15) == {"web": 0}, process.log()
+    finally:
+        process.kill()

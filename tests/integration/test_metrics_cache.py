@@ -112,3 +112,23 @@ def test_concurrent_scrapes_share_one_collection(settings, sessions, statements,
     time.sleep(WINDOW_SECONDS + 0.1)
     scrape()
     assert statements.value == 2 * single  # the sixteen scrapes ran the statements of one collection
+
+
+def test_the_exporter_counts_suppressed_users_by_reason(settings, sessions):
+    from reports import suppressions
+    from reports.clock import utcnow
+    from reports.models import SuppressionReason
+    from tests.conftest import load_users
+
+    load_users(sessions, count=4)
+    with sessions.begin() as session:
+        for user_id, reason in ((1, SuppressionReason.BOUNCED), (2, SuppressionReason.BOUNCED),
+                                (3, SuppressionReason.COMPLAINED)):
+            suppressions.add(session, user_id, reason, now=utcnow(), source="test")
+    collector = ReportsCollector(redis.Redis.from_url(settings.broker_url), namespace=settings.broker_namespace,
+                                 sessions=sessions, queues=(BUILD_REPORT.queue,),
+                                 breaker_name=f"{settings.broker_namespace}:breaker:mail")
+
+    [family] = [f for f in collector.collect() if f.name == "reports_suppressions"]
+
+    assert {s.labels["reason"]: s.value for s in family.samples} == {"unsubscribed": 0, "bounced": 2, "complained": 1}

@@ -259,7 +259,7 @@ def test_an_encoded_line_break_in_a_name_adds_no_header_and_leaves_the_body_alon
     [(envelope, message)] = smtp_server.handler.messages
     assert envelope == ["user3@example.test"]
     assert message.keys() == ["From", "To", "Subject", "Date", "Message-ID", "X-Report-Period", "X-Report-User-Id",
-                              "MIME-Version", "Content-Type"]
+                              "List-Unsubscribe", "List-Unsubscribe-Post", "MIME-Version", "Content-Type"]
     assert message["Bcc"] is None
     assert [a.addr_spec for a in message["To"].addresses] == ["user3@example.test"]
     assert "\n" not in message["To"].addresses[0].display_name

@@ -40,6 +40,7 @@ def compose_for(
         "user_id": user_id,
         "date": datetime(2026, 11, 1, 6, 0),
         "message_id": message_id(period, user_id, "reports.test"),
+        "unsubscribe_url": f"https://reports.test/u/{user_id}.abcd.0123456789abcdefghij_-",
         **overrides,
     }
     return compose(rendered_factory(), **arguments)  # type: ignore[arg-type]
@@ -200,11 +201,30 @@ def test_the_report_headers_are_present() -> None:
 
 
 @pytest.mark.parametrize(
-    "header", ["To", "From", "Subject", "Date", "Message-ID", "X-Report-Period", "X-Report-User-Id"]
+    "header", ["To", "From", "Subject", "Date", "Message-ID", "X-Report-Period", "X-Report-User-Id",
+               "List-Unsubscribe", "List-Unsubscribe-Post"]
 )
 def test_each_header_appears_exactly_once(header: str) -> None:
     parsed = reparse(compose_for(recipient("ada@example.com", INJECTION)))
     assert len(parsed.get_all(header) or []) == 1
+
+
+def test_the_message_carries_one_click_unsubscribe_headers() -> None:
+    parsed = reparse(compose_for(recipient("ada@example.com", "Ada"), user_id=42))
+    assert parsed["List-Unsubscribe"] == "<https://reports.test/u/42.abcd.0123456789abcdefghij_->"
+    assert parsed["List-Unsubscribe-Post"] == "List-Unsubscribe=One-Click"
+
+
+@pytest.mark.parametrize("url", [
+    "https://reports.test/u/1>, <mailto:evil@example.com",
+    "https://reports.test/u/1\r\nBcc: evil@example.com",
+    "https://reports.test/u/1 x",
+    "https://réports.test/u/1",
+    "javascript:alert(1)",
+])
+def test_an_unsubscribe_url_that_could_bend_the_header_is_refused(url: str) -> None:
+    with pytest.raises(PermanentError):
+        compose_for(recipient("ada@example.com", "Ada"), unsubscribe_url=url)
 
 
 def test_the_message_is_multipart_alternative_with_a_text_and_an_html_part() -> None:
@@ -241,6 +261,7 @@ def test_a_non_ascii_address_is_rejected_or_written_as_a_valid_to_header(address
 
 #: The headers compose sets, in order; a message with any other header line was injected into.
 OUR_HEADERS = ["From", "To", "Subject", "Date", "Message-ID", "X-Report-Period", "X-Report-User-Id",
+               "List-Unsubscribe", "List-Unsubscribe-Post",
                "MIME-Version", "Content-Type"]
 
 ATTACKS = [
@@ -290,7 +311,8 @@ def test_a_hostile_name_in_the_subject_adds_no_header_line(name: str) -> None:
 def compose_with_subject(subject: str) -> bytes:
     return compose(rendered_factory(subject=subject), to=recipient("ada@example.com", "Ada"),
                    mail_from="Reports <reports@reports.test>", period=OCTOBER, user_id=42,
-                   date=datetime(2026, 11, 1, 6, 0), message_id=message_id(OCTOBER, 42, "reports.test"))
+                   date=datetime(2026, 11, 1, 6, 0), message_id=message_id(OCTOBER, 42, "reports.test"),
+                   unsubscribe_url="https://reports.test/u/42.abcd.0123456789abcdefghij_-")
 
 
 def header_field(raw: bytes, name: bytes) -> list[bytes]:

@@ -471,3 +471,33 @@ def test_the_exporter_listens_everywhere_and_caches_five_seconds_unless_told_oth
 def test_a_bad_exporter_setting_is_a_configuration_error_naming_the_variable(variable: str, raw: str) -> None:
     with pytest.raises(ConfigurationError, match=variable):
         Settings.from_env({variable: raw})
+
+
+def test_the_default_public_base_url_is_loopback_and_needs_no_secret() -> None:
+    settings = Settings.from_env({})
+    assert settings.public_base_url == "http://127.0.0.1:8000"
+    assert settings.unsubscribe_links().url(1).startswith("http://127.0.0.1:8000/u/1.")
+
+
+@pytest.mark.parametrize("environment", [
+    {"PUBLIC_BASE_URL": "https://reports.example.com"},  # a real deployment without its secret
+    {"PUBLIC_BASE_URL": "http://reports.example.com", "UNSUBSCRIBE_SECRET": "x" * 32},  # plain http off-machine
+    {"PUBLIC_BASE_URL": "ftp://reports.example.com", "UNSUBSCRIBE_SECRET": "x" * 32},
+    {"PUBLIC_BASE_URL": "https://reports.example.com/?a=1", "UNSUBSCRIBE_SECRET": "x" * 32},
+    {"PUBLIC_BASE_URL": "https://reports.example.com/\r\nBcc: x", "UNSUBSCRIBE_SECRET": "x" * 32},
+    {"PUBLIC_BASE_URL": "https://réports.example.com", "UNSUBSCRIBE_SECRET": "x" * 32},
+    {"PUBLIC_BASE_URL": "https://reports.example.com", "UNSUBSCRIBE_SECRET": "short"},
+    {"PUBLIC_BASE_URL": "https://reports.example.com", "UNSUBSCRIBE_SECRET": "x" * 32 + ",short"},
+])
+def test_a_public_base_url_or_secret_unfit_for_production_is_refused(environment: dict[str, str]) -> None:
+    with pytest.raises(ConfigurationError, match="PUBLIC_BASE_URL|UNSUBSCRIBE_SECRET"):
+        Settings.from_env(environment)
+
+
+def test_several_secrets_sign_with_the_first_and_the_repr_shows_none() -> None:
+    settings = Settings.from_env({"PUBLIC_BASE_URL": "https://reports.example.com/mail/",
+                                  "UNSUBSCRIBE_SECRET": "new-s3cret-0123456789, old-s3cret-0123456789"})
+    links = settings.unsubscribe_links()
+    assert links.url(5).startswith("https://reports.example.com/mail/u/5.")
+    assert len(links.signer.keys) == 2
+    assert "s3cret" not in repr(settings)

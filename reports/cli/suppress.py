@@ -1,0 +1,74 @@
+"""``reports suppress add|remove|list``: the suppression list, by hand (complaints, corrections)."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from reports import suppressions
+from reports.cli.app import Obj, cli, pass_obj
+from reports.clock import utcnow
+from reports.errors import BadInput
+from reports.jobs import MAX_USER_ID
+from reports.models import SuppressionReason, User
+
+#: Longest listing printed.
+MAX_LIST_LIMIT = 1_000_000
+
+_REASON = click.Choice([reason.value for reason in SuppressionReason])
+
+
+@cli.group()
+def suppress() -> None:
+    """The suppression list: users who get no monthly report (unsubscribed, bounced, complained)."""
+
+
+@suppress.command("add")
+@click.argument("user_id", type=click.IntRange(min=1, max=MAX_USER_ID))
+@click.option("--reason", type=_REASON, help="Why the user gets no more reports (required).")
+@pass_obj
+def add(obj: Obj, user_id: int, reason: str | None) -> None:
+    """Suppress USER_ID: not planned from the next walk on, skipped if already planned."""
+    if reason is None:
+        # Checked here: click's own message for a missing choice spans several lines.
+        raise BadInput(f"--reason is required: one of {', '.join(r.value for r in SuppressionReason)}.")
+    with obj.session() as session:
+        if session.get(User, user_id) is None:
+            raise BadInput(f"No user with id {user_id}.")
+        existing = suppressions.get(session, user_id)
+        if existing is not None:
+            click.echo(f"User {user_id} was already suppressed ({existing.reason}); nothing changed.")
+            return
+        suppressions.add(session, user_id, SuppressionReason(reason), now=utcnow(), source="cli")
+    click.echo(f"User {user_id} suppressed ({reason}).")
+
+
+@suppress.command("remove")
+@click.argument("user_id", type=click.IntRange(min=1, max=MAX_USER_ID))
+@pass_obj
+def remove(obj: Obj, user_id: int) -> None:
+    """Lift USER_ID's suppression, whatever its reason: the next period mails them again."""
+    with obj.session() as session:
+        removed = suppressions.remove(session, user_id)
+    click.echo(f"User {user_id} is no longer suppressed." if removed
+               else f"User {user_id} was not suppressed; nothing changed.")
+
+
+@suppress.command("list")
+@click.option("--reason", type=_REASON, help="Only this reason.")
+@click.option("--limit", type=click.IntRange(1, MAX_LIST_LIMIT), default=1000, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON array.")
+@pass_obj
+def list_(obj: Obj, reason: str | None, limit: int, as_json: bool) -> None:
+    """The suppressed users, lowest id first."""
+    with obj.session() as session:
+        found = suppressions.find(session, reason=SuppressionReason(reason) if reason else None, limit=limit)
+    rows = [{"user_id": s.user_id, "reason": s.reason, "created_at": s.created_at.isoformat(), "source": s.source}
+            for s in found]
+    if as_json:
+        click.echo(json.dumps(rows))
+        return
+    for row in rows:
+        click.echo(f"{row['user_id']}  {row['reason']:<12}  {row['created_at']}  {row['source'] or ''}")
+    click.echo(f"{len(rows)} suppressed user(s).")

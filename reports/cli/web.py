@@ -1,0 +1,51 @@
+"""``reports web``: the unsubscribe pages and the health check, served by uvicorn. Stops on SIGTERM."""
+
+from __future__ import annotations
+
+import signal
+import socket
+
+import click
+
+from reports.cli.app import Obj, cli, pass_obj
+from reports.errors import BadInput
+
+#: Seconds a stopping server gives requests in flight, well inside a platform's 30 s grace period.
+GRACEFUL_SHUTDOWN_SECONDS = 10
+
+
+@cli.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0 on a PaaS).")
+@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
+@pass_obj
+def web(obj: Obj, host: str, port: int) -> None:
+    """Serve the one-click unsubscribe endpoint, its pages, and /healthz."""
+    # Imported here: only the web process needs the web stack.
+    import uvicorn
+
+    from reports.web import build_app
+
+    settings = obj.settings
+    app = build_app(obj.sessions(), settings.unsubscribe_links().signer, product_name=settings.report_product_name)
+    try:
+        # Bound here, not by uvicorn: a port in use or an unknown host is one line and exit 2.
+        listener = socket.create_server((host, port), family=_family(host))
+    except OSError as e:
+        raise BadInput(f"Cannot listen on {host}:{port}: {e.strerror or e}.") from None
+    if not settings.unsubscribe_secret:
+        click.echo("note: UNSUBSCRIBE_SECRET is unset; links are signed with the built-in development secret "
+                   "(allowed only while PUBLIC_BASE_URL is on this machine).", err=True)
+    click.echo(f"Serving unsubscribe pages on http://{host}:{port} for {settings.public_base_url}", err=True)
+    config = uvicorn.Config(
+        app, log_level=settings.log_level.lower(), server_header=False, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
+        # Off: the access log would write every user's token (a credential) into the logs.
+        access_log=False,
+    )
+    # uvicorn drains on SIGTERM, then raises the signal again under the handler it found: this
+    # no-op one makes a drained stop exit 0, as the other processes do.
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: None)
+    uvicorn.Server(config).run(sockets=[listener])
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET

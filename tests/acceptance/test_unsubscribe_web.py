@@ -1,0 +1,254 @@
+"""`reports web` as a real process: the one-click POST a mailbox provider sends, the pages a person
+sees (in headless Chromium), forged tokens, the health check, and a clean stop on SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from reports import pipeline, suppressions
+from reports.clock import utcnow
+from reports.jobs import ReportJob
+from reports.mail.backend import build_mailer
+from reports.models import SuppressionReason
+from reports.periods import Period
+from reports.settings import Settings
+from reports.unsubscribe import Signer
+from tests.conftest import REPO, free_port, load_users, missing, run_cli, wait_until
+from tests.integration.conftest import PERIOD, RecordingSender, plan_everything
+
+pytestmark = pytest.mark.acceptance
+
+SECRET = "test-unsubscribe-secret-0123456789"
+OLD_SECRET = "test-old-unsubscribe-secret-98765"
+ONE_CLICK = b"List-Unsubscribe=One-Click"
+CHROMIUM = "/usr/bin/chromium"
+
+
+@dataclass
+class WebProcess:
+    process: subprocess.Popen[bytes]
+    base_url: str
+    settings: Settings
+    log_path: Path
+
+    def url(self, user_id: int) -> str:
+        return self.settings.unsubscribe_links().url(user_id)
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+@pytest.fixture
+def start_web(settings: Settings, sessions, tmp_path: Path) -> Iterator[Callable[..., WebProcess]]:  # type: ignore[no-untyped-def]
+    """Start `reports web` on a free port, PUBLIC_BASE_URL pointing at it; stopped (SIGTERM) at teardown."""
+    started: list[WebProcess] = []
+
+    def start(secret: str = SECRET) -> WebProcess:
+        port = free_port()
+        web_settings = replace(settings, public_base_url=f"http://127.0.0.1:{port}", unsubscribe_secret=secret)
+        log_path = tmp_path / f"web-{len(started)}.log"
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "reports", "web", "--host", "127.0.0.1", "--port", str(port)],
+                env={**os.environ, **web_settings.as_environ()}, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+            )
+        web = WebProcess(process, f"http://127.0.0.1:{port}", web_settings, log_path)
+        started.append(web)
+        wait_until(lambda: process.poll() is not None or request(f"{web.base_url}/healthz")[0] == 200,
+                   timeout=30, what="reports web to answer /healthz")
+        assert process.poll() is None, log_path.read_text()
+        return web
+
+    yield start
+    for web in started:
+        web.stop()
+
+
+def request(url: str, *, body: bytes | None = None, content_type: str = "application/x-www-form-urlencoded"
+            ) -> tuple[int, str, dict[str, str]]:
+    """(status, body, headers) of a GET, or of a POST when ``body`` is given; (0, '', {}) if refused."""
+    headers = {"Content-Type": content_type} if body is not None else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=body, headers=headers), timeout=10) as response:
+            return response.status, response.read().decode(), {k.lower(): v for k, v in response.headers.items()}
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(), {k.lower(): v for k, v in e.headers.items()}
+    except OSError:
+        return 0, "", {}
+
+
+def suppressed(sessions) -> dict[int, str]:  # type: ignore[no-untyped-def]
+    with sessions() as session:
+        return dict(session.execute(text("SELECT user_id, reason FROM suppressions")).all())
+
+
+def test_the_one_click_post_of_a_received_email_unsubscribes_and_the_next_period_skips_the_user(
+    settings, sessions, smtp_server, start_web
+):
+    web = start_web()
+    load_users(sessions, count=4)
+    plan_everything(sessions, settings)
+    mail_settings = replace(web.settings, smtp_url=smtp_server.url, template_version="v2")
+    context = pipeline.Context(settings=mail_settings, sessions=sessions, mailer=build_mailer(mail_settings))
+    assert pipeline.run(context, ReportJob(PERIOD, 3, "v2")) == pipeline.Outcome.DELIVERED
+    [message] = smtp_server.messages
+    assert message["List-Unsubscribe-Post"] == "List-Unsubscribe=One-Click"
+    link = message["List-Unsubscribe"].strip("<>")
+    assert link.startswith(f"{web.base_url}/u/3.")
+
+    # What Gmail or Yahoo sends when the person clicks "Unsubscribe" in the mail client.
+    status, _, headers = request(link, body=ONE_CLICK)
+    assert status == 200
+    assert "set-cookie" not in headers
+    assert suppressed(sessions) == {3: "unsubscribed"}
+    # Again (a provider retries, a person clicks twice): still 2xx, nothing more.
+    assert request(link, body=ONE_CLICK)[0] == 200
+    assert suppressed(sessions) == {3: "unsubscribed"}
+
+    sender = RecordingSender()
+    plan_everything(sessions, settings, Period.parse("2026-11"), sender=sender)
+    assert sorted(sender.user_ids) == [1, 2, 4]
+
+
+def test_a_multipart_one_click_post_unsubscribes_too(sessions, start_web):
+    """RFC 8058 lets the provider send the body as multipart/form-data."""
+    web = start_web()
+    load_users(sessions, count=2)
+    body = (b'--b\r\nContent-Disposition: form-data; name="List-Unsubscribe"\r\n\r\nOne-Click\r\n--b--\r\n')
+    assert request(web.url(1), body=body, content_type="multipart/form-data; boundary=b")[0] == 200
+    assert suppressed(sessions) == {1: "unsubscribed"}
+
+
+def test_opening_the_link_shows_a_confirm_button_and_changes_nothing(sessions, start_web):
+    web = start_web()
+    load_users(sessions, count=2)
+    for _ in range(3):  # a link scanner, a preview, the person
+        status, page, headers = request(web.url(2))
+        assert status == 200
+        assert '<form method="post"' in page and "<button" in page
+        assert headers["cache-control"] == "no-store" and headers["referrer-policy"] == "no-referrer"
+    assert suppressed(sessions) == {}
+
+
+def test_a_post_without_the_one_click_body_changes_nothing(sessions, start_web):
+    web = start_web()
+    load_users(sessions, count=2)
+    assert request(web.url(1), body=b"")[0] == 400
+    assert request(web.url(1), body=b"List-Unsubscribe=No")[0] == 400
+    assert suppressed(sessions) == {}
+
+
+def test_forged_or_altered_tokens_answer_404_without_detail_and_change_nothing(sessions, start_web):
+    web = start_web()
+    load_users(sessions, count=3)
+    real = web.url(1)
+    token = real.rsplit("/", 1)[1]
+    signature = token.rsplit(".", 1)[1]
+    forged = [
+        real[:-1] + ("A" if real[-1] != "A" else "B"),                     # one character changed
+        f"{web.base_url}/u/2.{token.split('.', 1)[1]}",                     # user 1's signature on user 2
+        f"{web.base_url}/u/{Signer.from_secrets(('someone-elses-secret-123',)).token(1)}",
+        f"{web.base_url}/u/1.abcd.{signature}",                             # unknown key id
+        f"{web.base_url}/u/1",
+        f"{web.base_url}/u/%00",
+    ]
+    answers = set()
+    for url in forged:
+        for body in (None, ONE_CLICK):
+            status, page, _ = request(url, body=body)
+            assert status == 404, url
+            answers.add(page)
+        assert request(f"{url}/resubscribe", body=b"")[0] in (404, 405)
+    assert answers == {"Not found."}
+    assert suppressed(sessions) == {}
+
+
+def test_links_signed_before_a_secret_rotation_keep_working(sessions, start_web):
+    load_users(sessions, count=2)
+    old_link_token = Signer.from_secrets((OLD_SECRET,)).token(2)
+    web = start_web(secret=f"{SECRET},{OLD_SECRET}")  # new first, the old one kept for the overlap
+    assert request(f"{web.base_url}/u/{old_link_token}", body=ONE_CLICK)[0] == 200
+    assert suppressed(sessions) == {2: "unsubscribed"}
+    assert web.url(1).rsplit("/", 1)[1] == Signer.from_secrets((SECRET,)).token(1)
+
+
+def test_resubscribing_lifts_an_unsubscribe_but_never_a_bounce(sessions, start_web):
+    web = start_web()
+    load_users(sessions, count=2)
+    with sessions.begin() as session:
+        suppressions.add(session, 2, SuppressionReason.BOUNCED, now=utcnow(), source="smtp 550")
+    assert request(web.url(1), body=ONE_CLICK)[0] == 200
+    assert request(f"{web.url(1)}/resubscribe", body=b"")[0] == 200
+    status, page, _ = request(f"{web.url(2)}/resubscribe", body=b"")
+    assert status == 200 and "stay paused" in page
+    assert suppressed(sessions) == {2: "bounced"}
+
+
+def test_healthz_answers_and_sigterm_stops_the_server_with_exit_0(start_web):
+    web = start_web()
+    status, body, _ = request(f"{web.base_url}/healthz")
+    assert (status, body) == (200, "ok")
+    assert web.stop() == 0
+    assert "Traceback" not in web.log_path.read_text()
+
+
+def test_reports_web_rejects_a_port_in_use_in_one_line(settings, start_web):
+    web = start_web()
+    result = run_cli(web.settings, "web", "--host", "127.0.0.1", "--port", web.base_url.rsplit(":", 1)[1])
+    assert result.returncode == 2, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Cannot listen on 127.0.0.1" in errors[0], result.stderr
+    assert run_cli(settings, "web", "--port", "0").returncode == 2
+
+
+def test_a_person_confirms_in_a_browser_sees_it_done_and_resubscribes(sessions, start_web):
+    if not os.path.exists(CHROMIUM) and shutil.which("chromium") is None:
+        missing("Chromium is not installed (Debian package chromium; scripts/system-packages installs it)")
+    from playwright.sync_api import sync_playwright
+
+    web = start_web()
+    load_users(sessions, count=2)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium"),
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                  "--disable-sync", "--no-first-run", "--disable-quic"],
+        )
+        try:
+            page = browser.new_page()
+            page.goto(web.url(1))
+            assert page.get_by_role("heading").inner_text() == "Unsubscribe from Monthly Reports?"
+            assert suppressed(sessions) == {}, "opening the page unsubscribed"
+
+            page.get_by_role("button", name="Unsubscribe").click()
+            page.wait_for_load_state()
+            assert page.get_by_role("heading").inner_text() == "You are unsubscribed"
+            assert suppressed(sessions) == {1: "unsubscribed"}
+            assert page.context.cookies() == []
+
+            page.get_by_role("button", name="Resubscribe").click()
+            page.wait_for_load_state()
+            assert page.get_by_role("heading").inner_text() == "You are subscribed again"
+            assert suppressed(sessions) == {}
+            assert page.get_by_role("button", name="Unsubscribe").is_visible()
+        finally:
+            browser.close()
