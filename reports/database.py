@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from reports.errors import DatabaseMissing
 from reports.settings import Settings
+
+if TYPE_CHECKING:
+    # Alembic is imported only where a migration runs: every worker imports this module for its
+    # engine, and importing Alembic (1.16+) logs seven INFO lines of plugin set-up per process.
+    from alembic.config import Config
 
 _MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 
@@ -71,6 +75,8 @@ def session_factory(engine: Engine) -> sessionmaker[Session]:
 
 
 def alembic_config(url: str) -> Config:
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(_MIGRATIONS))
     config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
@@ -79,6 +85,8 @@ def alembic_config(url: str) -> Config:
 
 def upgrade(settings: Settings, revision: str = "head") -> None:
     """Migrate the configured database to ``revision``."""
+    from alembic import command
+
     engine = create_db_engine(settings.database_url)
     try:
         with engine.begin() as connection:
