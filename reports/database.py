@@ -46,8 +46,11 @@ def create_db_engine(url: str, *, create: bool = True) -> Engine:
 
     if parsed.database and parsed.database != ":memory:":
         if not create and not Path(parsed.database).is_file():
-            raise DatabaseMissing(f"There is no SQLite database at {parsed.database}: is DATABASE_URL right, "
-                                  "and was `reports db upgrade` run?")
+            # Absolute: a relative path (the default var/reports.db) is read from the current
+            # folder, and the operator must see which folder that was.
+            raise DatabaseMissing(f"No database at {Path(parsed.database).resolve()}: set DATABASE_URL (or VAR_DIR, "
+                                  "which holds the default reports.db) to an existing one, or create it with "
+                                  "`reports db upgrade`.")
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
     engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}, hide_parameters=HIDE_PARAMETERS)
 
