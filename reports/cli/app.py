@@ -50,7 +50,11 @@ class Obj:
 pass_obj = click.make_pass_decorator(Obj)
 
 
-@click.group()
+#: ``-h`` as well as ``--help``, on every command (subcommands inherit it from the group's context).
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
+
+
+@click.group(context_settings=CONTEXT_SETTINGS)
 @click.pass_context
 def cli(ctx: click.Context) -> None:
     """Monthly reports: plan, send and watch one email per active user per month."""
@@ -91,6 +95,9 @@ def main(argv: list[str] | None = None) -> None:
     """Run the CLI; rejected input is one line on stderr and exit code 2."""
     try:
         cli.main(args=argv, prog_name="reports", standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as e:
+        # A bare group (`reports`, `reports dlq`) asked for nothing wrong: its usage is the answer.
+        click.echo(e.ctx.get_help())
     except (BadInput, ConfigurationError) as e:
         _fail(str(e), EXIT_BAD_INPUT)
     except click.UsageError as e:

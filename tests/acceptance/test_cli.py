@@ -336,6 +336,17 @@ def test_a_command_run_from_another_folder_says_where_it_looked_and_creates_noth
     assert list(elsewhere.iterdir()) == [], "the command created files"
 
 
+def test_bare_reports_prints_its_usage_and_h_is_help(tmp_path):
+    for args, usage in (((), "reports [OPTIONS] COMMAND"), (("-h",), "reports [OPTIONS] COMMAND"),
+                        (("--help",), "reports [OPTIONS] COMMAND"), (("dlq",), "reports dlq [OPTIONS] COMMAND"),
+                        (("dlq", "-h"), "reports dlq [OPTIONS] COMMAND"), (("trigger", "-h"), "reports trigger")):
+        result = subprocess.run([sys.executable, "-m", "reports", *args], cwd=tmp_path, capture_output=True,
+                                text=True, timeout=60, check=False)
+        assert (result.returncode, result.stderr) == (0, ""), (args, result)
+        assert result.stdout.startswith(f"Usage: {usage}"), (args, result.stdout)
+    assert list(tmp_path.iterdir()) == []
+
+
 def run_cli_with(settings: Settings, environ: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     """Run ``reports`` with ``environ`` over the test's settings: for values Settings itself refuses."""
     return subprocess.run(
