@@ -73,6 +73,15 @@ def create_db_engine(url: str, *, create: bool = True) -> Engine:
     return engine
 
 
+def sqlite_file(url: str) -> Path | None:
+    """The file of a SQLite URL, as written (relative paths are read from the current folder);
+    ``None`` for another database or an in-memory one."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
+        return None
+    return Path(parsed.database)
+
+
 def session_factory(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
 
