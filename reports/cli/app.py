@@ -25,11 +25,6 @@ EXIT_BAD_INPUT = 2
 #: Longest text a filter option takes, in characters.
 MAX_TEXT_OPTION = 200
 
-#: Commands that only read. On SQLite they open an existing file and never create one: a
-#: mistyped path must not leave an empty database behind (SQLite creates the file on connect).
-READ_ONLY_COMMANDS = frozenset({"reports progress", "reports periods", "reports dlq list", "reports dlq show",
-                                "reports preview", "reports suppress list"})
-
 
 class Obj:
     """What every command shares: the settings and, on first use, the database."""
@@ -40,7 +35,10 @@ class Obj:
 
     def sessions(self) -> sessionmaker[Session]:
         if self._engine is None:
-            self._engine = create_db_engine(self.settings.database_url, create=not _reading_only())
+            # No command but `db upgrade` (which migrates through its own engine) may create a
+            # SQLite file: every other one needs the tables, and SQLite would create an empty
+            # database at a mistyped path, or under ./var of whatever folder it is run from.
+            self._engine = create_db_engine(self.settings.database_url, create=False)
         return session_factory(self._engine)
 
     @contextmanager
@@ -49,15 +47,14 @@ class Obj:
             yield session
 
 
-def _reading_only() -> bool:
-    context = click.get_current_context(silent=True)
-    return context is not None and context.command_path in READ_ONLY_COMMANDS
-
-
 pass_obj = click.make_pass_decorator(Obj)
 
 
-@click.group()
+#: ``-h`` as well as ``--help``, on every command (subcommands inherit it from the group's context).
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
+
+
+@click.group(context_settings=CONTEXT_SETTINGS)
 @click.pass_context
 def cli(ctx: click.Context) -> None:
     """Monthly reports: plan, send and watch one email per active user per month."""
@@ -98,6 +95,9 @@ def main(argv: list[str] | None = None) -> None:
     """Run the CLI; rejected input is one line on stderr and exit code 2."""
     try:
         cli.main(args=argv, prog_name="reports", standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as e:
+        # A bare group (`reports`, `reports dlq`) asked for nothing wrong: its usage is the answer.
+        click.echo(e.ctx.get_help())
     except (BadInput, ConfigurationError) as e:
         _fail(str(e), EXIT_BAD_INPUT)
     except click.UsageError as e:

@@ -26,16 +26,18 @@ def exporter(obj: Obj, host: str | None, port: int) -> None:
     settings = obj.settings
     host = host or settings.exporter_host
     registry = CollectorRegistry()
-    collector = ReportsCollector(
-        redis.Redis.from_url(settings.broker_url), namespace=settings.broker_namespace, sessions=obj.sessions(),
-        queues=(CRITICAL_QUEUE, DEFAULT_QUEUE, BULK_QUEUE), breaker_name=f"{settings.broker_namespace}:breaker:mail",
-    )
-    registry.register(CachedCollector(collector, max_age_seconds=settings.exporter_cache_seconds))
     try:
         server, thread = start_http_server(port, addr=host, registry=registry)
     except OSError as e:
         # An unknown host name or a port already taken: the operator's input, not a crash.
         raise BadInput(f"Cannot listen on {host}:{port}: {e.strerror or e}.") from None
+    # After the bind, so that bad input is named as such before a missing database is; the
+    # registry is read only when scraped.
+    collector = ReportsCollector(
+        redis.Redis.from_url(settings.broker_url), namespace=settings.broker_namespace, sessions=obj.sessions(),
+        queues=(CRITICAL_QUEUE, DEFAULT_QUEUE, BULK_QUEUE), breaker_name=f"{settings.broker_namespace}:breaker:mail",
+    )
+    registry.register(CachedCollector(collector, max_age_seconds=settings.exporter_cache_seconds))
     click.echo(f"Serving metrics on http://{host}:{port}/metrics", err=True)
     stop = threading.Event()
 

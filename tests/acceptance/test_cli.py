@@ -321,6 +321,32 @@ def test_a_read_only_command_on_a_mistyped_sqlite_path_creates_no_database(tmp_p
     assert not typo.parent.exists(), list(tmp_path.rglob("*"))
 
 
+@pytest.mark.parametrize("command", [("trigger", LAST_MONTH), ("seed", "--users", "5"), ("send-now", "1", LAST_MONTH),
+                                     ("periods",)])
+def test_a_command_run_from_another_folder_says_where_it_looked_and_creates_nothing(tmp_path, command):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {name: value for name, value in os.environ.items() if name not in ("DATABASE_URL", "VAR_DIR")}
+    result = subprocess.run([sys.executable, "-m", "reports", *command], cwd=elsewhere, env=env, capture_output=True,
+                            text=True, timeout=60, check=False)
+    line = assert_one_error_line(result, code=1)
+    # The whole path, so the operator sees which folder the default ./var was read from.
+    assert f"No database at {elsewhere / 'var' / 'reports.db'}" in line, line
+    assert "VAR_DIR" in line and "DATABASE_URL" in line, line
+    assert list(elsewhere.iterdir()) == [], "the command created files"
+
+
+def test_bare_reports_prints_its_usage_and_h_is_help(tmp_path):
+    for args, usage in (((), "reports [OPTIONS] COMMAND"), (("-h",), "reports [OPTIONS] COMMAND"),
+                        (("--help",), "reports [OPTIONS] COMMAND"), (("dlq",), "reports dlq [OPTIONS] COMMAND"),
+                        (("dlq", "-h"), "reports dlq [OPTIONS] COMMAND"), (("trigger", "-h"), "reports trigger")):
+        result = subprocess.run([sys.executable, "-m", "reports", *args], cwd=tmp_path, capture_output=True,
+                                text=True, timeout=60, check=False)
+        assert (result.returncode, result.stderr) == (0, ""), (args, result)
+        assert result.stdout.startswith(f"Usage: {usage}"), (args, result.stdout)
+    assert list(tmp_path.iterdir()) == []
+
+
 def run_cli_with(settings: Settings, environ: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     """Run ``reports`` with ``environ`` over the test's settings: for values Settings itself refuses."""
     return subprocess.run(

@@ -1,8 +1,8 @@
 """``reports demo`` on a machine with no services: SQLite and a Maildir under ./var, an embedded Redis.
 
 The demo needs none of the test services; it is run with none of the service variables set, in an
-empty working folder, exactly as a newcomer would run it. Only the last test, which points the demo
-at PostgreSQL through a URL with a password, uses a test service.
+empty working folder, exactly as a newcomer would run it. Only the test that points the demo
+at PostgreSQL through a URL with a password uses a test service.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import pytest
 
 from bench.support import temporary_database
 from reports.settings import ENVIRONMENT
+from tests.conftest import month_from_now
 
 pytestmark = pytest.mark.acceptance
 
@@ -32,11 +33,12 @@ SECRET = "s3cretpw"
 STRIPPED = {"DATABASE_URL", "BROKER_URL", "SMTP_URL", "VAR_DIR", "BROKER_NAMESPACE", *ENVIRONMENT.values()}
 
 
-def run_demo(cwd: Path, *, users: int = 60,
-             extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_demo(cwd: Path, *, users: int = 60, extra_env: dict[str, str] | None = None,
+             extra_args: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
     env = {name: value for name, value in os.environ.items() if name not in STRIPPED}
     return subprocess.run(
-        [sys.executable, "-m", "reports", "demo", "--users", str(users), "--processes", "1", "--threads", "4"],
+        [sys.executable, "-m", "reports", "demo", "--users", str(users), "--processes", "1", "--threads", "4",
+         *extra_args],
         cwd=cwd, env={**env, **(extra_env or {})}, capture_output=True, text=True, timeout=180, check=False,
     )
 
@@ -162,3 +164,99 @@ def test_without_the_demo_extra_the_demo_says_to_install_it_in_one_line_and_writ
     [line] = result.stderr.splitlines()
     assert line.startswith("error:") and ".[demo]" in line, line
     assert list(demo_dir.iterdir()) == [], "the demo wrote files before refusing"
+
+
+def demo_environment() -> dict[str, str]:
+    return {name: value for name, value in os.environ.items() if name not in STRIPPED}
+
+
+def read_until(stream, marker: str, *, timeout: float) -> list[str]:
+    """Lines of ``stream`` up to the first that starts with ``marker`` (after its indent)."""
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = stream.readline()
+        if not line:
+            break
+        lines.append(line.rstrip("\n"))
+        if line.strip().startswith(marker):
+            return lines
+    raise AssertionError(f"no line starting with {marker!r} within {timeout} s:\n" + "\n".join(lines))
+
+
+def test_the_served_demo_takes_a_send_now_from_another_folder_and_stops_everything_on_ctrl_c(demo_dir, tmp_path):
+    outbox = demo_dir / "var" / "outbox" / "new"
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "reports", "demo", "--serve", "--users", "50", "--processes", "1", "--threads", "2"],
+        cwd=demo_dir, env={**demo_environment(), "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        printed = read_until(demo.stdout, "export VAR_DIR=", timeout=120)
+        exported = dict(line.strip().removeprefix("export ").split("=", 1) for line in printed
+                        if line.strip().startswith("export "))
+        assert set(exported) == {"BROKER_URL", "DATABASE_URL", "VAR_DIR"}, printed
+        assert exported["VAR_DIR"] == str(demo_dir / "var"), printed
+        socket_path = Path(exported["BROKER_URL"].removeprefix("unix://"))
+        assert socket_path.exists(), printed
+        mailed_by_the_run = outbox_user_ids(outbox)
+        user = active_user_ids(demo_dir / "var" / "reports.db")[0]
+
+        # A second terminal, somewhere else, with only the printed environment.
+        elsewhere = tmp_path / "second-terminal"
+        elsewhere.mkdir()
+        sent = subprocess.run(
+            [sys.executable, "-m", "reports", "send-now", str(user), month_from_now(-1)], cwd=elsewhere,
+            env={**demo_environment(), **exported}, capture_output=True, text=True, timeout=60, check=False,
+        )
+        assert sent.returncode == 0, sent
+        deadline = time.monotonic() + 30
+        while outbox_user_ids(outbox).count(user) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert sorted(outbox_user_ids(outbox)) == sorted([*mailed_by_the_run, user])
+        assert list(elsewhere.iterdir()) == []
+
+        demo.send_signal(signal.SIGINT)
+        rest, _ = demo.communicate(timeout=60)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+    assert demo.returncode == 0, rest
+    assert "Stopped." in rest, rest
+    assert_no_process_left(demo_dir)
+    assert not socket_path.exists(), f"the embedded Redis left its socket {socket_path}"
+    assert not socket_path.parent.exists(), f"the embedded Redis left its folder {socket_path.parent}"
+
+
+def test_a_second_run_says_at_the_top_that_it_reuses_the_users_and_fresh_starts_over(demo_dir):
+    first = run_demo(demo_dir, users=20)
+    assert first.returncode == 0, first.stdout + first.stderr
+    active_before = len(active_user_ids(demo_dir / "var" / "reports.db"))
+
+    again = run_demo(demo_dir, users=40)
+    assert again.returncode == 0, again.stdout + again.stderr
+    top = again.stdout.splitlines()[0]
+    assert "Reusing the 20 users" in top and "--users 40 is ignored" in top and "--fresh" in top, top
+    assert f"not planned (inactive) {20 - active_before}" in " ".join(again.stdout.replace("│", " ").split())
+
+    fresh = run_demo(demo_dir, users=40, extra_args=("--fresh",))
+    assert fresh.returncode == 0, fresh.stdout + fresh.stderr
+    assert fresh.stdout.splitlines()[0].startswith("Starting over"), fresh.stdout
+    assert "Seeded 40 users" in fresh.stdout, fresh.stdout
+    active = active_user_ids(demo_dir / "var" / "reports.db")
+    assert len(active) > active_before
+    # The old run's mail went with it: the outbox holds this run's, once each.
+    assert outbox_user_ids(demo_dir / "var" / "outbox" / "new") == active
+    assert_no_process_left(demo_dir)
+
+
+def test_fresh_refuses_a_database_outside_the_demos_folder_and_deletes_nothing(demo_dir):
+    elsewhere = demo_dir / "mine.db"
+    elsewhere.write_bytes(b"not the demo's")
+    result = run_demo(demo_dir, extra_args=("--fresh",), extra_env={"DATABASE_URL": f"sqlite:///{elsewhere}"})
+    assert result.returncode == 2, result
+    [line] = result.stderr.splitlines()
+    assert line.startswith("error: --fresh"), line
+    assert elsewhere.read_bytes() == b"not the demo's"
+    assert sorted(p.name for p in demo_dir.iterdir()) == ["mine.db"]

@@ -440,6 +440,8 @@ def test_periods_lists_every_triggered_period_newest_first_with_state_and_counts
     assert human.returncode == 0, human.stderr
     assert "2026-10" in human.stdout and "2026-09" in human.stdout, f"periods not shown:\n{human.stdout}"
     assert human.stdout.index("2026-10") < human.stdout.index("2026-09")
+    # A person reads "complete" for the finished month (the JSON above keeps the run's state).
+    assert "2026-09  complete " in human.stdout and "2026-10  active " in human.stdout, human.stdout
 
 
 @ON_SQLITE
