@@ -331,13 +331,16 @@ def smtp_server() -> Iterator[SmtpServer]:
         server.stop()
 
 
-class DeadProvider:
-    """A mail provider that is down: it accepts TCP connections, counts them, and drops them at once."""
+class LoopbackServer:
+    """A TCP server on the loopback that hands each connection it accepts to ``handle``, in a thread
+    of its own, and counts them; port 0 takes a free one."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, handle: Callable[[socket.socket], None], port: int = 0) -> None:
+        self.handle = handle
         self.connections = 0
         self._server = socket.create_server(("127.0.0.1", port), reuse_port=False)
         self._server.settimeout(0.2)
+        self.port = int(self._server.getsockname()[1])
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
@@ -349,12 +352,19 @@ class DeadProvider:
             except TimeoutError:
                 continue
             self.connections += 1
-            connection.close()
+            threading.Thread(target=self.handle, args=(connection,), daemon=True).start()
 
     def stop(self) -> None:
         self._stopping.set()
         self._thread.join()
         self._server.close()
+
+
+class DeadProvider(LoopbackServer):
+    """A mail provider that is down: it accepts TCP connections, counts them, and drops them at once."""
+
+    def __init__(self, port: int) -> None:
+        super().__init__(lambda connection: connection.close(), port)
 
 
 # --- Worker processes ------------------------------------------------------------------------

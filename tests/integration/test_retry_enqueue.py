@@ -17,6 +17,7 @@ from dramatiq.brokers.redis import RedisBroker
 from bench.support import free_port
 from reports.errors import ProviderUnavailable
 from reports.retries import JitteredRetries
+from tests.conftest import missing
 
 
 def _redis_on(port: int, folder: Path) -> subprocess.Popen[bytes]:
@@ -38,7 +39,7 @@ def _redis_on(port: int, folder: Path) -> subprocess.Popen[bytes]:
 
 def test_a_retry_that_cannot_be_enqueued_holds_the_message_until_redis_is_back(tmp_path):
     if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed")
+        missing("redis-server is not installed")
     port = free_port()
     server = _redis_on(port, tmp_path)
     broker = RedisBroker(url=f"redis://127.0.0.1:{port}/0", namespace="retry-test")

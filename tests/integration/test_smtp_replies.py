@@ -21,7 +21,7 @@ from aiosmtpd.smtp import SMTP
 
 from reports.errors import MailDeferred, MailRejected, ProviderUnavailable
 from reports.mail.smtp import SmtpMailer
-from tests.conftest import RecordingHandler, free_port
+from tests.conftest import LoopbackServer, RecordingHandler, free_port
 
 SENDER = "reports@reports.test"
 
@@ -303,27 +303,12 @@ def test_addresses_in_the_providers_reply_are_kept_out_of_the_error(
 # --- One deadline for the whole send -------------------------------------------------------------
 
 
-class SlowProvider:
+class SlowProvider(LoopbackServer):
     """A raw-socket SMTP server that answers every line correctly, each after ``delay`` seconds."""
 
     def __init__(self, delay: float) -> None:
         self.delay = delay
-        self.connections = 0
-        self._server = socket.create_server(("127.0.0.1", 0))
-        self._server.settimeout(0.1)
-        self.port = self._server.getsockname()[1]
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                connection, _ = self._server.accept()
-            except TimeoutError:
-                continue
-            self.connections += 1
-            threading.Thread(target=self._session, args=(connection,), daemon=True).start()
+        super().__init__(self._session)
 
     def _reply(self, connection: socket.socket, line: str) -> None:
         time.sleep(self.delay)
@@ -352,11 +337,6 @@ class SlowProvider:
                         self._reply(connection, "250 OK")
         except OSError:
             pass  # the client gave up
-
-    def stop(self) -> None:
-        self._stopping.set()
-        self._thread.join()
-        self._server.close()
 
 
 def test_a_provider_slow_on_every_reply_cannot_stretch_one_send_past_its_deadline() -> None:
