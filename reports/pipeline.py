@@ -282,7 +282,7 @@ def _prepare(ctx: Context, session: Executor, job: ReportJob) -> _Prepared | Out
     # Suppressed after the coordinator planned the user (or before, by an older release): skipped.
     if (inputs.email is None or not inputs.active or inputs.suppressed is not None
             or not should_send(inputs.summary, empty_month=ctx.settings.report_empty_month)):
-        report_sql.count_attempt(session, job.period, job.user_id, now=now)
+        items.touch(session, job.period, job.user_id, now=now)
         items.finish(session, job.period, job.user_id, ItemState.SKIPPED, now=now)
         return Outcome.SKIPPED
 

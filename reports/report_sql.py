@@ -149,11 +149,6 @@ def store_and_claim(
     raise ClaimHeld(retry_after_seconds=max((expires - claimed_at).total_seconds(), 0.0))
 
 
-def count_attempt(session: Executor, period: Period, user_id: int, *, now: datetime) -> None:
-    """Count an attempt that ends before anything is stored (the user is skipped)."""
-    items.touch(session, period, user_id, now=now)
-
-
 def _store_each(session: Executor, period: Period, user_id: int, *, template_version: str,
                 rendered: RenderedReport, now: datetime) -> None:
     session.execute(upsert(session, Report.__table__, {
