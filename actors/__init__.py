@@ -12,13 +12,13 @@ import sys
 import dramatiq
 
 from actors.runtime import Runtime
-from reports.actor_metrics import ActorMetrics
-from reports.broker import build_broker
-from reports.dead_letter_sink import BrokerDeadLetters
 from reports.errors import ConfigurationError
-from reports.retries import JitteredRetries
 from reports.settings import Settings
-from reports.worker_lifecycle import DrainOnce, Heartbeat
+from reports.worker.actor_metrics import ActorMetrics
+from reports.worker.broker import build_broker
+from reports.worker.dead_letter_sink import BrokerDeadLetters
+from reports.worker.lifecycle import DrainOnce, Heartbeat
+from reports.worker.retries import JitteredRetries
 
 #: A second SIGTERM this soon after the first is the platform's duplicate, not a new request.
 REPEATED_SIGTERM_WINDOW_SECONDS = 5.0

@@ -10,10 +10,10 @@ import dramatiq
 from dramatiq.middleware import CurrentMessage
 
 from actors import broker, runtime
-from reports import planning
-from reports.broker import WALKER_OPTION, backlog, send, send_many
+from reports.fanout import coordinator
 from reports.jobs import BUILD_REPORT, PLAN_PERIOD, PlanJob
-from reports.worker_lifecycle import draining
+from reports.worker.broker import WALKER_OPTION, backlog, send, send_many
+from reports.worker.lifecycle import draining
 
 logger = logging.getLogger(__name__)
 
@@ -24,7 +24,7 @@ def plan_period(*args: Any, **kwargs: Any) -> None:
     message = CurrentMessage.get_current_message()
     # A message without a chain token (sent by an earlier release) starts a chain of its own.
     walker = (message.options.get(WALKER_OPTION) if message else None) or str(uuid.uuid4())
-    outcome = planning.plan_slice(
+    outcome = coordinator.plan_slice(
         runtime.context.sessions,
         job.period,
         lambda payloads: send_many(broker, BUILD_REPORT, payloads),

@@ -9,11 +9,11 @@ from typing import Any
 import dramatiq
 
 from actors import broker, runtime
-from reports import pipeline
-from reports.actor_metrics import note_outcome
-from reports.broker import defer_current
+from reports.delivery import pipeline
 from reports.errors import Deferred
 from reports.jobs import BUILD_REPORT, SEND_NOW, ReportJob, SendNowJob
+from reports.worker.actor_metrics import note_outcome
+from reports.worker.broker import defer_current
 
 #: Added to a deferral, as a fraction of its wait, so deferred copies do not return together.
 DEFER_JITTER = 0.5

@@ -6,15 +6,16 @@ import threading
 
 import redis
 
-from reports import metrics, send_rate
-from reports.alerts import WebhookAlerts
-from reports.breaker import STATE_CACHE_MS, CircuitBreaker, mail_breaker_name
+from reports import counters
+from reports.content.render import ReportLook
 from reports.database import create_db_engine, session_factory
-from reports.dead_letter_sink import DeadLetterSink
-from reports.mail.backend import build_mailer
-from reports.pipeline import Context
-from reports.render import ReportLook
+from reports.delivery import send_rate
+from reports.delivery.breaker import STATE_CACHE_MS, CircuitBreaker, mail_breaker_name
+from reports.delivery.mail.backend import build_mailer
+from reports.delivery.pipeline import Context
+from reports.failures.alerts import WebhookAlerts
 from reports.settings import Settings
+from reports.worker.dead_letter_sink import DeadLetterSink
 
 
 class Runtime:
@@ -53,9 +54,9 @@ class Runtime:
                 cooldown_ms=int(settings.breaker_cooldown_seconds * 1000),
                 # A probe that never reports back (its worker died) frees the slot after this.
                 probe_timeout_ms=int(settings.smtp_timeout_seconds * 3000),
-                # Sends within this of another process opening it may still go out (reports.breaker).
+                # Sends within this of another process opening it may still go out (reports.delivery.breaker).
                 state_cache_ms=STATE_CACHE_MS,
-                on_change=lambda _before, after: metrics.count(
+                on_change=lambda _before, after: counters.count(
                     self.redis, settings.broker_namespace, "breaker_transitions", "mail", str(after)),
             )
         engine = create_db_engine(settings.database_url)
@@ -74,6 +75,6 @@ class Runtime:
                                    window_seconds=settings.alert_window_seconds)
         return DeadLetterSink(
             self.context.sessions, alerts=alerts,
-            on_stored=lambda dead: metrics.count(
+            on_stored=lambda dead: counters.count(
                 self.redis, settings.broker_namespace, "dead_letters", dead.queue, dead.actor, dead.reason),
         )

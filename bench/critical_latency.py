@@ -10,8 +10,8 @@ What it sets up, all of its own and all removed on the way out (Ctrl-C included)
   ``reports.database.upgrade``, dropped at the end) with ``--users`` active users;
 - a private key namespace on the Redis at ``--redis-url`` (its keys deleted at the end);
 - a local aiosmtpd server that records when each message arrives;
-- the period triggered and planned in-process (``reports.planning.plan_slice``) with a sender that
-  enqueues every real payload many times over (``reports.broker.send_many``), so the bulk queue holds
+- the period triggered and planned in-process (``reports.fanout.coordinator.plan_slice``) with a sender that
+  enqueues every real payload many times over (``reports.worker.broker.send_many``), so the bulk queue holds
   ``--backlog`` *valid* ``build_report`` messages: the first copy per user sends the monthly email, the
   rest are absorbed by the idempotent consumer. A feeder keeps the bulk queue topped up to the backlog
   while measuring, so every request faces the whole backlog however fast the bulk pool drains it;
@@ -60,13 +60,13 @@ from aiosmtpd.controller import Controller
 from sqlalchemy import text
 from support import Pools, free_port, temporary_database  # bench/support.py, beside this script
 
-from reports import planning, runs
-from reports.broker import build_broker, send, send_many
 from reports.clock import utcnow
 from reports.database import create_db_engine, session_factory, upgrade
+from reports.fanout import coordinator, runs
 from reports.jobs import BUILD_REPORT, BULK_QUEUE, CRITICAL_QUEUE, SEND_NOW, SendNowJob
 from reports.periods import Period
 from reports.settings import Settings
+from reports.worker.broker import build_broker, send, send_many
 
 PERIOD = Period(2026, 10)
 DOMAIN = "bench.test"
@@ -191,7 +191,7 @@ def run(args: argparse.Namespace) -> None:
                 return send_many(broker, BUILD_REPORT, (payload for _ in range(copies) for payload in page))
 
             started = time.monotonic()
-            outcome = planning.plan_slice(sessions, PERIOD, flood, page_size=1000, budget_seconds=600)
+            outcome = coordinator.plan_slice(sessions, PERIOD, flood, page_size=1000, budget_seconds=600)
             fill_seconds = time.monotonic() - started
             assert outcome.planned, outcome
             print(f"bulk queue filled: {client.llen(bulk_key):,} build_report messages for {len(payloads)} "

@@ -5,16 +5,16 @@ Usage: .venv/bin/python bench/end_to_end.py [--users 40000] [--repeats 1] [--pro
 
 On a PostgreSQL database of its own (TEST_POSTGRES_URL's server), a private redis-server and a local
 SMTP sink in a process of its own (bench/smtp_sink.py), with --users users and their activities
-seeded by `reports.seed.seed` (what `reports seed --users N` runs) for last month:
+seeded by `reports.ops.seed.seed` (what `reports seed --users N` runs) for last month:
 
 1. queue: worker pools started as the Procfile does, `dramatiq actors --queues bulk --processes 2
    --threads 8` and the coordinator's `--queues default --processes 1 --threads 2`, booted before
    the clock starts. The period is triggered as `reports trigger` does (runs.trigger_and_enqueue);
-   the clock stops when `reports.progress` (read every 0.25 s) says it is complete.
+   the clock stops when `reports.fanout.progress` (read every 0.25 s) says it is complete.
 2. plain: the same period afresh (every table but the users' and activities' emptied), done by
    --processes plain multiprocessing processes of --threads threads each, no broker. The clock
    starts, the period is triggered (runs.trigger) and walked by the coordinator's own code
-   (planning.plan_slice), which hands each page's jobs to the processes' threads through a
+   (coordinator.plan_slice), which hands each page's jobs to the processes' threads through a
    multiprocessing queue (a pipe) instead of Redis; each thread runs `pipeline.run(context, job)`,
    what the build_report actor runs, with the context actors/runtime.py builds. The clock stops
    when every job has returned.
@@ -44,11 +44,12 @@ from smtp_sink import Delivered  # bench/smtp_sink.py, beside this script
 from sqlalchemy.orm import Session, sessionmaker
 from support import MailBench, Pools, interrupt_on_sigterm, mail_bench, settings_environ, watch_period
 
-from reports import pipeline, planning, progress, runs
-from reports.broker import build_broker
 from reports.clock import utcnow
 from reports.database import create_db_engine, session_factory
+from reports.delivery import pipeline
+from reports.fanout import coordinator, progress, runs
 from reports.jobs import BULK_QUEUE, DEFAULT_QUEUE, ReportJob
+from reports.worker.broker import build_broker
 
 #: Tables a run leaves alone; every other one (runs, items and their counts, reports, deliveries…) is
 #: emptied before each run, so every run does the same period from scratch.
@@ -191,9 +192,9 @@ def plain_run(args: argparse.Namespace, bench: MailBench, sessions: sessionmaker
         started = time.monotonic()
         with sessions.begin() as session:
             runs.trigger(session, period, template_version=settings.template_version, now=utcnow())
-        outcome = planning.SliceOutcome()
+        outcome = coordinator.SliceOutcome()
         while not outcome.planned:
-            outcome = planning.plan_slice(sessions, period, hand_over, page_size=settings.plan_page_size,
+            outcome = coordinator.plan_slice(sessions, period, hand_over, page_size=settings.plan_page_size,
                                           budget_seconds=settings.plan_slice_seconds)
         planned_at = time.monotonic()
         for _ in range(args.processes * args.threads):

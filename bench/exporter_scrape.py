@@ -19,8 +19,8 @@ import redis
 from items import period_of_items  # bench/items.py, beside this script
 from support import temporary_database  # bench/support.py, beside this script
 
-from reports.metrics import ReportsCollector
 from reports.models import ItemState
+from reports.ops.metrics import ReportsCollector
 
 REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 

@@ -4,7 +4,7 @@ Usage: python bench/fanout.py [--users 1000000] [--loop-messages 20000] [--high-
                               [--drain-rate 8000] [--pause-seconds 1]
 
 On a PostgreSQL database of its own (TEST_POSTGRES_URL's server) and a private redis-server:
-1. the coordinator (reports.planning.plan_slice, batched inserts, pipelined enqueue) plans every
+1. the coordinator (reports.fanout.coordinator.plan_slice, batched inserts, pipelined enqueue) plans every
    user with no high-water mark; prints users/s, Redis used_memory and bytes per queued message;
 2. a loop of `broker.enqueue` (what `actor.send` does) for --loop-messages, in the same run: msg/s,
    and the ratio;
@@ -29,12 +29,12 @@ import psycopg
 import redis
 from support import redis_server, temporary_database  # bench/support.py, beside this script
 
-from reports import planning, runs
-from reports.broker import backlog, build_broker, message_for, send_many
 from reports.database import create_db_engine, session_factory, upgrade
+from reports.fanout import coordinator, runs
 from reports.jobs import BUILD_REPORT
 from reports.periods import Period
 from reports.settings import Settings
+from reports.worker.broker import backlog, build_broker, message_for, send_many
 
 
 def _used_memory(client: redis.Redis) -> int:
@@ -124,9 +124,9 @@ def main() -> None:
                 runs.trigger(session, period, template_version="v1", now=datetime.now())
             before = _used_memory(client)
             started = time.perf_counter()
-            outcome = planning.SliceOutcome()
+            outcome = coordinator.SliceOutcome()
             while not outcome.planned:
-                outcome = planning.plan_slice(sessions, period, lambda p: send_many(broker, BUILD_REPORT, p),
+                outcome = coordinator.plan_slice(sessions, period, lambda p: send_many(broker, BUILD_REPORT, p),
                                               page_size=args.page_size, budget_seconds=3600)
             planned_s = time.perf_counter() - started
             queued = backlog(broker, BUILD_REPORT.queue)
@@ -154,9 +154,9 @@ def main() -> None:
             with every(Drain.TICK, drain.step), every(0.1, peak.step):
                 started = time.perf_counter()
                 pauses = 0
-                outcome = planning.SliceOutcome()
+                outcome = coordinator.SliceOutcome()
                 while not outcome.planned:
-                    outcome = planning.plan_slice(
+                    outcome = coordinator.plan_slice(
                         sessions, second, lambda p: send_many(broker, BUILD_REPORT, p), page_size=args.page_size,
                         budget_seconds=3600, backlog=lambda: backlog(broker, BUILD_REPORT.queue),
                         high_water=args.high_water,

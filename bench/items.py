@@ -17,8 +17,8 @@ import psycopg
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
-from reports import runs
 from reports.database import create_db_engine, session_factory, upgrade
+from reports.fanout import runs
 from reports.models import ItemState, PeriodRun
 from reports.periods import Period
 from reports.settings import Settings

@@ -34,15 +34,16 @@ from sqlalchemy import Engine, event, text
 from sqlalchemy.orm import Session, sessionmaker
 from support import redis_server, seed_users, temporary_database  # bench/support.py, beside this script
 
-from reports import pipeline, runs
-from reports.activity import summarize
-from reports.breaker import CircuitBreaker, mail_breaker_name
+from reports.content.activity import summarize
+from reports.content.render import render
 from reports.database import create_db_engine, session_factory, upgrade
+from reports.delivery import pipeline
+from reports.delivery.breaker import CircuitBreaker, mail_breaker_name
+from reports.delivery.mail.compose import compose, message_id, recipient
+from reports.fanout import runs
+from reports.fanout.coordinator import plan_slice
 from reports.jobs import ReportJob
-from reports.mail.compose import compose, message_id, recipient
 from reports.periods import Period, previous_month
-from reports.planning import plan_slice
-from reports.render import render
 from reports.settings import Settings
 
 #: The issue's targets.

@@ -5,7 +5,7 @@ Usage: python bench/progress.py [--items 1000000] [--repeats 50]
 Creates (and drops) a database of its own on TEST_POSTGRES_URL's server (default
 postgresql://postgres@127.0.0.1:5432/postgres) and fills one period by plain SQL as a run leaves
 it midway: the walk done, 86 % delivered, 10 % pending, 3 % skipped, 1 % dead, so not complete.
-Then it times what the command does to answer, `reports.progress.count` in one transaction from
+Then it times what the command does to answer, `reports.fanout.progress.count` in one transaction from
 the pool (warmed once, then --repeats times: median, p95 and max), and runs the command itself
 once as a subprocess: that figure includes starting Python and importing the CLI, so
 `reports --help` (no database) is timed once beside it.
@@ -26,7 +26,7 @@ from pathlib import Path
 from items import PERIOD, period_of_items  # bench/items.py, beside this script
 from support import temporary_database  # bench/support.py, beside this script
 
-from reports import progress
+from reports.fanout import progress
 from reports.models import ItemState
 
 #: What the issue asks of one answer, in milliseconds.

@@ -8,7 +8,7 @@ stored reports (three rows a user: 1,020,000 by default); a current, unfinished 
 10,000 items. Stand-in workers (--threads) then do what a per-user message does to its rows, in a
 loop: one transaction that locks a random current item, bumps it and upserts its report. It
 prints the workers' transaction latency (p50, p99, max) for --baseline-seconds alone and then
-while `reports.retention.prune` deletes the old period, and the prune's rows per second.
+while `reports.ops.retention.prune` deletes the old period, and the prune's rows per second.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import time
 from sqlalchemy import text
 from support import temporary_database  # bench/support.py, beside this script
 
-from reports import retention
 from reports.database import create_db_engine, session_factory, upgrade
+from reports.ops import retention
 from reports.periods import Period
 from reports.settings import Settings
 

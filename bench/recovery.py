@@ -6,7 +6,7 @@ Usage (from the repository root)::
 
 Two modes are measured side by side in one run of this script:
 
-- ``project``: workers built like the real ones (``reports.broker.build_broker(Settings.from_env())``
+- ``project``: workers built like the real ones (``reports.worker.broker.build_broker(Settings.from_env())``
   plus the ``Heartbeat`` middleware, as in ``actors/__init__.py``), so the project's
   ``heartbeat_timeout_ms`` and ``maintenance_chance`` apply (defaults 10000 ms and 100000/1e6,
   or whatever ``HEARTBEAT_TIMEOUT_MS`` / ``MAINTENANCE_CHANCE`` say in this environment).
@@ -62,8 +62,8 @@ from dramatiq.brokers.redis import (
 
 from bench.recovery_keys import ACTOR, MODE_VARIABLE, QUEUE, ready_key, starts_key
 from bench.support import free_port
-from reports.broker import build_broker
 from reports.settings import Settings
+from reports.worker.broker import build_broker
 
 REDIS_SERVER = "/usr/bin/redis-server"
 #: Environment variables that would change what is measured; the workers get the bench's values.

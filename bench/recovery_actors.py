@@ -2,7 +2,7 @@
 
 The mode comes from ``BENCH_RECOVERY_MODE``:
 
-- ``project`` (default): the broker is ``reports.broker.build_broker(Settings.from_env())``, so
+- ``project`` (default): the broker is ``reports.worker.broker.build_broker(Settings.from_env())``, so
   the project's ``heartbeat_timeout_ms`` and ``maintenance_chance`` apply, and the project's
   ``Heartbeat`` middleware is added exactly as ``actors/__init__.py`` adds it.
 - ``defaults``: a plain ``RedisBroker`` with Dramatiq's default heartbeat timeout (60 s) and
@@ -26,9 +26,9 @@ from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import Middleware
 
 from bench.recovery_keys import ACTOR, MODE_VARIABLE, MODES, QUEUE, ready_key, starts_key
-from reports.broker import build_broker
 from reports.settings import Settings
-from reports.worker_lifecycle import Heartbeat
+from reports.worker.broker import build_broker
+from reports.worker.lifecycle import Heartbeat
 
 #: How long ``hold`` keeps its message in flight: far longer than any run of the bench.
 HOLD_SECONDS = 3600

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 #: Environment variable that selects the broker wiring in bench/recovery_actors.py.
 MODE_VARIABLE = "BENCH_RECOVERY_MODE"
-#: "project": reports.broker.build_broker + Heartbeat; "defaults": a plain RedisBroker.
+#: "project": reports.worker.broker.build_broker + Heartbeat; "defaults": a plain RedisBroker.
 MODES = ("project", "defaults")
 #: The queue the ``hold`` actor lives on.
 QUEUE = "default"

@@ -41,11 +41,12 @@ import dramatiq.brokers.redis
 import redis
 from support import Pools, interrupt_on_sigterm, mail_bench, settings_environ, watch_period
 
-from reports import breaker, runs
-from reports.broker import build_broker
 from reports.clock import utcnow
 from reports.database import create_db_engine, session_factory
+from reports.delivery import breaker
+from reports.fanout import runs
 from reports.jobs import BULK_QUEUE, DEFAULT_QUEUE
+from reports.worker.broker import build_broker
 
 #: Seconds to wait after the period is complete: longer than a metrics flush interval.
 SETTLE_SECONDS = 1.5
@@ -74,7 +75,7 @@ def _purpose(name: bytes, tokens: list[bytes]) -> str:
     if name in (b"hincrby", b"hincrbyfloat") and b":metrics:actor_" in tokens[1]:
         return "ours: actor metrics"
     if name in (b"hset", b"rpush") and tokens[1].startswith(b"bench:bulk"):
-        return "dramatiq: enqueue in bulk (reports.broker.send_many)"
+        return "dramatiq: enqueue in bulk (reports.worker.broker.send_many)"
     if name == b"zadd" and tokens[1].endswith(b":__heartbeats__"):
         return "ours: heartbeat thread"
     if name == b"evalsha":

@@ -16,9 +16,9 @@ import argparse
 import statistics
 import time
 
-from reports.activity import CategoryTotal, Summary
+from reports.content.activity import CategoryTotal, Summary
+from reports.content.render import render
 from reports.periods import Period
-from reports.render import render
 from reports.settings import DEFAULT_TEMPLATES_DIR
 
 

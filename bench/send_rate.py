@@ -1,4 +1,4 @@
-"""Hold the fleet-wide send rate with two processes of 8 threads calling `reports.send_rate.pace`.
+"""Hold the fleet-wide send rate with two processes of 8 threads calling `reports.delivery.send_rate.pace`.
 
 Usage: python bench/send_rate.py [--rate 200] [--seconds 60] [--deep-rate 20] [--deep-seconds 20]
 
@@ -29,8 +29,8 @@ from typing import Any
 
 import redis
 
-from reports import send_rate
-from reports.metrics import counter_key
+from reports.counters import counter_key
+from reports.delivery import send_rate
 
 REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 THREADS = 8

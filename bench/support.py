@@ -24,12 +24,12 @@ import redis
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from reports import progress
 from reports.clock import utcnow
 from reports.database import create_db_engine, session_factory, upgrade
+from reports.fanout import progress
 from reports.models import User
+from reports.ops.seed import seed
 from reports.periods import Period, previous_month
-from reports.seed import seed
 from reports.settings import ENVIRONMENT, Settings
 
 if TYPE_CHECKING:
@@ -106,7 +106,7 @@ def redis_server(folder: str | Path | None = None) -> Iterator[str]:
 
 def seed_users(database_url: str, *, users: int, period: Period, inactive_percent: int = 10,
                chunk: int = 50_000) -> set[int]:
-    """Add demo users with activities the way ``reports seed`` does (``reports.seed.seed``), committed
+    """Add demo users with activities the way ``reports seed`` does (``reports.ops.seed.seed``), committed
     ``chunk`` users at a time so a large seed stays small in memory; then VACUUM ANALYZE.
 
     Returns the ids of the active users: those a period run reports on.
@@ -218,7 +218,7 @@ class Pools:
 def watch_period(sessions: sessionmaker[Session], period: Period, *, expected: int, timeout: float,
                  interval: float = 0.25, on_progress: Callable[[progress.Progress], None] | None = None,
                  alive: Callable[[], None] = lambda: None) -> tuple[progress.Progress, float | None]:
-    """Poll the period's progress (``reports.progress.count``) until it is complete with ``expected`` items.
+    """Poll the period's progress (``reports.fanout.progress.count``) until it is complete with ``expected`` items.
 
     Calls ``on_progress`` with each reading and ``alive`` between readings (to raise if workers died);
     returns the last reading and the monotonic time the walk was first seen planned.

@@ -5,10 +5,10 @@ Usage: .venv/bin/python bench/worker_memory.py [--users 400000] [--checkpoint 40
 
 On a PostgreSQL database of its own (TEST_POSTGRES_URL's server), a private redis-server and a local
 SMTP sink in a process of its own (bench/smtp_sink.py), with --users users and their activities
-seeded by `reports.seed.seed` (what `reports seed` runs, 50,000 users a commit) for last month,
+seeded by `reports.ops.seed.seed` (what `reports seed` runs, 50,000 users a commit) for last month,
 worker pools are started as the Procfile does: the bulk pool, `dramatiq actors --queues bulk
 --processes 2 --threads 8`, and the coordinator's, `--queues default --processes 1 --threads 2`.
-The period is triggered as `reports trigger` does, and `reports.progress` is read every --interval
+The period is triggered as `reports trigger` does, and `reports.fanout.progress` is read every --interval
 seconds. The bulk pool's RSS (VmRSS from /proc/PID/status, summed over the `dramatiq` master and
 every process below it) is sampled when the delivered count first reaches --checkpoint, at every
 tenth of the users on the way, and when the period is complete. Prints the samples, the ratio
@@ -24,11 +24,11 @@ import time
 
 from support import Pools, interrupt_on_sigterm, mail_bench, settings_environ, tree_rss_kib, watch_period
 
-from reports import progress, runs
-from reports.broker import build_broker
 from reports.clock import utcnow
 from reports.database import create_db_engine, session_factory
+from reports.fanout import progress, runs
 from reports.jobs import BULK_QUEUE, DEFAULT_QUEUE
+from reports.worker.broker import build_broker
 
 #: End / checkpoint RSS above this fails the target.
 TARGET_RATIO = 1.10

@@ -6,6 +6,9 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from babel import Locale, UnknownLocaleError
+from babel.numbers import list_currencies
+
 from reports.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -98,3 +101,15 @@ def _check_line(variable: str, value: str, limit: int, *, required: bool) -> Non
         need = "a non-empty" if required else "a"
         raise ConfigurationError(f"{variable} must be {need} single line of at most {limit} characters, "
                                  f"got {value[:limit + 20]!r}.")
+
+
+def check_locale(locale: str, currency: str) -> None:
+    """Raise :class:`ConfigurationError` unless Babel knows ``locale`` and ``currency``."""
+    try:
+        Locale.parse(locale)
+    except (UnknownLocaleError, ValueError, TypeError):
+        raise ConfigurationError(f"REPORT_LOCALE must be a locale such as en_US or de_DE, got {locale!r}.") from None
+    if currency not in list_currencies():
+        raise ConfigurationError(
+            f"REPORT_CURRENCY must be an ISO 4217 currency code such as USD or EUR, got {currency!r}."
+        )

@@ -2,24 +2,15 @@
 
 from __future__ import annotations
 
-import ipaddress
 import math
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING
-from urllib.parse import parse_qs, unquote, urlsplit
 
-import sqlalchemy.exc
-from sqlalchemy.engine import make_url
-
+from reports.endpoints import check_endpoints, redact_url, redact_webhook_url
 from reports.errors import ConfigurationError
 from reports.jobs import is_version_name
-
-if TYPE_CHECKING:
-    from reports.unsubscribe import Links
 
 #: Longest duration any setting accepts: ten years, in seconds.
 MAX_SECONDS = 10 * 366 * 86_400
@@ -62,14 +53,6 @@ _OPTIONAL_NUMBERS: dict[str, type[int | float]] = {"send_rate_per_second": float
 #: Settings holding a URL that may carry a secret; :meth:`Settings.__repr__` shows them redacted.
 SECRET_URLS = ("database_url", "broker_url", "smtp_url", "alert_webhook_url")
 
-#: Query parameters whose value is a secret, matched case-insensitively anywhere in the name:
-#: ``password``, ``sslpassword``, ``pass``, ``secret``, ``token``, ``api_key``, ``auth``…
-_SECRET_PARAMETER = re.compile(r"pass|pwd|secret|token|key|auth|credential", re.IGNORECASE)
-#: One ``name=value`` of a query; the value runs to the next ``&`` or ``;`` (``#`` and ``@`` too
-#: may be part of a password nobody encoded).
-_PARAMETER = re.compile(r"([?&;])([^=&;?]*)=([^&;]*)")
-_DIGITS = re.compile(r"[0-9]+")
-_BLANK_OR_CONTROL = re.compile(r"[\x00-\x20\x7f]")
 
 #: The repository's own ``templates/`` folder, used unless ``TEMPLATES_DIR`` says otherwise.
 DEFAULT_TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
@@ -188,7 +171,7 @@ class Settings:
                 f"BROKER_URL must start with {', '.join(s + '://' for s in BROKER_SCHEMES)}"
                 f" (RabbitMQ is not supported yet), got {redact_url(self.broker_url)}."
             )
-        _check_endpoints(self)
+        check_endpoints(self)
 
     def __repr__(self) -> str:
         """Every setting, with the URLs redacted: a repr lands in logs and tracebacks."""
@@ -205,13 +188,6 @@ class Settings:
         address = self.mail_from.rsplit("<", 1)[-1].rstrip(">").strip()
         _local, at, domain = address.rpartition("@")
         return domain if at and domain and " " not in domain else "localhost"
-
-    def unsubscribe_links(self) -> Links:
-        """The unsubscribe links of this deployment; build once per process and keep."""
-        from reports import unsubscribe
-
-        secrets = unsubscribe.parse_secrets(self.unsubscribe_secret) or (unsubscribe.DEV_SECRET,)
-        return unsubscribe.Links(self.public_base_url.rstrip("/"), unsubscribe.Signer.from_secrets(secrets))
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -319,101 +295,12 @@ def _check_names(settings: Settings) -> None:
         raise ConfigurationError(f"REPORT_EMPTY_MONTH must be one of {', '.join(EMPTY_MONTH_CHOICES)}, "
                                  f"got {settings.report_empty_month!r}.")
     # Imported here: Babel's locale data loads only for the processes that build settings.
-    from reports import formats
-    from reports.look import ReportLook
+    from reports.look import ReportLook, check_locale
 
-    formats.check(settings.report_locale, settings.report_currency)
+    check_locale(settings.report_locale, settings.report_currency)
     ReportLook.from_settings(settings)
     if settings.log_level.upper() not in LOG_LEVELS:
         raise ConfigurationError(f"LOG_LEVEL must be one of {', '.join(LOG_LEVELS)}, got {settings.log_level!r}.")
-
-
-def _check_endpoints(settings: Settings) -> None:
-    """Reject a URL that would fail, or silently mean something else, once a process uses it, and
-    an exporter that could not serve. Kept out of ``__post_init__`` so its own checks stay short."""
-    _check_database_url(settings.database_url)
-    _check_broker_url(settings.broker_url)
-    if settings.smtp_url is not None:
-        # Imported here: the mail package reads redact_url from this module.
-        from reports.mail.smtp import SmtpTarget
-
-        SmtpTarget.from_url(settings.smtp_url)
-    if settings.alert_webhook_url is not None:
-        _check_webhook_url(settings.alert_webhook_url)
-    if not settings.exporter_host or _BLANK_OR_CONTROL.search(settings.exporter_host):
-        raise ConfigurationError(f"EXPORTER_HOST must be an address or a host name, got {settings.exporter_host!r}.")
-    _check_unsubscribe(settings.public_base_url, settings.unsubscribe_secret)
-
-
-#: Longest PUBLIC_BASE_URL accepted: the List-Unsubscribe header stays one short line.
-MAX_PUBLIC_BASE_URL_CHARS = 200
-
-_PUBLIC_BASE_URL = re.compile(r"https?://[A-Za-z0-9.\-\[\]:]+(/[A-Za-z0-9._~!$&'()*+,;=:@%/-]*)?")
-
-
-def _check_unsubscribe(base_url: str, secret: str) -> None:
-    # The URL goes into a mail header and every report's footer: plain ASCII URL characters only.
-    try:
-        parts = urlsplit(base_url)
-        host, _port = parts.hostname, parts.port
-    except ValueError:
-        host = None
-    if (not host or len(base_url) > MAX_PUBLIC_BASE_URL_CHARS or not _PUBLIC_BASE_URL.fullmatch(base_url)
-            or parts.query or parts.fragment):
-        raise ConfigurationError(
-            "PUBLIC_BASE_URL must be the https:// address reports web is reached at, such as "
-            f"https://reports.example.com (no query, at most {MAX_PUBLIC_BASE_URL_CHARS} characters), got {base_url!r}."
-        )
-    if parts.scheme == "http" and not _is_loopback(host):
-        raise ConfigurationError(
-            "PUBLIC_BASE_URL must use https:// (mailbox providers expect it of a one-click unsubscribe link; "
-            f"plain http:// only to 127.0.0.1, ::1 or localhost), got {base_url!r}."
-        )
-    from reports import unsubscribe
-
-    secrets = unsubscribe.parse_secrets(secret)
-    if not secrets and not _is_loopback(host):
-        raise ConfigurationError(
-            "UNSUBSCRIBE_SECRET is required when PUBLIC_BASE_URL is not on this machine: set it to a long random "
-            "string (python -c 'import secrets; print(secrets.token_urlsafe(32))')."
-        )
-    if any(len(s) < unsubscribe.MIN_SECRET_CHARS or _BLANK_OR_CONTROL.search(s) for s in secrets):
-        raise ConfigurationError(
-            f"UNSUBSCRIBE_SECRET must be comma-separated secrets of at least {unsubscribe.MIN_SECRET_CHARS} "
-            "characters each, without spaces (newest first)."
-        )
-
-
-def _check_database_url(url: str) -> None:
-    # SQLAlchemy's own parser, so that what passes here is what create_engine accepts. Its error
-    # text is not shown: some releases put the URL, password included, into it.
-    try:
-        parsed = make_url(url)
-        port = parsed.port
-        parsed.get_dialect()
-    except (sqlalchemy.exc.ArgumentError, ValueError):
-        port = -1
-    if port is not None and not 1 <= port <= 65535:
-        raise ConfigurationError(
-            "DATABASE_URL must be a SQLAlchemy URL such as postgresql+psycopg://user:password@host:5432/reports"
-            f" or sqlite:///var/reports.db, got {redact_url(url)}."
-        )
-
-
-def _check_broker_url(url: str) -> None:
-    # redis-py reads a database it cannot parse as database 0, without a word.
-    try:
-        parts = urlsplit(url)
-        _port = parts.port
-    except ValueError:
-        raise ConfigurationError(f"BROKER_URL has an invalid host or port: {redact_url(url)}.") from None
-    databases = parse_qs(parts.query).get("db", [])
-    if parts.scheme != "unix" and parts.path.strip("/"):
-        databases.append(unquote(parts.path).strip("/"))
-    if not all(_DIGITS.fullmatch(db) for db in databases):
-        raise ConfigurationError(
-            f"BROKER_URL must name its Redis database by number (redis://host:6379/0), got {redact_url(url)}."
-        )
 
 
 #: Each setting and the environment variable it is read from.
@@ -474,35 +361,6 @@ def _parse(default: object, raw: str) -> object:
     return raw
 
 
-def _check_webhook_url(url: str) -> None:
-    # The posts carry message ids and error classes; over plain http anyone on the path reads them
-    # and the secret in the URL. http is fine where nothing leaves the machine.
-    try:
-        parts = urlsplit(url)
-        host, _port = parts.hostname, parts.port
-    except ValueError:
-        host = None
-    if not host or parts.scheme not in ("https", "http") or _BLANK_OR_CONTROL.search(url):
-        raise ConfigurationError(
-            f"ALERT_WEBHOOK_URL must be an https:// URL such as https://hooks.example.com/…,"
-            f" got {redact_webhook_url(url)}."
-        )
-    if parts.scheme == "http" and not _is_loopback(host):
-        raise ConfigurationError(
-            "ALERT_WEBHOOK_URL must use https:// (plain http:// only to 127.0.0.1, ::1 or localhost),"
-            f" got {redact_webhook_url(url)}."
-        )
-
-
-def _is_loopback(host: str) -> bool:
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def _shown(name: str, value: object) -> object:
     if name == "unsubscribe_secret":
         return "***" if value else ""
@@ -511,40 +369,6 @@ def _shown(name: str, value: object) -> object:
     if name in SECRET_URLS and isinstance(value, str):
         return redact_url(value)
     return value
-
-
-def redact_webhook_url(url: str) -> str:
-    """``url`` with everything after the host hidden: webhook URLs carry their secret in the path."""
-    scheme, separator, rest = url.partition("://")
-    host = re.split(r"[/?#]", rest, maxsplit=1)[0].rpartition("@")[2]
-    return f"{scheme}{separator}{host}/***" if separator else "***"
-
-
-def redact_url(url: str) -> str:
-    """Return ``url`` with its secrets masked: the password (between the user name's ``:`` and the
-    host's ``@``) and the value of every query parameter named like a secret (``?password=``,
-    ``sslpassword``, ``token``, ``api_key``…, any case).
-
-    Deliberately not built on ``urlsplit``: it must hide a password even in a malformed URL
-    (no scheme, an unencoded ``/`` or ``#`` in the password, a bad port) and never raise.
-    """
-    return _redact_userinfo(_PARAMETER.sub(_redact_parameter, url))
-
-
-def _redact_parameter(match: re.Match[str]) -> str:
-    separator, name, value = match.groups()
-    return f"{separator}{name}={'***' if _SECRET_PARAMETER.search(unquote(name)) else value}"
-
-
-def _redact_userinfo(url: str) -> str:
-    scheme, separator, rest = url.partition("://")
-    if not separator:
-        scheme, rest = "", url
-    userinfo, at, host = rest.rpartition("@")
-    if not at or ":" not in userinfo:
-        return url
-    user = userinfo.split(":", 1)[0]
-    return f"{scheme}{separator}{user}{':' if user else ''}***@{host}"
 
 
 #: Built last: its checks use every helper above.

@@ -8,7 +8,7 @@ Jobs, all in UTC except the monthly one:
   enqueued by the call that created the run, and by no other. Replicas need no coordination
   for this: the run's primary key decides which one created it.
 * **reconcile** every ``SCHEDULE_RECONCILE_INTERVAL_SECONDS`` (0 turns it off): every triggered,
-  unfinished period goes through :func:`reports.reconcile.reconcile`. A Redis lock lets one
+  unfinished period goes through :func:`reports.fanout.reconcile.reconcile`. A Redis lock lets one
   replica per interval do it.
 
 Observable state in Redis, under the broker namespace:
@@ -18,7 +18,7 @@ Observable state in Redis, under the broker namespace:
 * ``{namespace}:scheduler:reconcile-lock``: held by the replica reconciling this interval.
 * **prune**, when ``RETENTION_MONTHS`` is set: on the 2nd of each month at 03:00 UTC (a day
   clear of the 1st's fan-out), one replica (a Redis lock held for a day) deletes the per-user
-  rows of the periods older than that many months (:func:`reports.retention.prune`). It stops
+  rows of the periods older than that many months (:func:`reports.ops.retention.prune`). It stops
   at its next batch on SIGTERM; the next month, or ``reports prune``, finishes it.
 * ``{namespace}:scheduler:prune-lock``: held by the replica pruning this month.
 """
@@ -47,15 +47,17 @@ from apscheduler.triggers.cron import CronTrigger  # type: ignore[import-untyped
 from apscheduler.triggers.interval import IntervalTrigger  # type: ignore[import-untyped]
 from sqlalchemy.orm import Session, sessionmaker
 
-from reports import retention, runs
-from reports.broker import build_broker, send_coordinator
 from reports.clock import utcnow
 from reports.database import create_db_engine, session_factory
+from reports.endpoints import redact_url
 from reports.errors import ConfigurationError
+from reports.fanout import runs
 from reports.jobs import PlanJob
 from reports.models import PeriodRun
+from reports.ops import retention
 from reports.periods import Period
-from reports.settings import Settings, redact_url
+from reports.settings import Settings
+from reports.worker.broker import build_broker, send_coordinator
 from scheduler.schedule import Schedule
 
 logger = logging.getLogger(__name__)

@@ -7,15 +7,16 @@ import uuid
 
 import click
 
-from reports import delivery, progress, runs
-from reports.broker import build_broker, send
 from reports.cli.app import Obj, cli, pass_obj, period_argument
 from reports.clock import utcnow
+from reports.delivery import claims
+from reports.delivery.mail.compose import message_id
 from reports.errors import BadInput
+from reports.fanout import progress, runs
 from reports.jobs import MAX_USER_ID, SEND_NOW, SendNowJob
-from reports.mail.compose import message_id
 from reports.models import PeriodRun, User
 from reports.periods import Period
+from reports.worker.broker import build_broker, send
 
 
 @cli.command()
@@ -68,7 +69,7 @@ def send_now(obj: Obj, user_id: int, period: Period, include_inactive: bool) -> 
         job = SendNowJob(period, user_id, request_id,
                          run.template_version if run is not None else obj.settings.template_version)
         # Written before the message exists: if Redis loses it, reconcile sends the request again.
-        delivery.record_request(session, request_id, period, user_id, template_version=job.template_version,
+        claims.record_request(session, request_id, period, user_id, template_version=job.template_version,
                                 message_id=message_id(period, user_id, obj.settings.mail_domain, request_id=request_id),
                                 now=utcnow())
     send(build_broker(obj.settings), SEND_NOW, job.payload())

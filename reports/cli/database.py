@@ -7,8 +7,8 @@ import click
 from reports.cli.app import Obj, cli, pass_obj
 from reports.clock import utcnow
 from reports.database import upgrade
+from reports.ops.seed import seed as seed_users
 from reports.periods import Period, previous_month
-from reports.seed import seed as seed_users
 
 #: Most users one ``seed`` adds: their rows are built in memory before the insert.
 MAX_SEED_USERS = 10_000_000

@@ -6,7 +6,7 @@ import click
 from rich.console import Console
 
 from reports.cli.app import Obj, cli, pass_obj
-from reports.demo import DEFAULT_USERS, run_demo
+from reports.ops.demo import DEFAULT_USERS, run_demo
 
 
 @cli.command()

@@ -8,13 +8,13 @@ from typing import Any
 
 import click
 
-from reports import dead_letters
-from reports.broker import build_broker
 from reports.cli.app import Obj, cli, pass_obj, text_option
 from reports.clock import utcnow
 from reports.errors import BadInput
+from reports.failures import dead_letters
 from reports.models import DeadLetter
 from reports.periods import Period
+from reports.worker.broker import build_broker
 
 #: ``dead_letters.id`` is a 32-bit integer: a larger id matches nothing and overflows SQLite's binding.
 DEAD_LETTER_ID = click.IntRange(1, 2**31 - 1)

@@ -14,7 +14,7 @@ from prometheus_client.registry import CollectorRegistry
 from reports.cli.app import Obj, cli, pass_obj
 from reports.errors import BadInput
 from reports.jobs import BULK_QUEUE, CRITICAL_QUEUE, DEFAULT_QUEUE
-from reports.metrics import CachedCollector, ReportsCollector
+from reports.ops.metrics import CachedCollector, ReportsCollector
 
 
 @cli.command()

@@ -7,12 +7,12 @@ import json
 import click
 from rich.console import Console
 
-from reports import progress, runs
-from reports.broker import build_broker
 from reports.cli.app import FiniteFloatRange, Obj, cli, pass_obj, period_argument
 from reports.clock import utcnow
+from reports.fanout import progress, runs
+from reports.ops.watch import watch as watch_progress
 from reports.periods import Period
-from reports.watch import watch as watch_progress
+from reports.worker.broker import build_broker
 
 #: Longest pause between two reads while watching, in seconds.
 MAX_WATCH_INTERVAL_SECONDS = 3600

@@ -13,16 +13,17 @@ import click
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from reports.activity import load_summary
 from reports.cli.app import Obj, cli, pass_obj, period_argument
 from reports.clock import utcnow
+from reports.content.activity import load_summary
+from reports.content.render import RenderedReport, ReportLook, render
+from reports.delivery.mail.compose import compose, message_id, recipient
 from reports.errors import BadInput, PermanentError
 from reports.jobs import MAX_USER_ID, is_version_name
-from reports.mail.compose import compose, message_id, recipient
 from reports.models import PeriodRun, User
 from reports.periods import Period
-from reports.render import RenderedReport, ReportLook, render
 from reports.settings import Settings
+from reports.unsubscribe import tokens
 
 #: Users one preview renders at most: it is a look at a template, not a run.
 MAX_SAMPLE = 1_000
@@ -42,7 +43,7 @@ def build(session: Session, settings: Settings, user: User, period: Period, temp
           now: datetime) -> Preview:
     """The email the pipeline would send ``user`` for ``period`` now, built by the pipeline's own
     read path (activity, render, compose) and nothing else: the one place a change of it lands here."""
-    unsubscribe_url = settings.unsubscribe_links().url(user.id)
+    unsubscribe_url = tokens.links(settings).url(user.id)
     rendered = render(settings.templates_dir, template_version, name=user.name,
                       summary=load_summary(session, user.id, period), look=ReportLook.from_settings(settings),
                       unsubscribe_url=unsubscribe_url)

@@ -1,12 +1,12 @@
-"""``reports prune``: delete what periods older than N months left behind (see :mod:`reports.retention`)."""
+"""``reports prune``: delete what periods older than N months left behind (see :mod:`reports.ops.retention`)."""
 
 from __future__ import annotations
 
 import click
 
-from reports import retention
 from reports.cli.app import Obj, cli, pass_obj
 from reports.clock import utcnow
+from reports.ops import retention
 from reports.settings import MAX_RETENTION_MONTHS
 
 

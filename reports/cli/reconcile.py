@@ -8,12 +8,12 @@ from datetime import timedelta
 
 import click
 
-from reports import runs
-from reports.broker import build_broker
 from reports.cli.app import Obj, cli, pass_obj, period_argument
 from reports.clock import utcnow
 from reports.errors import BadInput
+from reports.fanout import runs
 from reports.periods import Period
+from reports.worker.broker import build_broker
 
 #: Longest threshold accepted: ten years, in seconds.
 MAX_STUCK_AFTER_SECONDS = 10 * 366 * 86_400

@@ -9,6 +9,7 @@ import click
 
 from reports.cli.app import Obj, cli, pass_obj
 from reports.errors import BadInput
+from reports.unsubscribe import tokens
 
 #: Seconds a stopping server gives requests in flight, well inside a platform's 30 s grace period.
 GRACEFUL_SHUTDOWN_SECONDS = 10
@@ -23,10 +24,10 @@ def web(obj: Obj, host: str, port: int) -> None:
     # Imported here: only the web process needs the web stack.
     import uvicorn
 
-    from reports.web import build_app
+    from reports.unsubscribe.web import build_app
 
     settings = obj.settings
-    app = build_app(obj.sessions(), settings.unsubscribe_links().signer, product_name=settings.report_product_name)
+    app = build_app(obj.sessions(), tokens.links(settings).signer, product_name=settings.report_product_name)
     try:
         # Bound here, not by uvicorn: a port in use or an unknown host is one line and exit 2.
         listener = socket.create_server((host, port), family=_family(host))

@@ -10,9 +10,9 @@ from dataclasses import replace
 import pytest
 from sqlalchemy import select
 
+from reports.fanout.progress import count
 from reports.models import PeriodRun
 from reports.periods import Period
-from reports.progress import count
 from tests.conftest import load_users, run_cli, wait_until
 
 # The issue asks for these on PostgreSQL; the pipeline's SQLite path is covered end to end elsewhere.

@@ -13,12 +13,12 @@ import pytest
 import redis
 from sqlalchemy import select, text
 
-from reports import runs
-from reports.broker import build_broker
 from reports.clock import utcnow
+from reports.fanout import runs
+from reports.fanout.reconcile import Reconciliation
 from reports.models import PeriodRun
 from reports.periods import Period
-from reports.reconcile import Reconciliation
+from reports.worker.broker import build_broker
 from tests.acceptance.test_failures import (
     PERIOD,
     assert_each_mailed_once,

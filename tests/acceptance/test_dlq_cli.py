@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import redis
 
-from reports import dead_letters
-from reports.retries import DeadMessage
+from reports.failures import dead_letters
+from reports.worker.retries import DeadMessage
 from tests.conftest import queued_messages, run_cli
 
 pytestmark = pytest.mark.acceptance

@@ -6,12 +6,12 @@ from dataclasses import replace
 
 import pytest
 
-from reports import planning, runs
-from reports.broker import build_broker, send_many
 from reports.clock import utcnow
+from reports.fanout import coordinator, runs
+from reports.fanout.progress import count
 from reports.jobs import BUILD_REPORT
 from reports.periods import Period
-from reports.progress import count
+from reports.worker.broker import build_broker, send_many
 from tests.conftest import load_users, wait_until
 
 pytestmark = pytest.mark.acceptance
@@ -31,7 +31,7 @@ def test_every_message_enqueued_twice_side_by_side_still_mails_each_user_once(
         doubled = [p for payload in payloads for p in (payload, payload)]
         return send_many(broker, BUILD_REPORT, doubled)
 
-    outcome = planning.plan_slice(sessions, period, send_each_twice, page_size=7, budget_seconds=60)
+    outcome = coordinator.plan_slice(sessions, period, send_each_twice, page_size=7, budget_seconds=60)
     assert outcome.planned and outcome.enqueued == 2 * len(population.active)
 
     # Eight threads take adjacent copies of one message at the same moment.

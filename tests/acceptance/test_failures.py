@@ -21,13 +21,14 @@ import pytest
 import redis
 from sqlalchemy import text
 
-from reports import dead_letters, planning, runs
-from reports.broker import build_broker
 from reports.clock import utcnow
 from reports.errors import BadInput
+from reports.failures import dead_letters
+from reports.fanout import coordinator, runs
+from reports.fanout.progress import count
 from reports.periods import Period
-from reports.progress import count
-from reports.retries import DeadMessage
+from reports.worker.broker import build_broker
+from reports.worker.retries import DeadMessage
 from tests.conftest import DeadProvider, load_users, queued_messages, run_cli, wait_until
 
 pytestmark = pytest.mark.acceptance
@@ -212,7 +213,7 @@ def test_malformed_payloads_become_dead_letters_with_a_clear_reason_and_the_work
     period = Period.parse(PERIOD)
     with sessions.begin() as session:
         runs.trigger(session, period, template_version=settings.template_version, now=utcnow())
-    outcome = planning.plan_slice(sessions, period, lambda payloads: len(list(payloads)),
+    outcome = coordinator.plan_slice(sessions, period, lambda payloads: len(list(payloads)),
                                   page_size=settings.plan_page_size, budget_seconds=30)
     assert outcome.planned
     group = start_workers(settings, processes=2, threads=2)

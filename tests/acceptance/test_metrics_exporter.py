@@ -16,13 +16,14 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from reports import metrics, planning, runs
-from reports.breaker import CircuitBreaker
-from reports.broker import build_broker, send_many
+from reports import counters
 from reports.clock import utcnow
+from reports.delivery.breaker import CircuitBreaker
+from reports.fanout import coordinator, runs
+from reports.fanout.progress import count
 from reports.jobs import BUILD_REPORT
 from reports.periods import Period
-from reports.progress import count
+from reports.worker.broker import build_broker, send_many
 from tests.conftest import REPO, free_port, load_users, run_cli, wait_until
 
 pytestmark = pytest.mark.acceptance
@@ -89,7 +90,7 @@ def test_the_exporter_serves_queue_depths_dead_letters_breaker_state_and_period_
     with sessions.begin() as session:
         runs.trigger(session, period, template_version="v1", now=utcnow())
     broker = build_broker(settings)
-    planning.plan_slice(sessions, period, lambda payloads: send_many(broker, BUILD_REPORT, payloads),
+    coordinator.plan_slice(sessions, period, lambda payloads: send_many(broker, BUILD_REPORT, payloads),
                         page_size=50, budget_seconds=60)
 
     # Before any worker: every message waits in the bulk queue, the oldest for a while now.
@@ -138,7 +139,7 @@ def test_the_exporter_serves_queue_depths_dead_letters_breaker_state_and_period_
     breaker = CircuitBreaker(
         client, name=f"{settings.broker_namespace}:breaker:mail", failure_threshold=1, window_ms=10_000,
         cooldown_ms=60_000, probe_timeout_ms=1_000,
-        on_change=lambda _b, a: metrics.count(client, settings.broker_namespace, "breaker_transitions", "mail", str(a)),
+        on_change=lambda _b, a: counters.count(client, settings.broker_namespace, "breaker_transitions", "mail", str(a)),
     )
     breaker.record_failure(int(time.time() * 1000), token="t")
     opened = scrape()
@@ -160,7 +161,7 @@ def test_the_exporter_listens_on_exporter_host_and_serves_one_collection_per_win
         dead = ("reports_dead_letters_total", (("actor", "build_report"), ("queue", "bulk"), ("reason", "permanent")))
         assert scrape()[dead] == 0
         client = redis.Redis.from_url(settings.broker_url)
-        metrics.count(client, settings.broker_namespace, "dead_letters", "bulk", "build_report", "permanent")
+        counters.count(client, settings.broker_namespace, "dead_letters", "bulk", "build_report", "permanent")
         client.close()
 
         assert scrape()[dead] == 0  # within the window: the figures collected at the first scrape

@@ -14,9 +14,9 @@ import redis
 from sqlalchemy import func, select
 
 from reports.clock import utcnow
+from reports.fanout.runs import trigger
 from reports.models import Base
 from reports.periods import Period
-from reports.runs import trigger
 from reports.settings import DEFAULT_TEMPLATES_DIR
 from tests.conftest import load_users, run_cli
 

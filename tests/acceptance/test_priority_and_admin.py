@@ -32,13 +32,13 @@ import redis
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
-from reports import planning, runs
-from reports.broker import build_broker, send, send_many
 from reports.clock import utcnow
+from reports.fanout import coordinator, runs
 from reports.jobs import BUILD_REPORT as BUILD_REPORT_SPEC
 from reports.jobs import BULK_QUEUE, CRITICAL_QUEUE, DEFAULT_QUEUE, SEND_NOW, SendNowJob
 from reports.periods import Period
 from reports.settings import Settings
+from reports.worker.broker import build_broker, send, send_many
 from tests.conftest import (
     REPO,
     SmtpServer,
@@ -412,7 +412,7 @@ def test_periods_lists_every_triggered_period_newest_first_with_state_and_counts
     cli_ok(settings, "trigger", "2026-09")
     cli_ok(settings, "trigger", "2026-10")
     broker = build_broker(settings)
-    planned = planning.plan_slice(sessions, Period(2026, 9), lambda payloads: send_many(broker, BUILD_REPORT_SPEC,
+    planned = coordinator.plan_slice(sessions, Period(2026, 9), lambda payloads: send_many(broker, BUILD_REPORT_SPEC,
                                   payloads), page_size=7, budget_seconds=60)
     assert planned.planned
     broker.close()
@@ -481,7 +481,7 @@ def test_a_critical_message_is_processed_within_a_second_behind_a_50000_message_
         batch = list(payloads)
         return send_many(broker, BUILD_REPORT_SPEC, (p for _ in range(copies) for p in batch))
 
-    outcome = planning.plan_slice(sessions, period, flood, page_size=LATENCY_USERS, budget_seconds=120)
+    outcome = coordinator.plan_slice(sessions, period, flood, page_size=LATENCY_USERS, budget_seconds=120)
     assert outcome.planned and outcome.enqueued == BACKLOG
 
     def backlog() -> int:

@@ -27,10 +27,10 @@ import redis
 from sqlalchemy import inspect
 from sqlalchemy.orm import Session, sessionmaker
 
-from reports import planning, runs
-from reports.broker import build_broker, send, send_many
 from reports.clock import utcnow
 from reports.database import create_db_engine
+from reports.fanout import coordinator, runs
+from reports.fanout.progress import count
 from reports.jobs import (
     BUILD_REPORT,
     BULK_QUEUE,
@@ -41,8 +41,8 @@ from reports.jobs import (
     SendNowJob,
 )
 from reports.periods import Period
-from reports.progress import count
 from reports.settings import Settings
+from reports.worker.broker import build_broker, send, send_many
 from tests.conftest import REPO, free_port, kill_group, load_users, wait_until
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)]
@@ -274,7 +274,7 @@ def test_each_worker_line_as_written_consumes_its_own_queue_and_no_other(
     # bulk: September planned here, its build_report messages waiting.
     with sessions.begin() as session:
         runs.trigger(session, september, template_version=settings.template_version, now=utcnow())
-    planning.plan_slice(sessions, september, lambda payloads: send_many(broker, BUILD_REPORT, payloads),
+    coordinator.plan_slice(sessions, september, lambda payloads: send_many(broker, BUILD_REPORT, payloads),
                         page_size=7, budget_seconds=60)
     # default: October triggered, its coordinator waiting.
     runs.trigger_and_enqueue(sessions, broker, october, template_version=settings.template_version, now=utcnow())

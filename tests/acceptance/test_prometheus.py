@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
+from reports.fanout.progress import count
 from reports.periods import Period
-from reports.progress import count
 from tests.conftest import REPO, free_port, load_users, missing, run_cli, wait_until
 
 pytestmark = pytest.mark.acceptance

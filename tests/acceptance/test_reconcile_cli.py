@@ -10,12 +10,12 @@ import pytest
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from reports import runs
 from reports.clock import utcnow
+from reports.fanout import runs
+from reports.fanout.coordinator import plan_slice
 from reports.jobs import PlanJob, ReportJob
 from reports.models import ReportItem
 from reports.periods import Period
-from reports.planning import plan_slice
 from reports.settings import Settings
 from tests.conftest import jobs_in_queue, load_users, messages_in_queue, queue_counts, run_cli
 

@@ -19,8 +19,8 @@ import redis
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from reports import runs
 from reports.clock import utcnow
+from reports.fanout import runs
 from reports.jobs import PlanJob
 from reports.models import PeriodRun
 from reports.periods import Period, previous_month

@@ -17,14 +17,15 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from reports import pipeline, suppressions
 from reports.clock import utcnow
+from reports.delivery import pipeline
+from reports.delivery.mail.backend import build_mailer
 from reports.jobs import ReportJob
-from reports.mail.backend import build_mailer
 from reports.models import SuppressionReason
 from reports.periods import Period
 from reports.settings import Settings
-from reports.unsubscribe import Signer
+from reports.unsubscribe import suppressions, tokens
+from reports.unsubscribe.tokens import Signer
 from tests.conftest import REPO, free_port, load_users, missing, run_cli, wait_until
 from tests.integration.conftest import PERIOD, RecordingSender, plan_everything
 
@@ -44,7 +45,7 @@ class WebProcess:
     log_path: Path
 
     def url(self, user_id: int) -> str:
-        return self.settings.unsubscribe_links().url(user_id)
+        return tokens.links(self.settings).url(user_id)
 
     def stop(self) -> int:
         if self.process.poll() is None:

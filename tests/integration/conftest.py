@@ -15,14 +15,14 @@ from dramatiq.brokers.redis import RedisBroker
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from reports import runs
-from reports.broker import build_broker, send_many
 from reports.clock import utcnow
+from reports.fanout import runs
+from reports.fanout.coordinator import SliceOutcome, plan_slice
 from reports.jobs import BUILD_REPORT, ReportJob
 from reports.models import ReportItem
 from reports.periods import Period
-from reports.planning import SliceOutcome, plan_slice
 from reports.settings import Settings
+from reports.worker.broker import build_broker, send_many
 
 PERIOD = Period.parse("2026-10")
 

@@ -19,8 +19,8 @@ from dramatiq.brokers.stub import StubBroker
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from reports.actor_metrics import ActorMetrics
-from reports.metrics import SEP, counter_key
+from reports.counters import SEP, counter_key
+from reports.worker.actor_metrics import ActorMetrics
 from tests.conftest import free_port, redis_commands, wait_until
 
 NAMESPACE = "metrics-test"

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import redis
 
-from reports.alerts import SAMPLE_SIZE, WebhookAlerts
-from reports.retries import DeadMessage
+from reports.failures.alerts import SAMPLE_SIZE, WebhookAlerts
+from reports.worker.retries import DeadMessage
 from tests.conftest import free_port, wait_until
 
 WINDOW_SECONDS = 1.0
@@ -221,9 +221,9 @@ def test_a_webhook_that_is_down_does_not_fail_the_dead_letter_and_its_secret_is_
     alerts = WebhookAlerts(url, redis_client, namespace=broker_namespace, window_seconds=WINDOW_SECONDS)
 
     def failures() -> list[logging.LogRecord]:
-        return [r for r in caplog.records if r.name == "reports.alerts"]
+        return [r for r in caplog.records if r.name == "reports.failures.alerts"]
 
-    with caplog.at_level(logging.WARNING, logger="reports.alerts"):
+    with caplog.at_level(logging.WARNING, logger="reports.failures.alerts"):
         for _ in range(20):
             alerts.dead_letter(dead_message())  # must not raise
         # The post fails in the flusher thread, a moment later.
@@ -254,7 +254,7 @@ def test_the_sample_keeps_the_most_recent_message_ids(
 
 
 def alert_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "reports.alerts" and r.levelno == logging.WARNING]
+    return [r.getMessage() for r in caplog.records if r.name == "reports.failures.alerts" and r.levelno == logging.WARNING]
 
 
 @pytest.mark.parametrize(("answer", "error"), [("garbage", "BadStatusLine"), ("redirect", "HTTPError")])
@@ -264,7 +264,7 @@ def test_after_a_post_that_failed_the_next_windows_post_still_arrives(
 ) -> None:
     webhook.answers = [answer]
     alerts = WebhookAlerts(webhook.url, redis_client, namespace=broker_namespace, window_seconds=WINDOW_SECONDS)
-    with caplog.at_level(logging.WARNING, logger="reports.alerts"), serve_webhook("127.0.0.2") as elsewhere:
+    with caplog.at_level(logging.WARNING, logger="reports.failures.alerts"), serve_webhook("127.0.0.2") as elsewhere:
         webhook.redirect_to = f"{elsewhere.url}/stolen"
         alerts.dead_letter(dead_message())
         wait_until(lambda: alert_warnings(caplog), timeout=5, interval=0.01, what="the failed post's warning")
@@ -291,7 +291,7 @@ def test_a_webhook_url_that_cannot_be_posted_to_is_tried_again_every_window_with
     url: str, redis_client: redis.Redis, broker_namespace: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     alerts = WebhookAlerts(url, redis_client, namespace=broker_namespace, window_seconds=WINDOW_SECONDS)
-    with caplog.at_level(logging.WARNING, logger="reports.alerts"):
+    with caplog.at_level(logging.WARNING, logger="reports.failures.alerts"):
         alerts.dead_letter(dead_message())
         wait_until(lambda: alert_warnings(caplog), timeout=5, interval=0.01, what="the first failure")
         alerts.dead_letter(dead_message())

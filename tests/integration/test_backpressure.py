@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import redis
 
-from reports import planning, runs
-from reports.broker import backlog, send_many
 from reports.clock import utcnow
+from reports.fanout import coordinator, runs
+from reports.fanout.progress import count
 from reports.jobs import BUILD_REPORT
 from reports.periods import Period
-from reports.progress import count
+from reports.worker.broker import backlog, send_many
 from tests.conftest import load_users
 
 PERIOD = Period(2026, 10)
 
 
 def _walk(sessions, broker, *, high_water: int):
-    return planning.plan_slice(
+    return coordinator.plan_slice(
         sessions, PERIOD, lambda payloads: send_many(broker, BUILD_REPORT, payloads), page_size=7,
         budget_seconds=60, backlog=lambda: backlog(broker, BUILD_REPORT.queue), high_water=high_water,
     )

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import redis
 
-from reports.breaker import STATE_CACHE_MS, CircuitBreaker, Permit, State
+from reports.delivery.breaker import STATE_CACHE_MS, CircuitBreaker, Permit, State
 from tests.conftest import redis_commands
 
 THRESHOLD = 5
@@ -205,7 +205,7 @@ def test_state_follows_every_transition(new_breaker: NewBreaker) -> None:
 
 def test_every_transition_is_logged(new_breaker: NewBreaker, caplog: pytest.LogCaptureFixture) -> None:
     breaker = new_breaker()
-    with caplog.at_level("WARNING", logger="reports.breaker"):
+    with caplog.at_level("WARNING", logger="reports.delivery.breaker"):
         open_breaker(breaker, T0)
         breaker.allow(T0 + COOLDOWN_MS)
         breaker.record_success()

@@ -15,14 +15,14 @@ from dramatiq.brokers.redis import RedisBroker
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from reports import dead_letters
-from reports.broker import message_for
 from reports.clock import utcnow
-from reports.dead_letter_sink import BrokerDeadLetters, DeadLetterSink
+from reports.failures import dead_letters
 from reports.jobs import BUILD_REPORT, PLAN_PERIOD
 from reports.models import DeadLetter, ItemState, ReportItem
-from reports.retries import DeadMessage
 from reports.settings import Settings
+from reports.worker.broker import message_for
+from reports.worker.dead_letter_sink import BrokerDeadLetters, DeadLetterSink, absorb_broker_dead_letters
+from reports.worker.retries import DeadMessage
 from tests.conftest import load_users, wait_until
 from tests.integration.conftest import PERIOD, plan_everything, queued_user_ids
 
@@ -441,7 +441,7 @@ def test_messages_in_dramatiqs_xq_are_moved_into_the_store(sessions, settings, r
     client.hset(f"{namespace}:default.XQ.msgs", "r-2", plan.encode())
     client.zadd(f"{namespace}:default.XQ", {"r-2": NOW_MS + 1_000})
 
-    moved = dead_letters.absorb_broker_dead_letters(client, namespace, DeadLetterSink(sessions, alerts=None))
+    moved = absorb_broker_dead_letters(client, namespace, DeadLetterSink(sessions, alerts=None))
 
     assert moved == 2
     assert xq_keys(client, namespace) == []
@@ -457,7 +457,7 @@ def test_messages_in_dramatiqs_xq_are_moved_into_the_store(sessions, settings, r
     assert (from_default.reason, from_default.queue, from_default.actor) == ("broker", "default", PLAN_PERIOD.name)
     assert from_default.died_at == NOW + timedelta(seconds=1)
     # A second sweep finds nothing.
-    assert dead_letters.absorb_broker_dead_letters(client, namespace, DeadLetterSink(sessions, alerts=None)) == 0
+    assert absorb_broker_dead_letters(client, namespace, DeadLetterSink(sessions, alerts=None)) == 0
     client.close()
 
 
@@ -481,7 +481,7 @@ def test_a_message_for_an_undefined_actor_dead_lettered_by_a_real_worker_ends_up
         worker.stop()
     rejected_by = utcnow()
 
-    moved = dead_letters.absorb_broker_dead_letters(client, namespace, DeadLetterSink(sessions, alerts=None))
+    moved = absorb_broker_dead_letters(client, namespace, DeadLetterSink(sessions, alerts=None))
 
     assert moved == 1
     assert xq_keys(client, namespace) == []

@@ -6,7 +6,7 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from reports import delivery
+from reports.delivery import claims
 from reports.errors import ClaimHeld
 from reports.models import Delivery, DeliveryState
 from tests.integration.conftest import PERIOD
@@ -17,19 +17,19 @@ T0 = datetime(2026, 11, 1, 12, 0, 0)
 MESSAGE_ID = f"<report.{PERIOD}.{USER_ID}@reports.test>"
 
 
-def take(sessions, now: datetime) -> delivery.Claim | None:  # type: ignore[no-untyped-def]
+def take(sessions, now: datetime) -> claims.Claim | None:  # type: ignore[no-untyped-def]
     with sessions.begin() as session:
-        return delivery.take(session, PERIOD, USER_ID, message_id=MESSAGE_ID, lease_seconds=LEASE, now=now)
+        return claims.take(session, PERIOD, USER_ID, message_id=MESSAGE_ID, lease_seconds=LEASE, now=now)
 
 
-def complete(sessions, claim: delivery.Claim, now: datetime) -> bool:  # type: ignore[no-untyped-def]
+def complete(sessions, claim: claims.Claim, now: datetime) -> bool:  # type: ignore[no-untyped-def]
     with sessions.begin() as session:
-        return delivery.complete(session, claim, now=now)
+        return claims.complete(session, claim, now=now)
 
 
-def release(sessions, claim: delivery.Claim, now: datetime) -> None:  # type: ignore[no-untyped-def]
+def release(sessions, claim: claims.Claim, now: datetime) -> None:  # type: ignore[no-untyped-def]
     with sessions.begin() as session:
-        delivery.release(session, claim, now=now)
+        claims.release(session, claim, now=now)
 
 
 def stored(sessions) -> Delivery:  # type: ignore[no-untyped-def]

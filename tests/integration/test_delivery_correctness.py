@@ -25,17 +25,19 @@ from sqlalchemy import event, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from reports import dead_letters, items, pipeline, progress
-from reports.breaker import CircuitBreaker, State, mail_breaker_name
-from reports.broker import backlog, build_broker
 from reports.clock import utcnow
 from reports.database import create_db_engine, session_factory
+from reports.delivery import pipeline
+from reports.delivery.breaker import CircuitBreaker, State, mail_breaker_name
+from reports.delivery.mail.backend import Mailer, build_mailer
 from reports.errors import ConfigurationError, Deferred, PermanentError
+from reports.failures import dead_letters
+from reports.fanout import items, progress
 from reports.jobs import BUILD_REPORT, ReportJob
-from reports.mail.backend import Mailer, build_mailer
 from reports.models import Delivery, DeliveryState, ItemState, ReportItem
-from reports.retries import DeadMessage
 from reports.settings import Settings
+from reports.worker.broker import backlog, build_broker
+from reports.worker.retries import DeadMessage
 from tests.conftest import load_users
 from tests.integration.conftest import PERIOD, plan_everything, trigger
 

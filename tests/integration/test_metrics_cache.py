@@ -20,9 +20,9 @@ from prometheus_client.registry import CollectorRegistry
 from sqlalchemy import event
 from sqlalchemy.orm import Session, sessionmaker
 
-from reports import metrics
+from reports import counters
 from reports.jobs import BUILD_REPORT
-from reports.metrics import CachedCollector, ReportsCollector
+from reports.ops.metrics import CachedCollector, ReportsCollector
 from reports.settings import Settings
 from tests.conftest import free_port
 
@@ -80,7 +80,7 @@ def scrape(settings: Settings, sessions: sessionmaker[Session]) -> Iterator[Call
 
 def count_a_dead_letter(settings: Settings) -> None:
     client = redis.Redis.from_url(settings.broker_url)
-    metrics.count(client, settings.broker_namespace, "dead_letters", "bulk", "build_report", "permanent")
+    counters.count(client, settings.broker_namespace, "dead_letters", "bulk", "build_report", "permanent")
     client.close()
 
 
@@ -115,9 +115,9 @@ def test_concurrent_scrapes_share_one_collection(settings, sessions, statements,
 
 
 def test_the_exporter_counts_suppressed_users_by_reason(settings, sessions):
-    from reports import suppressions
     from reports.clock import utcnow
     from reports.models import SuppressionReason
+    from reports.unsubscribe import suppressions
     from tests.conftest import load_users
 
     load_users(sessions, count=4)

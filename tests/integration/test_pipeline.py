@@ -10,13 +10,13 @@ import pytest
 import redis
 from sqlalchemy import select, text
 
-from reports import pipeline, send_rate
 from reports.clock import utcnow
+from reports.content.render import money
+from reports.delivery import pipeline, send_rate
+from reports.delivery.mail.backend import build_mailer
 from reports.errors import ClaimHeld, InvalidRecipient, ProviderUnavailable
 from reports.jobs import ReportJob
-from reports.mail.backend import build_mailer
 from reports.models import Delivery, DeliveryState, ItemState, Report, ReportItem
-from reports.render import money
 from tests.conftest import free_port, load_users
 from tests.integration.conftest import PERIOD, plan_everything
 

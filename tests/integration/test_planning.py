@@ -8,13 +8,13 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select
 
-from reports.broker import send_many
 from reports.clock import utcnow
+from reports.fanout.coordinator import HANDOFF_GRACE, UnknownRun, plan_slice
+from reports.fanout.reconcile import InFlight, reconcile
 from reports.jobs import BUILD_REPORT
 from reports.models import ItemState, PeriodRun, ReportItem
 from reports.periods import Period
-from reports.planning import HANDOFF_GRACE, UnknownRun, plan_slice
-from reports.reconcile import InFlight, reconcile
+from reports.worker.broker import send_many
 from tests.conftest import load_users, queued_messages
 from tests.integration.conftest import (
     PERIOD,

@@ -6,13 +6,13 @@ import pytest
 from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from reports import items, progress
 from reports.clock import utcnow
 from reports.database import create_db_engine, session_factory, upgrade
 from reports.errors import BadInput
+from reports.fanout import items, progress
+from reports.fanout.coordinator import plan_slice
 from reports.models import ItemState, ReportItem
 from reports.periods import Period
-from reports.planning import plan_slice
 from tests.conftest import load_users
 from tests.integration.conftest import PERIOD, RecordingSender, plan_everything, run_together, trigger
 

@@ -18,9 +18,9 @@ import pytest
 from sqlalchemy import Engine, event, insert
 from sqlalchemy.orm import Session, sessionmaker
 
-from reports import pipeline
+from reports.delivery import pipeline
+from reports.delivery.mail.backend import build_mailer
 from reports.jobs import ReportJob
-from reports.mail.backend import build_mailer
 from reports.models import Activity, User
 from reports.settings import Settings
 from tests.conftest import SmtpServer
@@ -28,7 +28,7 @@ from tests.integration.conftest import PERIOD, plan_everything
 
 #: Statements one monthly report sends to the database today. On PostgreSQL: lock the item and read
 #: the run, the user and the activity; store the report, count the attempt and take the claim; mark
-#: the item delivered and the claim sent (reports/report_sql.py). On SQLite, which has neither
+#: the item delivered and the claim sent (reports/delivery/statements.py). On SQLite, which has neither
 #: row locks nor data-modifying CTEs, each of those parts is a statement of its own. A change that
 #: adds one should be a deliberate one: raise this knowingly, never because it grew with the data.
 STATEMENTS_PER_REPORT = {"postgresql": 3, "sqlite": 9}

@@ -12,17 +12,18 @@ import pytest
 from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from reports import delivery, items
-from reports import reconcile as reconciling
-from reports.broker import send_coordinator, send_many
 from reports.clock import utcnow
+from reports.delivery import claims
 from reports.errors import BadInput
+from reports.fanout import items
+from reports.fanout import reconcile as reconciling
+from reports.fanout.coordinator import plan_slice
+from reports.fanout.reconcile import Reconciliation
 from reports.jobs import BUILD_REPORT, PLAN_PERIOD, ReportJob
 from reports.models import ItemState, ReportItem
 from reports.periods import Period
-from reports.planning import plan_slice
-from reports.reconcile import Reconciliation
 from reports.settings import Settings
+from reports.worker.broker import send_coordinator, send_many
 from tests.conftest import load_users, queued_messages
 from tests.integration.conftest import PERIOD, item_user_ids, plan_everything, queued_user_ids, run_together, trigger
 
@@ -157,7 +158,7 @@ def test_an_item_with_a_live_delivery_claim_waits_until_its_lease_has_run_out(se
     claimed_user = population.active[3]
     now = later()
     with sessions.begin() as session:
-        claim = delivery.take(session, PERIOD, claimed_user, message_id="in-flight", lease_seconds=180,
+        claim = claims.take(session, PERIOD, claimed_user, message_id="in-flight", lease_seconds=180,
                               now=now - timedelta(minutes=1))
     assert claim is not None
 
@@ -184,7 +185,7 @@ def test_a_claim_whose_lease_runs_out_exactly_at_reconciles_now_is_not_live(sess
     user_id = population.active[0]
     now = later()
     with sessions.begin() as session:
-        delivery.take(session, PERIOD, user_id, message_id="m", lease_seconds=60, now=now - timedelta(seconds=60))
+        claims.take(session, PERIOD, user_id, message_id="m", lease_seconds=60, now=now - timedelta(seconds=60))
     recorder = Recorder()
 
     run_reconcile(sessions, recorder, now=now)
@@ -198,10 +199,10 @@ def test_a_sent_delivery_with_a_still_pending_item_is_re_enqueued_for_the_consum
     user_id = population.active[0]
     now = later()
     with sessions.begin() as session:
-        claim = delivery.take(session, PERIOD, user_id, message_id="m", lease_seconds=600,
+        claim = claims.take(session, PERIOD, user_id, message_id="m", lease_seconds=600,
                               now=now - timedelta(minutes=1))
         assert claim is not None
-        assert delivery.complete(session, claim, now=now - timedelta(seconds=50))
+        assert claims.complete(session, claim, now=now - timedelta(seconds=50))
     recorder = Recorder()
 
     run_reconcile(sessions, recorder, now=now)

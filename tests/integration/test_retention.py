@@ -10,8 +10,7 @@ import redis
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from reports import progress, retention
-from reports.broker import build_broker
+from reports.fanout import progress
 from reports.models import (
     DeadLetter,
     Delivery,
@@ -25,8 +24,10 @@ from reports.models import (
     RunState,
     User,
 )
+from reports.ops import retention
 from reports.periods import Period
 from reports.settings import Settings
+from reports.worker.broker import build_broker
 from scheduler.process import SchedulerProcess, prune_lock_key
 from scheduler.schedule import Schedule
 

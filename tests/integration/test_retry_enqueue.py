@@ -16,7 +16,7 @@ from dramatiq.brokers.redis import RedisBroker
 
 from bench.support import free_port
 from reports.errors import ProviderUnavailable
-from reports.retries import JitteredRetries
+from reports.worker.retries import JitteredRetries
 from tests.conftest import missing
 
 

@@ -15,10 +15,11 @@ from typing import Any
 import pytest
 import redis
 
-from reports import send_rate
+from reports.counters import counter_key
+from reports.delivery import send_rate
+from reports.delivery.send_rate import Permit, SendRate, Throttled, pace
 from reports.errors import Deferred
-from reports.metrics import ReportsCollector, counter_key
-from reports.send_rate import Permit, SendRate, Throttled, pace
+from reports.ops.metrics import ReportsCollector
 
 T0 = 1_800_000_000_000.0  # an arbitrary "now", in epoch milliseconds
 

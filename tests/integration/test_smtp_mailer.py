@@ -6,9 +6,9 @@ from email.message import EmailMessage
 
 import pytest
 
+from reports.delivery.mail import smtp
+from reports.delivery.mail.smtp import SmtpMailer
 from reports.errors import MailRejected
-from reports.mail import smtp
-from reports.mail.smtp import SmtpMailer
 
 
 def _message(to: str) -> bytes:

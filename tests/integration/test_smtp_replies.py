@@ -19,8 +19,8 @@ import pytest
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import SMTP
 
+from reports.delivery.mail.smtp import SmtpMailer
 from reports.errors import MailDeferred, MailRejected, ProviderUnavailable
-from reports.mail.smtp import SmtpMailer
 from tests.conftest import LoopbackServer, RecordingHandler, free_port
 
 SENDER = "reports@reports.test"
@@ -267,7 +267,7 @@ PERSON = "user1@example.test"
 
 
 def dead_letter_text(error: BaseException) -> str:
-    """What the dead-letter store keeps of ``error`` (reports.retries): its message and traceback."""
+    """What the dead-letter store keeps of ``error`` (reports.worker.retries): its message and traceback."""
     return f"{error}\n{''.join(traceback.format_exception(error))}"
 
 

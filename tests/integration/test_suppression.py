@@ -9,12 +9,14 @@ from dataclasses import replace
 import pytest
 from sqlalchemy import select
 
-from reports import pipeline, progress, suppressions
 from reports.clock import utcnow
+from reports.delivery import pipeline
+from reports.delivery.mail.backend import build_mailer
 from reports.errors import MailRejected
+from reports.fanout import progress
 from reports.jobs import ReportJob
-from reports.mail.backend import build_mailer
 from reports.models import ItemState, ReportItem, SuppressionReason
+from reports.unsubscribe import suppressions, tokens
 from tests.conftest import load_users
 from tests.integration.conftest import PERIOD, RecordingSender, plan_everything
 
@@ -71,11 +73,11 @@ def test_every_email_carries_the_users_signed_one_click_unsubscribe_link(setting
     assert pipeline.run(context, ReportJob(PERIOD, 2, "v2")) == pipeline.Outcome.DELIVERED
 
     [message] = smtp_server.messages
-    url = settings.unsubscribe_links().url(2)
+    url = tokens.links(settings).url(2)
     assert url.startswith("http://127.0.0.1:8000/u/2.")
     assert message["List-Unsubscribe"] == f"<{url}>"
     assert message["List-Unsubscribe-Post"] == "List-Unsubscribe=One-Click"
-    assert settings.unsubscribe_links().signer.user_id(url.rsplit("/", 1)[1]) == 2
+    assert tokens.links(settings).signer.user_id(url.rsplit("/", 1)[1]) == 2
     assert f'href="{url}"' in message.get_body(("html",)).get_content()
     assert url in message.get_body(("plain",)).get_content()
 

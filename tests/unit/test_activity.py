@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from reports.activity import CategoryTotal, Row, summarize
+from reports.content.activity import CategoryTotal, Row, summarize
 from reports.periods import Period
 
 OCTOBER = Period(2026, 10)

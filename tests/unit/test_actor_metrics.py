@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from reports.actor_metrics import bucket_label
+from reports.worker.actor_metrics import bucket_label
 
 
 @pytest.mark.parametrize(

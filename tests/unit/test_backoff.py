@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import dramatiq.common
 import pytest
 
-from reports.backoff import full_jitter_ms
+from reports.worker.backoff import full_jitter_ms
 
 BASE_MS = 1_000
 CAP_MS = 60_000

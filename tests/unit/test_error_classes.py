@@ -19,7 +19,7 @@ from reports.errors import (
     UnknownTemplateVersion,
     is_provider_failure,
 )
-from reports.retries import is_permanent
+from reports.worker.retries import is_permanent
 
 CASES = [
     # (exception, permanent, provider failure)

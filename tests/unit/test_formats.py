@@ -7,8 +7,8 @@ from decimal import Decimal
 import pytest
 from babel.numbers import format_currency
 
+from reports.content.formats import for_locale
 from reports.errors import ConfigurationError
-from reports.formats import for_locale
 from reports.periods import Period
 
 LOCALES = [("en_US", "USD"), ("de_DE", "EUR"), ("fr_FR", "EUR"), ("nl_NL", "EUR"), ("en_GB", "GBP"),

@@ -12,10 +12,10 @@ from email.message import EmailMessage
 
 import pytest
 
+from reports.content.render import RenderedReport
+from reports.delivery.mail.compose import check_header_block, compose, display_name, message_id, recipient
 from reports.errors import InvalidRecipient, PermanentError
-from reports.mail.compose import check_header_block, compose, display_name, message_id, recipient
 from reports.periods import Period
-from reports.render import RenderedReport
 
 OCTOBER = Period(2026, 10)
 INJECTION = "Mallory\r\nBcc: evil@example.com"

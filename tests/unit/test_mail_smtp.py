@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from reports.endpoints import SmtpTarget
 from reports.errors import ConfigurationError
-from reports.mail.smtp import SmtpTarget
 
 
 @pytest.mark.parametrize(

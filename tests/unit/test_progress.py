@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from reports.progress import Progress
+from reports.fanout.progress import Progress
 
 
 def progress_factory(**overrides: object) -> Progress:

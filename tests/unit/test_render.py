@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from reports.activity import CategoryTotal, Summary
+from reports.content.activity import CategoryTotal, Summary
+from reports.content.render import money, render, signed_money
 from reports.errors import UnknownTemplateVersion
 from reports.periods import Period
-from reports.render import money, render, signed_money
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
 HOSTILE_NAME = '<script>alert(1)</script> & "x"'

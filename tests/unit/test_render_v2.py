@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from reports.activity import CategoryTotal, Summary
+from reports.content.activity import CategoryTotal, Summary
+from reports.content.render import render
+from reports.content.view import display_width, should_send
 from reports.look import ReportLook
-from reports.render import render
-from reports.report_view import display_width, should_send
 from tests.unit.test_render import summary_factory
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "templates"

@@ -20,7 +20,7 @@ from dramatiq.brokers.stub import StubBroker
 from dramatiq.middleware import Middleware, Retries, default_middleware
 
 from reports.errors import InvalidPayload, InvalidRecipient, MailDeferred, ProviderUnavailable
-from reports.retries import DeadMessage, JitteredRetries
+from reports.worker.retries import DeadMessage, JitteredRetries
 from tests.conftest import wait_until
 
 QUEUE = "mail"
@@ -71,7 +71,7 @@ def harness(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Harness]]
 
     def build(*, max_retries: int = 3, min_backoff_ms: int = 1, max_backoff_ms: int = 10,
               on_dead: Callable[[DeadMessage], None] | None = None, seed: int = 1) -> Harness:
-        # Dramatiq's own Retries is left out, as in reports.broker.build_broker.
+        # Dramatiq's own Retries is left out, as in reports.worker.broker.build_broker.
         broker = StubBroker(middleware=[m() for m in default_middleware if m is not Retries])
         recorder = RecordDelays()
         harness = Harness(broker=broker, retries=None, recorder=recorder)  # type: ignore[arg-type]

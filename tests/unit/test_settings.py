@@ -8,8 +8,10 @@ from urllib.parse import urlsplit
 import pytest
 from sqlalchemy.engine import make_url
 
+from reports.endpoints import redact_url
 from reports.errors import ConfigurationError
-from reports.settings import DEFAULT_TEMPLATES_DIR, ENVIRONMENT, Settings, redact_url
+from reports.settings import DEFAULT_TEMPLATES_DIR, ENVIRONMENT, Settings
+from reports.unsubscribe import tokens
 
 
 def test_an_empty_environment_gives_the_documented_defaults() -> None:
@@ -476,7 +478,7 @@ def test_a_bad_exporter_setting_is_a_configuration_error_naming_the_variable(var
 def test_the_default_public_base_url_is_loopback_and_needs_no_secret() -> None:
     settings = Settings.from_env({})
     assert settings.public_base_url == "http://127.0.0.1:8000"
-    assert settings.unsubscribe_links().url(1).startswith("http://127.0.0.1:8000/u/1.")
+    assert tokens.links(settings).url(1).startswith("http://127.0.0.1:8000/u/1.")
 
 
 @pytest.mark.parametrize("environment", [
@@ -497,7 +499,7 @@ def test_a_public_base_url_or_secret_unfit_for_production_is_refused(environment
 def test_several_secrets_sign_with_the_first_and_the_repr_shows_none() -> None:
     settings = Settings.from_env({"PUBLIC_BASE_URL": "https://reports.example.com/mail/",
                                   "UNSUBSCRIBE_SECRET": "new-s3cret-0123456789, old-s3cret-0123456789"})
-    links = settings.unsubscribe_links()
+    links = tokens.links(settings)
     assert links.url(5).startswith("https://reports.example.com/mail/u/5.")
     assert len(links.signer.keys) == 2
     assert "s3cret" not in repr(settings)

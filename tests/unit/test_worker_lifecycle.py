@@ -12,10 +12,10 @@ from types import FrameType
 import pytest
 import redis
 
-from reports import worker_lifecycle
-from reports.broker import build_broker
 from reports.settings import Settings
-from reports.worker_lifecycle import DrainOnce, Heartbeat, coalesce_term_signals, draining
+from reports.worker import lifecycle
+from reports.worker.broker import build_broker
+from reports.worker.lifecycle import DrainOnce, Heartbeat, coalesce_term_signals, draining
 from tests.conftest import wait_until
 
 
@@ -282,5 +282,5 @@ def test_the_heartbeat_survives_redis_errors(settings, heartbeat_broker, caplog)
     wait_until(lambda: heartbeat_score(settings, heartbeat_broker.broker_id), timeout=2.0, interval=0.02,
                what="a heartbeat after the errors")
     assert failures.is_set()
-    warnings = [r for r in caplog.records if r.name == worker_lifecycle.logger.name and r.levelname == "WARNING"]
+    warnings = [r for r in caplog.records if r.name == lifecycle.logger.name and r.levelname == "WARNING"]
     assert len(warnings) == 2

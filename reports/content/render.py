@@ -1,0 +1,111 @@
+"""Render a report from the versioned Jinja2 templates: pure, no I/O beyond reading templates."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import jinja2
+
+from reports.content import formats, inline_css, view
+from reports.content.activity import Summary
+from reports.errors import UnknownTemplateVersion
+from reports.look import ReportLook
+
+_PARTS = ("subject.txt.j2", "report.txt.j2", "report.html.j2")
+
+
+@dataclass(frozen=True)
+class RenderedReport:
+    subject: str
+    text: str
+    html: str
+
+
+def money(cents: int) -> str:
+    """``123456`` → ``1,234.56``; negative amounts keep their sign."""
+    sign = "-" if cents < 0 else ""
+    whole, rest = divmod(abs(cents), 100)
+    return f"{sign}{whole:,}.{rest:02d}"
+
+
+def signed_money(cents: int) -> str:
+    return ("+" if cents > 0 else "") + money(cents)
+
+
+#: A version folder with this stylesheet is a styled version (v2 on): the stylesheet is inlined into
+#: its HTML part when it is built, and its templates read a :class:`~reports.content.view.ReportView`.
+STYLESHEET = "report.css"
+
+#: The look of reports rendered without one: every ``REPORT_*`` setting at its default.
+DEFAULT_LOOK = ReportLook()
+
+
+@dataclass(frozen=True)
+class _Templates:
+    subject: jinja2.Template
+    text: jinja2.Template
+    html: jinja2.Template
+    styled: bool
+
+
+@lru_cache(maxsize=16)
+def _templates(templates_dir: Path, version: str, look: ReportLook) -> _Templates:
+    """The version's three parts, compiled once per look; a styled version's HTML with its CSS inlined.
+
+    Kept as compiled templates so that a render does no file system check (Jinja's loader looks
+    at the file's mtime on every ``get_template``).
+    """
+    folder = templates_dir / version
+    if not all((folder / part).is_file() for part in _PARTS):
+        raise UnknownTemplateVersion(f"Template version {version!r} does not exist.")
+    stylesheet = folder / STYLESHEET
+    styled = stylesheet.is_file()
+    built: dict[str, str] = {}
+    if styled:
+        built["report.html.j2"] = inline_css.inline((folder / "report.html.j2").read_text(encoding="utf-8"),
+                                                    stylesheet.read_text(encoding="utf-8"), variables=look.palette())
+    environment = jinja2.Environment(
+        loader=jinja2.ChoiceLoader([jinja2.DictLoader(built), jinja2.FileSystemLoader(folder)]),
+        autoescape=jinja2.select_autoescape(enabled_extensions=("html.j2",), default_for_string=False),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+    )
+    environment.filters["money"] = money
+    environment.filters["signed_money"] = signed_money
+    if styled:
+        environment.globals["look"] = look
+    subject, text, html = (environment.get_template(part) for part in _PARTS)
+    return _Templates(subject=subject, text=text, html=html, styled=styled)
+
+
+def render(
+    templates_dir: Path,
+    version: str,
+    *,
+    name: str | None,
+    summary: Summary,
+    look: ReportLook | None = None,
+    unsubscribe_url: str | None = None,
+) -> RenderedReport:
+    """Render one report.
+
+    :param look: branding, locale and currency (:meth:`ReportLook.from_settings`, built once per
+        process); ``None`` is :data:`DEFAULT_LOOK`. Version ``v1`` ignores it.
+    :param unsubscribe_url: the user's one-click unsubscribe link for the footer; ``None`` makes the
+        footer say how to stop the reports without a link. Version ``v1`` shows no footer.
+    """
+    look = DEFAULT_LOOK if look is None else look
+    templates = _templates(templates_dir, version, look)
+    context: dict[str, object] = {"name": name or "there", "period": summary.period, "summary": summary}
+    if templates.styled:
+        context["view"] = view.build(summary, name=name, formats=formats.for_locale(look.locale, look.currency),
+                                            unsubscribe_url=unsubscribe_url)
+    subject = templates.subject.render(context)
+    return RenderedReport(
+        # A subject is one line whatever the template or the data do.
+        subject=" ".join(subject.split()),
+        text=templates.text.render(context),
+        html=templates.html.render(context),
+    )

@@ -1,0 +1,24 @@
+"""Fleet-wide counters in Redis: the key and field layout every process writes and the exporter reads.
+
+Each counter is one hash under ``<namespace>:metrics:<name>``; a field is the counter's label values
+joined by :data:`SEP`, its value the count. Workers add to them, ``reports exporter`` reads them.
+"""
+
+from __future__ import annotations
+
+import redis
+
+#: Separates label values inside one Redis hash field.
+SEP = "\x1f"
+
+#: Upper bounds of the processing-time histogram's buckets, in seconds (+Inf is implied).
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+def counter_key(namespace: str, name: str) -> str:
+    return f"{namespace}:metrics:{name}"
+
+
+def count(client: redis.Redis, namespace: str, name: str, *labels: str) -> None:
+    """Add one to the fleet-wide counter ``name`` for these label values."""
+    client.hincrby(counter_key(namespace, name), SEP.join(labels), 1)

@@ -1,0 +1,22 @@
+"""Choose the mail backend the settings ask for."""
+
+from __future__ import annotations
+
+from email.utils import parseaddr
+from typing import Protocol
+
+from reports.delivery.mail.maildir import MaildirMailer
+from reports.delivery.mail.smtp import SmtpMailer
+from reports.settings import Settings
+
+
+class Mailer(Protocol):
+    def send(self, message: bytes, *, recipient: str) -> None:
+        """Hand over one message, as it goes on the wire, for ``recipient``."""
+
+
+def build_mailer(settings: Settings) -> Mailer:
+    if settings.smtp_url:
+        return SmtpMailer(settings.smtp_url, timeout_seconds=settings.smtp_timeout_seconds,
+                          sender=parseaddr(settings.mail_from)[1])
+    return MaildirMailer(settings.outbox_dir)

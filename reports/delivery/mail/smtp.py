@@ -1,0 +1,237 @@
+"""Send through an SMTP provider, translating its replies into permanent and transient errors."""
+
+from __future__ import annotations
+
+import enum
+import math
+import re
+import smtplib
+import ssl
+import threading
+import time
+from typing import Any
+
+from reports.endpoints import SmtpTarget
+from reports.errors import SERVICE_NOT_AVAILABLE, MailDeferred, MailRejected, ProviderUnavailable
+
+#: A kept connection unused for this long is checked with NOOP before the next message.
+CHECK_IDLE_AFTER_SECONDS = 5.0
+
+
+class _Stage(enum.Enum):
+    """Where in the transaction a reply came: what a refusal there says about the message."""
+
+    MAIL = "MAIL FROM"
+    RCPT = "RCPT TO"
+    DATA = "DATA"
+    #: The reply to the message's content, after the final ".".
+    CONTENT = "content"
+
+
+#: Replies that say the session is in a wrong state (a command out of sequence, one the server
+#: could not parse), not that this message is bad: a provider that answered 421 and kept the
+#: connection open, for instance, then answers "503 send HELO first" to every message.
+_SESSION_CODES = frozenset({500, 501, 503})
+
+#: Addresses in a provider's reply (``550 5.1.1 <x@y>: Recipient address rejected``): personal
+#: data, kept out of errors, dead letters and logs.
+_ADDRESS_IN_REPLY = re.compile(r"[^\s<>()\[\]\\,;:\"']+@[^\s<>()\[\]\\,;:\"']+")
+
+
+class _Refused(Exception):
+    def __init__(self, stage: _Stage, code: int, reply: bytes | str) -> None:
+        text = reply.decode("utf-8", "replace") if isinstance(reply, bytes) else str(reply)
+        self.stage, self.code, self.reply = stage, code, _ADDRESS_IN_REPLY.sub("<address>", text)
+        super().__init__(stage.value, code, self.reply)
+
+    @property
+    def breaks_session(self) -> bool:
+        """Whether the connection, not the message, is at fault: reconnect and try again."""
+        if self.code in _SESSION_CODES or not 400 <= self.code < 600:
+            return True
+        # Only a 5xx to RCPT TO, or to the content of a well-formed transaction, is about the message.
+        return self.code >= 500 and self.stage in (_Stage.MAIL, _Stage.DATA)
+
+    def error(self) -> MailRejected | MailDeferred | ProviderUnavailable:
+        if self.code == SERVICE_NOT_AVAILABLE:
+            return MailDeferred(self.code, self.reply)
+        if self.breaks_session:
+            return ProviderUnavailable(f"SMTP session broken: {self.code} to {self.stage.value}: {self.reply}")
+        if self.code >= 500:
+            return MailRejected(self.code, self.reply, recipient=self.stage is _Stage.RCPT)
+        return MailDeferred(self.code, self.reply)
+
+
+class _DeadlineReader:
+    """Reads the server's replies with whatever is left of the send's deadline, per read.
+
+    A socket timeout alone bounds each read, so a slow provider trickling bytes could stretch
+    one send past the claim's lease; here every read gets only the time that remains.
+    """
+
+    def __init__(self, client: _DeadlineSMTP) -> None:
+        assert client.sock is not None
+        self.sock = client.sock
+        self._client = client
+        self._buffer = b""
+
+    def readline(self, limit: int = -1) -> bytes:
+        while b"\n" not in self._buffer and (limit < 0 or len(self._buffer) < limit):
+            self._client.arm()
+            chunk = self.sock.recv(4096)
+            if not chunk:
+                break
+            self._buffer += chunk
+        end = self._buffer.find(b"\n") + 1 or len(self._buffer)
+        if limit >= 0:
+            end = min(end, limit)
+        line, self._buffer = self._buffer[:end], self._buffer[end:]
+        return line
+
+    def close(self) -> None:
+        self._buffer = b""
+
+
+class _DeadlineSMTP(smtplib.SMTP):
+    """An SMTP client whose every command and reply shares one deadline (``time.monotonic``)."""
+
+    deadline: float = math.inf
+
+    def arm(self) -> None:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("The send's deadline passed.")
+        if self.sock is not None:
+            self.sock.settimeout(left)
+
+    def send(self, s: Any) -> None:
+        self.arm()
+        super().send(s)
+
+    def getreply(self) -> tuple[int, bytes]:
+        if self.sock is not None and (self.file is None or getattr(self.file, "sock", None) is not self.sock):
+            self.file = _DeadlineReader(self)
+        return super().getreply()
+
+
+class _DeadlineSMTPSSL(_DeadlineSMTP, smtplib.SMTP_SSL):
+    pass
+
+
+class SmtpMailer:
+    """Sends over one SMTP connection per worker thread, kept open between messages.
+
+    Reuse saves a TCP and TLS handshake per email, and keeps QUIT out of the window between the
+    provider's ``250`` and the database recording the send: the narrower that window, the
+    rarer the duplicate a crash inside it can cause. One send, connection included, never takes
+    longer than ``timeout_seconds``, so it cannot outlive the claim's lease.
+    """
+
+    def __init__(self, url: str, *, timeout_seconds: float, sender: str) -> None:
+        self.target = SmtpTarget.from_url(url)
+        self.timeout_seconds = timeout_seconds
+        #: The envelope sender (MAIL FROM).
+        self.sender = sender
+        self._local = threading.local()
+
+    def _connect(self, deadline: float) -> _DeadlineSMTP:
+        target = self.target
+        client: _DeadlineSMTP
+        if target.implicit_tls:
+            client = _DeadlineSMTPSSL(context=ssl.create_default_context())
+        else:
+            client = _DeadlineSMTP()
+        client.deadline = deadline
+        client.timeout = max(deadline - time.monotonic(), 0.001)
+        client.connect(target.host, target.port)
+        if target.starttls:
+            client.starttls(context=ssl.create_default_context())
+        if target.username:
+            client.login(target.username, target.password or "")
+        return client
+
+    def _client(self, deadline: float) -> _DeadlineSMTP:
+        client: _DeadlineSMTP | None = getattr(self._local, "client", None)
+        if client is not None:
+            client.deadline = deadline
+            if time.monotonic() - self._local.last_used > CHECK_IDLE_AFTER_SECONDS and not self._alive(client):
+                client = None
+        if client is None:
+            try:
+                client = self._local.client = self._connect(deadline)
+            except (smtplib.SMTPException, OSError) as e:
+                # Whatever fails before a message is on the wire (greeting, TLS, login) is the
+                # provider's trouble, not this message's, even a 5xx greeting.
+                raise ProviderUnavailable(f"SMTP provider unreachable: {type(e).__name__}") from None
+        return client
+
+    def _alive(self, client: _DeadlineSMTP) -> bool:
+        """Providers drop idle connections, or answer 421 and keep them: find out before a message."""
+        try:
+            if client.noop()[0] == 250:
+                return True
+        except (smtplib.SMTPException, OSError):
+            pass
+        self._drop()
+        return False
+
+    def _drop(self) -> None:
+        client = getattr(self._local, "client", None)
+        self._local.client = None
+        if client is not None:
+            client.close()
+
+    def send(self, message: bytes, *, recipient: str) -> None:
+        deadline = time.monotonic() + self.timeout_seconds
+        # A session the provider broke (before the content was accepted or refused) is replaced
+        # and the message tried once more on the new one, within the same deadline.
+        for last_try in (False, True):
+            client = self._client(deadline)
+            stage: list[_Stage] = []
+            try:
+                _transaction(client, self.sender, recipient, message, stage)
+                self._local.last_used = time.monotonic()
+                return
+            except _Refused as refused:
+                self._after_refusal(client, refused)
+                if not refused.breaks_session or refused.code == SERVICE_NOT_AVAILABLE or last_try:
+                    raise refused.error() from None
+            except (smtplib.SMTPException, OSError) as e:
+                self._drop()
+                # Once the content is on the wire its fate is unknown: only a later attempt,
+                # after the claim's lease, may send it again.
+                if last_try or stage[-1:] == [_Stage.CONTENT]:
+                    raise ProviderUnavailable(f"SMTP provider unreachable: {type(e).__name__}") from None
+
+    def _after_refusal(self, client: _DeadlineSMTP, refused: _Refused) -> None:
+        if refused.code == SERVICE_NOT_AVAILABLE or refused.breaks_session:
+            # RFC 5321: a 421 closes the channel. Close it ourselves whatever the server does.
+            self._drop()
+            return
+        try:
+            client.rset()  # the provider answered: the connection is fine once the transaction is reset
+            self._local.last_used = time.monotonic()
+        except (smtplib.SMTPException, OSError):
+            self._drop()
+
+
+def _transaction(client: _DeadlineSMTP, sender: str, recipient: str, data: bytes, stage: list[_Stage]) -> None:
+    """One mail transaction, each reply checked at its stage; ``stage`` records how far it got."""
+    client.ehlo_or_helo_if_needed()
+    stage.append(_Stage.MAIL)
+    code, reply = client.mail(sender)
+    if code != 250:
+        raise _Refused(_Stage.MAIL, code, reply)
+    stage.append(_Stage.RCPT)
+    code, reply = client.rcpt(recipient)
+    if code not in (250, 251):
+        raise _Refused(_Stage.RCPT, code, reply)
+    stage.append(_Stage.DATA)
+    try:
+        stage.append(_Stage.CONTENT)
+        code, reply = client.data(data)
+    except smtplib.SMTPDataError as e:  # the reply to DATA itself was not 354: nothing was sent
+        raise _Refused(_Stage.DATA, e.smtp_code, e.smtp_error) from None
+    if code != 250:
+        raise _Refused(_Stage.CONTENT, code, reply)
+

@@ -1,0 +1,356 @@
+"""One user's report for one period: read at run time, render, store, claim, send, record.
+
+Three short steps, so no transaction stays open while talking to the mail provider:
+1. In one transaction: read the item, the user and their activity; render and store the
+   report; take the delivery claim.
+2. Ask the breaker, check that the claim's lease outlasts the whole send, and hand the email
+   to the mail backend.
+3. In one transaction: mark the claim sent and the item delivered. Nothing but this commit
+   follows the provider's acceptance, and it is tried until the lease is nearly spent: only a
+   crash in between can make a later copy send again.
+
+Every step may run more than once or concurrently (at-least-once delivery); the item's final
+states and the delivery claim make repeats send nothing.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.headerregistry import Address
+from typing import Any, NoReturn
+
+import redis
+import sqlalchemy.exc
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from reports.clock import utcnow
+from reports.content.activity import load_summary
+from reports.content.render import RenderedReport, ReportLook, render
+from reports.content.view import should_send
+from reports.delivery import claims, statements
+from reports.delivery.breaker import CircuitBreaker, Permit, State
+from reports.delivery.mail.backend import Mailer
+from reports.delivery.mail.compose import compose, message_id, recipient
+from reports.delivery.send_rate import SendRate, pace
+from reports.errors import CircuitOpen, Deferred, MailRejected, PermanentError, is_provider_failure
+from reports.fanout import items
+from reports.jobs import ReportJob, SendNowJob
+from reports.models import FINAL_STATES, ItemState, Report, ReportItem, RunState, SuppressionReason, User
+from reports.periods import Period
+from reports.settings import CLAIM_LEASE_MARGIN_SECONDS, Settings
+from reports.sql import Executor, upsert
+from reports.unsubscribe import suppressions, tokens
+from reports.unsubscribe.tokens import Links
+
+logger = logging.getLogger(__name__)
+
+#: Longest pause between tries at recording a send in the database, in seconds.
+RECORD_SENT_PAUSE_CAP_SECONDS = 1.0
+
+#: Of the lease's margin over a whole send (CLAIM_LEASE_MARGIN_SECONDS), what must still be left
+#: when the send starts, to record it; the rest absorbs the prepare step's commit.
+RECORD_TIME_SECONDS = CLAIM_LEASE_MARGIN_SECONDS / 2
+
+#: How soon a message whose item may still be on its way from the coordinator looks again, in seconds.
+ITEM_NOT_YET_RECORDED_RETRY_SECONDS = 2.0
+
+
+class UnknownItem(PermanentError):
+    """The message names a (period, user) that the coordinator never recorded."""
+
+
+class ItemNotYetRecorded(Deferred):
+    """The item is missing, but the coordinator has not walked past this user yet: look again soon."""
+
+    def __init__(self) -> None:
+        super().__init__(ITEM_NOT_YET_RECORDED_RETRY_SECONDS)
+
+
+class LeaseTooShort(Deferred):
+    """Too little of the claim's lease is left to cover a whole send: release it and start again."""
+
+    def __init__(self) -> None:
+        super().__init__(0.0)
+
+
+class UnknownUser(PermanentError):
+    """The message names a user that does not exist."""
+
+
+class Outcome(enum.StrEnum):
+    DELIVERED = "delivered"
+    SKIPPED = "skipped"
+    #: The period was cancelled: nothing sent, the item left pending.
+    CANCELLED = "cancelled"
+    #: Another copy of the message had already finished the item.
+    ALREADY_DONE = "already_done"
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a per-user job needs, built once per worker process."""
+
+    settings: Settings
+    sessions: sessionmaker[Session]
+    mailer: Mailer
+    #: Shared circuit breaker for the mail provider; ``None`` when there is no remote provider.
+    breaker: CircuitBreaker | None = None
+    #: The fleet's send rate; ``None`` when SEND_RATE_PER_SECOND is unset.
+    send_rate: SendRate | None = None
+    #: Branding, locale and currency of the report, built once from the settings.
+    look: ReportLook | None = None
+    clock: Callable[[], datetime] = utcnow
+    #: Every user's unsubscribe link; ``None`` builds it from the settings, once per context.
+    unsubscribe: Links | None = None
+
+    def __post_init__(self) -> None:
+        if self.unsubscribe is None:
+            object.__setattr__(self, "unsubscribe", tokens.links(self.settings))
+
+    def unsubscribe_url(self, user_id: int) -> str:
+        return self.unsubscribe.url(user_id)  # type: ignore[union-attr]
+
+    def monthly_transaction(self) -> AbstractContextManager[Executor]:
+        """A transaction for the monthly path: a bare connection on PostgreSQL, whose statements
+        (reports/delivery/statements.py) need no ORM session (it cost about 0.2 ms a transaction there); a
+        session on SQLite, where the path goes through the general functions."""
+        engine: Engine = self.sessions.kw["bind"]
+        return engine.begin() if engine.dialect.name == "postgresql" else self.sessions.begin()
+
+
+def run(ctx: Context, job: ReportJob) -> Outcome:
+    """The monthly email for one (period, user)."""
+    return _deliver(ctx, lambda db: _prepare(ctx, db, job), ctx.monthly_transaction)
+
+
+def send_now(ctx: Context, job: SendNowJob) -> Outcome:
+    """A report a person asked for now: sent if it never was, sent again (a new email) if it was.
+
+    The request's own claim makes it one email per request however often the message runs. If
+    the monthly email has not gone out, this *is* the monthly email (its claim and Message-ID),
+    so the monthly run will not send a second one.
+    """
+    return _deliver(ctx, lambda session: _prepare_now(ctx, session, job), ctx.sessions.begin)
+
+
+def _deliver(ctx: Context, prepare: Callable[[Any], _Prepared | Outcome],
+             transaction: Callable[[], AbstractContextManager[Executor]]) -> Outcome:
+    with transaction() as db:
+        prepared = prepare(db)
+    if not isinstance(prepared, _Prepared):
+        return prepared
+    # Asked only now, so a message that turns out done, skipped or cancelled never holds the
+    # half-open probe's one slot for the probe timeout.
+    try:
+        # First: a sleep for a slot must not eat the lease's send margin, nor hold the probe's slot.
+        pace(ctx.send_rate, _millis(ctx.clock()), sleep=time.sleep)
+        if prepared.lease_left() < ctx.settings.smtp_timeout_seconds + RECORD_TIME_SECONDS:
+            raise LeaseTooShort()
+        permit = _ask_breaker(ctx)
+    except (Deferred, redis.RedisError):
+        _release(ctx, prepared, transaction)
+        raise
+    _send(ctx, prepared, permit, transaction)
+    return Outcome.DELIVERED
+
+
+def _send(ctx: Context, prepared: _Prepared, permit: Permit | None,
+          transaction: Callable[[], AbstractContextManager[Executor]]) -> None:
+    try:
+        ctx.mailer.send(prepared.email, recipient=prepared.address)
+    except Exception as error:
+        bounced = error if isinstance(error, MailRejected) and error.recipient else None
+        _release(ctx, prepared, transaction, bounced=bounced)
+        _tell_breaker_failure(ctx, permit, error)
+        raise
+    _record_sent(ctx, prepared, transaction)
+    if permit is not None and permit.probe:
+        try:
+            ctx.breaker.record_success()  # type: ignore[union-attr]
+        except redis.RedisError:
+            # The send is recorded; the probe's slot frees itself after the probe timeout.
+            logger.warning("Could not tell the breaker its probe succeeded: Redis unreachable.")
+
+
+def _release(ctx: Context, prepared: _Prepared, transaction: Callable[[], AbstractContextManager[Executor]], *,
+             bounced: MailRejected | None = None) -> None:
+    """End the claims' leases early, so the next attempt need not wait them out; on a hard bounce
+    also put the user on the suppression list, so no later month mails a refused address."""
+    try:
+        with transaction() as db:
+            now = ctx.clock()
+            for claim in prepared.claims:
+                claims.release(db, claim, now=now)
+            if bounced is not None:
+                suppressions.add(db, prepared.claims[0].user_id, SuppressionReason.BOUNCED, now=now,
+                                 source=f"smtp {bounced.code}")
+    except sqlalchemy.exc.SQLAlchemyError:
+        logger.warning("Could not release a delivery claim (or record a bounce); the claim ends with its lease.")
+
+
+def _ask_breaker(ctx: Context) -> Permit | None:
+    if ctx.breaker is None:
+        return None
+    permit = ctx.breaker.allow(_millis(ctx.clock()))
+    if not permit.allowed:
+        raise CircuitOpen(permit.wait_ms / 1000)
+    return permit
+
+
+def _tell_breaker_failure(ctx: Context, permit: Permit | None, error: Exception) -> None:
+    """Count a provider failure; once the breaker is open, wait out the cool-down instead of retrying."""
+    if ctx.breaker is None or permit is None:
+        return
+    if not is_provider_failure(error):
+        if permit.probe:
+            ctx.breaker.record_success()  # the provider answered: it is up
+        return
+    state = ctx.breaker.record_failure(_millis(ctx.clock()), token=str(uuid.uuid4()))
+    if state is State.OPEN:
+        raise CircuitOpen(ctx.breaker.cooldown_ms / 1000) from error
+
+
+def _millis(moment: datetime) -> int:
+    return int(moment.replace(tzinfo=UTC).timestamp() * 1000)
+
+
+def _record_sent(ctx: Context, prepared: _Prepared,
+                 transaction: Callable[[], AbstractContextManager[Executor]]) -> None:
+    """Record a send that happened, trying until the claim's lease is nearly spent: failing here
+    is what lets a later copy send the email again."""
+    pause = 0.05
+    while True:
+        try:
+            with transaction() as db:
+                now = ctx.clock()
+                for claim in prepared.claims:
+                    if claim.request_id is None:
+                        recorded = statements.record_sent(db, claim, now=now)
+                    else:
+                        recorded = claims.complete(db, claim, now=now)
+                    if not recorded:
+                        logger.warning(
+                            "Delivery claim was taken over while sending; a duplicate may follow.",
+                            extra={"period": str(claim.period), "user_id": claim.user_id},
+                        )
+            return
+        except sqlalchemy.exc.DBAPIError as error:
+            if prepared.lease_left() < pause:
+                logger.error("Could not record a send before its claim's lease ran out (%s); a later copy "
+                             "may send it again.", type(error.orig).__name__,
+                             extra={"user_id": prepared.claims[0].user_id})
+                raise
+            time.sleep(pause)
+            pause = min(pause * 2, RECORD_SENT_PAUSE_CAP_SECONDS)
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    claims: list[claims.Claim]
+    #: The message's bytes, as they go on the wire.
+    email: bytes
+    address: str
+    #: When the claims' leases end, on this process's monotonic clock.
+    lease_ends: float
+
+    def lease_left(self) -> float:
+        return self.lease_ends - time.monotonic()
+
+
+def _claim_time(ctx: Context) -> tuple[datetime, float]:
+    """The lease's start, on the wall clock the claim stores and on the monotonic one that checks it."""
+    return ctx.clock(), time.monotonic() + ctx.settings.claim_lease_seconds
+
+
+def _prepare(ctx: Context, session: Executor, job: ReportJob) -> _Prepared | Outcome:
+    # Reading locks the item: copies of this job serialize here, before they race for the claim.
+    inputs = statements.read(session, job.period, job.user_id)
+    now = ctx.clock()  # after the lock: time spent waiting for it must not come off the lease
+    if inputs.item_state is None:
+        _missing_item(inputs, job)
+    if inputs.item_state in FINAL_STATES:
+        return Outcome.ALREADY_DONE
+    if inputs.run_state == RunState.CANCELLED:
+        # The item stays pending; `trigger` re-enqueues it when the period is resumed.
+        return Outcome.CANCELLED
+    # Suppressed after the coordinator planned the user (or before, by an older release): skipped.
+    if (inputs.email is None or not inputs.active or inputs.suppressed is not None
+            or not should_send(inputs.summary, empty_month=ctx.settings.report_empty_month)):
+        items.touch(session, job.period, job.user_id, now=now)
+        items.finish(session, job.period, job.user_id, ItemState.SKIPPED, now=now)
+        return Outcome.SKIPPED
+
+    to = recipient(inputs.email, inputs.name)
+    unsubscribe_url = ctx.unsubscribe_url(job.user_id)
+    rendered = render(ctx.settings.templates_dir, job.template_version, name=inputs.name, summary=inputs.summary,
+                      look=ctx.look, unsubscribe_url=unsubscribe_url)
+    stable_id = message_id(job.period, job.user_id, ctx.settings.mail_domain)
+    claimed_at, lease_ends = _claim_time(ctx)
+    claim = statements.store_and_claim(
+        session, job.period, job.user_id, template_version=job.template_version, rendered=rendered,
+        message_id=stable_id, lease_seconds=ctx.settings.claim_lease_seconds, now=now, claimed_at=claimed_at,
+    )
+    if claim is None:
+        # The email already went out; make the item say so.
+        items.finish(session, job.period, job.user_id, ItemState.DELIVERED, now=now)
+        return Outcome.ALREADY_DONE
+    email = compose(rendered, to=to, mail_from=ctx.settings.mail_from, period=job.period, user_id=job.user_id,
+                    date=now, message_id=stable_id, unsubscribe_url=unsubscribe_url)
+    return _Prepared(claims=[claim], email=email, address=to.addr_spec, lease_ends=lease_ends)
+
+
+def _missing_item(inputs: statements.Inputs, job: ReportJob) -> NoReturn:
+    """Raise for a message whose item is not there: defer while the walk may still record it."""
+    if inputs.run_state is not None and not inputs.planned and inputs.cursor < job.user_id:
+        raise ItemNotYetRecorded()
+    raise UnknownItem(f"No report item for period {job.period}, user {job.user_id}.")
+
+
+def _prepare_now(ctx: Context, session: Session, job: SendNowJob) -> _Prepared | Outcome:
+    # Lock the monthly item (if the period has one) first, as _prepare does.
+    session.get(ReportItem, (str(job.period), job.user_id), with_for_update=True)
+    now = ctx.clock()
+    user = session.get(User, job.user_id)
+    if user is None:
+        raise UnknownUser(f"No user with id {job.user_id}.")
+    to, rendered = _render_and_store(ctx, session, user, job.period, job.template_version, now)
+    request_id = message_id(job.period, user.id, ctx.settings.mail_domain, request_id=job.request_id)
+    lease = ctx.settings.claim_lease_seconds
+    claimed_at, lease_ends = _claim_time(ctx)
+    request = claims.take_request(session, job.request_id, job.period, user.id, message_id=request_id,
+                                    template_version=job.template_version, lease_seconds=lease, now=claimed_at)
+    if request is None:
+        return Outcome.ALREADY_DONE
+    held, chosen_id = [request], request_id
+    if not claims.is_sent(session, job.period, user.id):
+        monthly_id = message_id(job.period, user.id, ctx.settings.mail_domain)
+        monthly = claims.take(session, job.period, user.id, message_id=monthly_id, lease_seconds=lease,
+                                now=claimed_at)
+        if monthly is not None:
+            held, chosen_id = [monthly, request], monthly_id
+    email = compose(rendered, to=to, mail_from=ctx.settings.mail_from, period=job.period, user_id=user.id,
+                    date=now, message_id=chosen_id, unsubscribe_url=ctx.unsubscribe_url(user.id))
+    return _Prepared(claims=held, email=email, address=to.addr_spec, lease_ends=lease_ends)
+
+
+def _render_and_store(
+    ctx: Context, session: Session, user: User, period: Period, template_version: str, now: datetime
+) -> tuple[Address, RenderedReport]:
+    """Read the user's activity, render the report, and store it as it is about to be sent."""
+    to = recipient(user.email, user.name)
+    rendered = render(ctx.settings.templates_dir, template_version, name=user.name,
+                      summary=load_summary(session, user.id, period), look=ctx.look,
+                      unsubscribe_url=ctx.unsubscribe_url(user.id))
+    session.execute(upsert(session, Report.__table__, {
+        "period": str(period), "user_id": user.id, "template_version": template_version,
+        "subject": rendered.subject, "body_text": rendered.text, "body_html": rendered.html, "rendered_at": now,
+    }, key=["period", "user_id"]))
+    return to, rendered

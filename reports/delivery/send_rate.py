@@ -1,0 +1,145 @@
+"""A fleet-wide send rate: a GCRA limiter in Redis, shared by every worker on every machine.
+
+Providers cap how fast one account may send (past it they answer 421 or 454), and a new sending
+domain must be warmed at a low rate for weeks. Every send asks :meth:`SendRate.acquire` first;
+one Lua script decides, so the fleet agrees without a lock.
+
+GCRA (the generic cell rate algorithm) keeps one number, the theoretical arrival time (TAT):
+when the schedule of admitted sends is next free. A send at ``now`` is admitted at
+``max(TAT, now) + interval - burst * interval``; before that it waits.
+
+A caller that will wait *reserves* its slot in the same call (the TAT moves on), so callers that
+wait together are spaced one interval apart instead of waking together and racing again (the
+stampede of a limiter that only says "not yet"). A caller whose wait is longer than it is willing
+to sleep reserves nothing and is deferred: a deferred message is gone for seconds, and a slot
+booked for it would go unused, so a deep queue would push the achieved rate below the target.
+The booked schedule therefore never runs more than the longest sleep ahead, and a deferred caller
+comes back about that much later. (Sidekiq Enterprise's limiters raise ``OverLimit`` and
+reschedule the job; BullMQ's group limiter delays the job by the time to the next slot: the
+deferral here is theirs, the short reserved sleep is what keeps a worker thread from a round trip
+through the queue for a wait of a fraction of a second.)
+
+Times are milliseconds passed in by the caller (``time.time() * 1000``): the fleet's clocks must
+agree (NTP), and a machine whose clock is off by ``d`` ms may send about ``d * rate / 1000``
+more or fewer emails in one go.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import cast
+
+import redis
+
+from reports import counters
+from reports.errors import Deferred
+
+#: Name of the fleet-wide counter of throttled sends, by outcome (``waited``, ``deferred``).
+THROTTLED_COUNTER = "send_throttled"
+
+#: Outcomes of a throttled send, the label values of ``reports_send_throttled_total``.
+WAITED = "waited"
+DEFERRED = "deferred"
+
+#: Longest a send sleeps for its slot before it is deferred instead, in milliseconds. It must
+#: stay well inside a delivery claim's margin: the pipeline paces before it checks the lease.
+MAX_SLEEP_MS = 1_000
+
+#: A wait no caller outlives, in milliseconds (a century): "reserve whatever the wait".
+FOREVER_MS = 100 * 366 * 86_400_000.0
+
+# KEYS: the TAT key, the throttled counter hash. ARGV: now ms, interval ms, burst, longest wait ms
+# to reserve, counter field for a wait, counter field for a deferral.
+# Returns {reserved (0/1), wait in ms as text}: Lua numbers would lose their fraction on the way out.
+_ACQUIRE = """
+local now = tonumber(ARGV[1])
+local interval = tonumber(ARGV[2])
+local burst = tonumber(ARGV[3])
+local tat = math.max(tonumber(redis.call('GET', KEYS[1]) or '0'), now)
+local new_tat = tat + interval
+local wait = new_tat - burst * interval - now
+if wait > tonumber(ARGV[4]) then
+  redis.call('HINCRBY', KEYS[2], ARGV[6], 1)
+  return {0, tostring(wait)}
+end
+redis.call('SET', KEYS[1], string.format('%.3f', new_tat), 'PX', math.ceil(new_tat - now) + 1000)
+if wait > 0 then
+  redis.call('HINCRBY', KEYS[2], ARGV[5], 1)
+  return {1, tostring(wait)}
+end
+return {1, '0'}
+"""
+
+
+def send_rate_key(namespace: str) -> str:
+    """The Redis key of the fleet's send schedule."""
+    return f"{namespace}:send_rate"
+
+
+class Throttled(Deferred):
+    """The fleet is at its send rate: this send goes later, without spending a retry."""
+
+    def __init__(self, retry_after_seconds: float) -> None:
+        super().__init__(retry_after_seconds,
+                         f"Send rate reached: this send may go in {retry_after_seconds:.2f}s.")
+
+
+@dataclass(frozen=True)
+class Permit:
+    #: Milliseconds until this send may go: 0 means now.
+    wait_ms: float
+    #: Whether the slot at ``wait_ms`` is this caller's (it waits), or nobody's (it is deferred).
+    reserved: bool
+
+
+class SendRate:
+    """The fleet's send schedule: at most ``per_second`` sends a second, ``burst`` at once.
+
+    :param per_second: the rate, in sends per second (more than 0).
+    :param burst: sends admitted back to back after an idle spell (at least 1).
+    """
+
+    def __init__(self, client: redis.Redis, *, namespace: str, per_second: float, burst: int = 1) -> None:
+        if not per_second > 0 or burst < 1:
+            raise ValueError(f"A send rate needs a rate above 0 and a burst of at least 1, got {per_second}, {burst}.")
+        self.client = client
+        self.namespace = namespace
+        self.interval_ms = 1000.0 / per_second
+        self.burst = burst
+        self._keys = [send_rate_key(namespace), counters.counter_key(namespace, THROTTLED_COUNTER)]
+        self._acquire = client.register_script(_ACQUIRE)
+
+    def acquire(self, now_ms: float, *, max_wait_ms: float = FOREVER_MS) -> Permit:
+        """Ask for a slot at ``now_ms`` (epoch milliseconds), in one atomic call.
+
+        :param max_wait_ms: longest wait this caller reserves a slot for (it will wait that
+            long); a longer wait is only reported, and the caller defers. Default: any wait.
+        """
+        reserved, wait_ms = cast(list[bytes], self._acquire(keys=self._keys, args=[
+            f"{now_ms:.3f}", repr(self.interval_ms), self.burst, f"{max_wait_ms:.3f}", WAITED, DEFERRED]))
+        return Permit(wait_ms=max(float(wait_ms), 0.0), reserved=bool(int(reserved)))
+
+
+def pace(limiter: SendRate | None, now_ms: float, *, max_sleep_ms: float = MAX_SLEEP_MS,
+         sleep: Callable[[float], None]) -> None:
+    """Hold this send to the fleet's rate: return when it may go, after sleeping for its slot if
+    that is at most ``max_sleep_ms`` away, or raise :class:`Throttled` (a deferral, which spends
+    no retry) when it is further. ``None`` (no ``SEND_RATE_PER_SECOND``) returns at once.
+
+    :param sleep: takes seconds (``time.sleep``).
+    """
+    if limiter is None:
+        return
+    permit = limiter.acquire(now_ms, max_wait_ms=max_sleep_ms)
+    if not permit.reserved:
+        raise Throttled(permit.wait_ms / 1000)
+    if permit.wait_ms > 0:
+        sleep(permit.wait_ms / 1000)
+
+
+def build(client: redis.Redis, *, namespace: str, per_second: float | None, burst: int) -> SendRate | None:
+    """The fleet's limiter from the settings' values, or ``None`` when no rate is set."""
+    if per_second is None:
+        return None
+    return SendRate(client, namespace=namespace, per_second=per_second, burst=burst)

@@ -1,0 +1,245 @@
+"""Every URL setting parsed and checked, and every URL redacted before it reaches a log.
+
+A URL that would fail, or silently mean something else, once a process uses it is refused at
+start-up in one line that names its variable, with its secrets masked.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import sqlalchemy.exc
+from sqlalchemy.engine import make_url
+
+from reports.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from reports.settings import Settings
+
+#: Query parameters whose value is a secret, matched case-insensitively anywhere in the name:
+#: ``password``, ``sslpassword``, ``pass``, ``secret``, ``token``, ``api_key``, ``auth``…
+_SECRET_PARAMETER = re.compile(r"pass|pwd|secret|token|key|auth|credential", re.IGNORECASE)
+#: One ``name=value`` of a query; the value runs to the next ``&`` or ``;`` (``#`` and ``@`` too
+#: may be part of a password nobody encoded).
+_PARAMETER = re.compile(r"([?&;])([^=&;?]*)=([^&;]*)")
+_DIGITS = re.compile(r"[0-9]+")
+BLANK_OR_CONTROL = re.compile(r"[\x00-\x20\x7f]")
+
+#: The secret used when UNSUBSCRIBE_SECRET is unset and PUBLIC_BASE_URL is loopback (the demo,
+#: a developer's machine): links that only this machine can open need no secret of their own.
+DEV_SECRET = "dev-only-unsubscribe-secret-not-for-production"
+
+#: Shortest secret accepted, in characters: a short one could be guessed offline from one link.
+MIN_SECRET_CHARS = 16
+
+
+def parse_secrets(raw: str) -> tuple[str, ...]:
+    """The comma-separated secrets of UNSUBSCRIBE_SECRET, newest first, blanks around commas dropped."""
+    return tuple(part.strip() for part in raw.split(",") if part.strip())
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+#: The query options SMTP_URL takes. ``insecure_auth`` lets credentials go over a connection
+#: without TLS: only for a relay on the same host or network, never across the internet.
+SMTP_OPTIONS = ("starttls", "insecure_auth")
+
+@dataclass(frozen=True)
+class SmtpTarget:
+    host: str
+    port: int
+    implicit_tls: bool
+    starttls: bool
+    username: str | None
+    password: str | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_url(cls, url: str) -> SmtpTarget:
+        parts = urlsplit(url)
+        if parts.scheme not in ("smtp", "smtps") or not parts.hostname:
+            raise ConfigurationError(f"SMTP_URL must be smtp://host:port or smtps://host:port, got {redact_url(url)}.")
+        implicit_tls = parts.scheme == "smtps"
+        try:
+            port = parts.port or (465 if implicit_tls else 25)
+        except ValueError:
+            raise ConfigurationError(f"SMTP_URL has an invalid port: {redact_url(url)}.") from None
+        options = _options(parts.query, url)
+        target = cls(
+            host=parts.hostname,
+            port=port,
+            implicit_tls=implicit_tls,
+            starttls=options.get("starttls", False),
+            username=unquote(parts.username) if parts.username else None,
+            password=unquote(parts.password) if parts.password else None,
+        )
+        if target.username and not (target.implicit_tls or target.starttls or options.get("insecure_auth", False)):
+            raise ConfigurationError(
+                "SMTP_URL has credentials but no TLS, so they would cross the network in clear: use smtps://, "
+                f"or ?starttls=true (or ?insecure_auth=true for a relay on this host), got {redact_url(url)}."
+            )
+        return target
+
+
+def _options(query: str, url: str) -> dict[str, bool]:
+    """The URL's options; a misspelled one must not be ignored (``?startls=true`` would send in clear)."""
+    options: dict[str, bool] = {}
+    for name, values in parse_qs(query, keep_blank_values=True).items():
+        value = values[-1].lower()
+        if name not in SMTP_OPTIONS or value not in _TRUE | _FALSE:
+            raise ConfigurationError(
+                f"SMTP_URL takes only {', '.join(f'{option}=true|false' for option in SMTP_OPTIONS)}, "
+                f"got {redact_url(url)}."
+            )
+        options[name] = value in _TRUE
+    return options
+
+
+def check_endpoints(settings: Settings) -> None:
+    """Reject a URL that would fail, or silently mean something else, once a process uses it, and
+    an exporter that could not serve. Kept out of ``__post_init__`` so its own checks stay short."""
+    _check_database_url(settings.database_url)
+    _check_broker_url(settings.broker_url)
+    if settings.smtp_url is not None:
+        SmtpTarget.from_url(settings.smtp_url)
+    if settings.alert_webhook_url is not None:
+        _check_webhook_url(settings.alert_webhook_url)
+    if not settings.exporter_host or BLANK_OR_CONTROL.search(settings.exporter_host):
+        raise ConfigurationError(f"EXPORTER_HOST must be an address or a host name, got {settings.exporter_host!r}.")
+    _check_unsubscribe(settings.public_base_url, settings.unsubscribe_secret)
+
+
+#: Longest PUBLIC_BASE_URL accepted: the List-Unsubscribe header stays one short line.
+MAX_PUBLIC_BASE_URL_CHARS = 200
+
+_PUBLIC_BASE_URL = re.compile(r"https?://[A-Za-z0-9.\-\[\]:]+(/[A-Za-z0-9._~!$&'()*+,;=:@%/-]*)?")
+
+
+def _check_unsubscribe(base_url: str, secret: str) -> None:
+    # The URL goes into a mail header and every report's footer: plain ASCII URL characters only.
+    try:
+        parts = urlsplit(base_url)
+        host, _port = parts.hostname, parts.port
+    except ValueError:
+        host = None
+    if (not host or len(base_url) > MAX_PUBLIC_BASE_URL_CHARS or not _PUBLIC_BASE_URL.fullmatch(base_url)
+            or parts.query or parts.fragment):
+        raise ConfigurationError(
+            "PUBLIC_BASE_URL must be the https:// address reports web is reached at, such as "
+            f"https://reports.example.com (no query, at most {MAX_PUBLIC_BASE_URL_CHARS} characters), got {base_url!r}."
+        )
+    if parts.scheme == "http" and not is_loopback(host):
+        raise ConfigurationError(
+            "PUBLIC_BASE_URL must use https:// (mailbox providers expect it of a one-click unsubscribe link; "
+            f"plain http:// only to 127.0.0.1, ::1 or localhost), got {base_url!r}."
+        )
+    secrets = parse_secrets(secret)
+    if not secrets and not is_loopback(host):
+        raise ConfigurationError(
+            "UNSUBSCRIBE_SECRET is required when PUBLIC_BASE_URL is not on this machine: set it to a long random "
+            "string (python -c 'import secrets; print(secrets.token_urlsafe(32))')."
+        )
+    if any(len(s) < MIN_SECRET_CHARS or BLANK_OR_CONTROL.search(s) for s in secrets):
+        raise ConfigurationError(
+            f"UNSUBSCRIBE_SECRET must be comma-separated secrets of at least {MIN_SECRET_CHARS} "
+            "characters each, without spaces (newest first)."
+        )
+
+
+def _check_database_url(url: str) -> None:
+    # SQLAlchemy's own parser, so that what passes here is what create_engine accepts. Its error
+    # text is not shown: some releases put the URL, password included, into it.
+    try:
+        parsed = make_url(url)
+        port = parsed.port
+        parsed.get_dialect()
+    except (sqlalchemy.exc.ArgumentError, ValueError):
+        port = -1
+    if port is not None and not 1 <= port <= 65535:
+        raise ConfigurationError(
+            "DATABASE_URL must be a SQLAlchemy URL such as postgresql+psycopg://user:password@host:5432/reports"
+            f" or sqlite:///var/reports.db, got {redact_url(url)}."
+        )
+
+
+def _check_broker_url(url: str) -> None:
+    # redis-py reads a database it cannot parse as database 0, without a word.
+    try:
+        parts = urlsplit(url)
+        _port = parts.port
+    except ValueError:
+        raise ConfigurationError(f"BROKER_URL has an invalid host or port: {redact_url(url)}.") from None
+    databases = parse_qs(parts.query).get("db", [])
+    if parts.scheme != "unix" and parts.path.strip("/"):
+        databases.append(unquote(parts.path).strip("/"))
+    if not all(_DIGITS.fullmatch(db) for db in databases):
+        raise ConfigurationError(
+            f"BROKER_URL must name its Redis database by number (redis://host:6379/0), got {redact_url(url)}."
+        )
+
+
+def _check_webhook_url(url: str) -> None:
+    # The posts carry message ids and error classes; over plain http anyone on the path reads them
+    # and the secret in the URL. http is fine where nothing leaves the machine.
+    try:
+        parts = urlsplit(url)
+        host, _port = parts.hostname, parts.port
+    except ValueError:
+        host = None
+    if not host or parts.scheme not in ("https", "http") or BLANK_OR_CONTROL.search(url):
+        raise ConfigurationError(
+            f"ALERT_WEBHOOK_URL must be an https:// URL such as https://hooks.example.com/…,"
+            f" got {redact_webhook_url(url)}."
+        )
+    if parts.scheme == "http" and not is_loopback(host):
+        raise ConfigurationError(
+            "ALERT_WEBHOOK_URL must use https:// (plain http:// only to 127.0.0.1, ::1 or localhost),"
+            f" got {redact_webhook_url(url)}."
+        )
+
+
+def is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def redact_webhook_url(url: str) -> str:
+    """``url`` with everything after the host hidden: webhook URLs carry their secret in the path."""
+    scheme, separator, rest = url.partition("://")
+    host = re.split(r"[/?#]", rest, maxsplit=1)[0].rpartition("@")[2]
+    return f"{scheme}{separator}{host}/***" if separator else "***"
+
+
+def redact_url(url: str) -> str:
+    """Return ``url`` with its secrets masked: the password (between the user name's ``:`` and the
+    host's ``@``) and the value of every query parameter named like a secret (``?password=``,
+    ``sslpassword``, ``token``, ``api_key``…, any case).
+
+    Deliberately not built on ``urlsplit``: it must hide a password even in a malformed URL
+    (no scheme, an unencoded ``/`` or ``#`` in the password, a bad port) and never raise.
+    """
+    return _redact_userinfo(_PARAMETER.sub(_redact_parameter, url))
+
+
+def _redact_parameter(match: re.Match[str]) -> str:
+    separator, name, value = match.groups()
+    return f"{separator}{name}={'***' if _SECRET_PARAMETER.search(unquote(name)) else value}"
+
+
+def _redact_userinfo(url: str) -> str:
+    scheme, separator, rest = url.partition("://")
+    if not separator:
+        scheme, rest = "", url
+    userinfo, at, host = rest.rpartition("@")
+    if not at or ":" not in userinfo:
+        return url
+    user = userinfo.split(":", 1)[0]
+    return f"{scheme}{separator}{user}{':' if user else ''}***@{host}"

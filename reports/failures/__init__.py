@@ -1,0 +1,1 @@
+"""Messages that failed for good: the dead-letter store, its replay, and the alerts."""

@@ -1,0 +1,200 @@
+"""The dead-letter store: a work list of messages that failed for good, with their replay.
+
+Every dead message lands here (the retry middleware's, and whatever Dramatiq put in its own
+``.XQ`` keys, such as messages for an undefined actor), so there is one place to look.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import delete, func, or_, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from reports.errors import InvalidPayload
+from reports.fanout import items
+from reports.jobs import BUILD_REPORT, SEND_NOW, PlanJob, ReportJob, SendNowJob
+from reports.models import DeadLetter, DeliveryState, ItemState, ReportItem, Resend
+from reports.sql import insert_ignoring_conflicts, rowcount
+from reports.worker.broker import Broker, enqueue_again
+from reports.worker.retries import DeadMessage
+
+logger = logging.getLogger(__name__)
+
+#: Dead letters replayed per transaction.
+REPLAY_CHUNK = 500
+
+#: The reason of a message whose bytes did not decode: there is nothing to replay.
+UNDECODABLE = "undecodable"
+
+
+def _from_ms(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, UTC).replace(tzinfo=None)
+
+
+_PARSERS: dict[str, Callable[[Sequence[Any], dict[str, Any]], ReportJob | PlanJob | SendNowJob]] = {
+    BUILD_REPORT.name: ReportJob.parse, SEND_NOW.name: SendNowJob.parse,
+}
+
+
+def _job(actor: str, args: Sequence[Any], kwargs: dict[str, Any]) -> ReportJob | PlanJob | SendNowJob | None:
+    """The job a dead payload describes, when it parses."""
+    try:
+        return _PARSERS.get(actor, PlanJob.parse)(args, kwargs)
+    except InvalidPayload:
+        return None
+
+
+def ids(dead: DeadMessage) -> dict[str, Any]:
+    """The period and user a dead message was for, as far as its payload parses (for logs)."""
+    job = _job(dead.actor, dead.args, dead.kwargs)
+    if job is None:
+        return {}
+    return {"period": str(job.period), **({} if isinstance(job, PlanJob) else {"user_id": job.user_id})}
+
+
+def record(session: Session, dead: DeadMessage) -> bool:
+    """Store ``dead`` and mark its report item ``dead``; ``False`` if it was stored already."""
+    job = _job(dead.actor, dead.args, dead.kwargs)
+    stored = session.execute(
+        insert_ignoring_conflicts(session, DeadLetter.__table__)
+        .values(
+            message_id=dead.message_id, actor=dead.actor, queue=dead.queue,
+            payload=json.dumps({"args": list(dead.args), "kwargs": dead.kwargs}, default=repr),
+            period=str(job.period) if job else None, user_id=None if job is None or isinstance(job, PlanJob) else job.user_id,
+            attempts=dead.attempts, reason=dead.reason,
+            error_class=dead.error_class, error_message=dead.error_message[:4000], traceback=dead.traceback,
+            first_failed_at=_from_ms(dead.first_failed_ms), died_at=_from_ms(dead.died_ms),
+        )
+        .returning(DeadLetter.__table__.c.id)
+    ).first()
+    if isinstance(job, ReportJob):
+        items.finish(session, job.period, job.user_id, ItemState.DEAD, now=_from_ms(dead.died_ms),
+                     error=f"{dead.error_class}: {dead.error_message}")
+    elif isinstance(job, SendNowJob):
+        # Dead, so reconcile does not send it again; a replay makes it requested once more.
+        _set_request_state(session, job.request_id, DeliveryState.DEAD, unless=DeliveryState.SENT)
+    return stored is not None
+
+
+def _set_request_state(session: Session, request_id: str, state: DeliveryState, *, unless: DeliveryState) -> int:
+    return rowcount(session.execute(
+        update(Resend).where(Resend.request_id == request_id, Resend.state != unless).values(state=state)
+        .execution_options(synchronize_session=False)
+    ))
+
+
+@dataclass(frozen=True)
+class Filter:
+    period: str | None = None
+    #: Case-insensitive text to find in the reason, error class or error message.
+    reason: str | None = None
+    ids: tuple[int, ...] = ()
+    include_replayed: bool = False
+
+    def clauses(self) -> list[Any]:
+        clauses: list[Any] = []
+        if not self.include_replayed:
+            clauses.append(DeadLetter.replayed_at.is_(None))
+        if self.period:
+            clauses.append(DeadLetter.period == self.period)
+        if self.ids:
+            clauses.append(DeadLetter.id.in_(self.ids))
+        if self.reason:
+            pattern = f"%{self.reason.lower()}%"
+            clauses.append(or_(*(func.lower(c).like(pattern) for c in
+                                 (DeadLetter.reason, DeadLetter.error_class, DeadLetter.error_message))))
+        return clauses
+
+
+def find(session: Session, where: Filter, *, limit: int | None = None) -> list[DeadLetter]:
+    return list(session.scalars(select(DeadLetter).where(*where.clauses()).order_by(DeadLetter.id).limit(limit)))
+
+
+def get(session: Session, dead_letter_id: int) -> DeadLetter | None:
+    return session.get(DeadLetter, dead_letter_id)
+
+
+@dataclass
+class Replayed:
+    replayed: list[int] = field(default_factory=list)
+    #: Report items set back to pending so progress shows them as in flight again.
+    items_reset: int = 0
+
+
+def replay(
+    sessions: sessionmaker[Session], broker: Broker, where: Filter, *, now: datetime, dry_run: bool
+) -> Replayed:
+    """Enqueue each matching dead letter again, once, as a fresh message (attempts start over).
+
+    The snapshot is bounded by the highest id when the replay starts: a message that dies again
+    during the replay is a new dead letter and is not picked up by this one. A replayed report
+    job goes through the same delivery claim as a first run, so a user already mailed is not
+    mailed again.
+    """
+    outcome = Replayed()
+    with sessions.begin() as session:
+        ceiling = session.scalar(select(func.max(DeadLetter.id)).where(*where.clauses())) or 0
+    for chunk in _chunks(sessions, where, ceiling):
+        with sessions.begin() as session:
+            for letter in session.scalars(select(DeadLetter).where(DeadLetter.id.in_(chunk)).with_for_update()):
+                if letter.replayed_at is not None or letter.reason == UNDECODABLE:
+                    continue  # replayed concurrently by another operator, or no message to send
+                outcome.replayed.append(letter.id)
+                if dry_run:
+                    continue
+                outcome.items_reset += _reset_item(session, letter, now)
+                args, kwargs = _arguments(letter)
+                message_id = enqueue_again(broker, queue=letter.queue, actor=letter.actor, args=args, kwargs=kwargs)
+                letter.replayed_at, letter.replay_message_id = now, message_id
+    return outcome
+
+
+def _arguments(letter: DeadLetter) -> tuple[list[Any], dict[str, Any]]:
+    payload = json.loads(letter.payload)
+    return payload["args"], payload["kwargs"]
+
+
+def _chunks(sessions: sessionmaker[Session], where: Filter, ceiling: int) -> Iterator[list[int]]:
+    after = 0
+    while True:
+        with sessions.begin() as session:
+            ids = list(session.scalars(
+                select(DeadLetter.id)
+                .where(*where.clauses(), DeadLetter.id > after, DeadLetter.id <= ceiling)
+                .order_by(DeadLetter.id)
+                .limit(REPLAY_CHUNK)
+            ))
+        if not ids:
+            return
+        yield ids
+        after = ids[-1]
+
+
+def _reset_item(session: Session, letter: DeadLetter, now: datetime) -> int:
+    if letter.actor == SEND_NOW.name:
+        job = _job(letter.actor, *_arguments(letter))
+        if isinstance(job, SendNowJob):
+            _set_request_state(session, job.request_id, DeliveryState.REQUESTED, unless=DeliveryState.SENT)
+        return 0
+    if letter.actor != BUILD_REPORT.name or letter.period is None or letter.user_id is None:
+        return 0
+    return rowcount(session.execute(
+        update(ReportItem)
+        .where(ReportItem.period == letter.period, ReportItem.user_id == letter.user_id,
+               ReportItem.state == ItemState.DEAD)
+        .values(state=ItemState.PENDING, attempts=0, finished_at=None, last_error=None, updated_at=now)
+        .execution_options(synchronize_session=False)
+    ))
+
+
+def purge(session: Session, *, older_than: timedelta, now: datetime) -> int:
+    """Delete dead letters that died before ``now - older_than``; returns how many."""
+    return rowcount(session.execute(
+        delete(DeadLetter).where(DeadLetter.died_at < now - older_than).execution_options(synchronize_session=False)
+    ))

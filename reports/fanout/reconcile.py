@@ -1,0 +1,209 @@
+"""Reconcile a period by counting: what should exist against what does, and re-send what is lost.
+
+It is the guarantee for when the broker itself loses messages (Redis flushed, failed over
+without persistence): items stay ``pending`` with nothing in flight, and only counting finds them.
+
+Lost is told from waiting by facts, not by age alone:
+* an item that was never handed out (``enqueued_at`` is NULL: a crash between a page's commit
+  and its send) has no message anywhere, so once untouched past the threshold it is lost;
+* an item that was handed out may be waiting behind a deep backlog, or be deferred by an open
+  breaker. It is lost only when untouched past the threshold, not claimed by a live sender,
+  and nothing can still be on its way: the bulk queue holds no message (ready, delayed or
+  fetched by a worker) and the breaker is closed;
+* a walk is lost when its run has not moved past the threshold; a paused walk stamps the run
+  each time it looks at the backlog, so it reads as alive.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import and_, exists, func, or_, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from reports.fanout import progress
+from reports.jobs import BULK_QUEUE, CRITICAL_QUEUE, PlanJob, ReportJob, SendNowJob
+from reports.models import Delivery, DeliveryState, ItemState, PeriodRun, ReportItem, Resend, Suppression, User
+from reports.periods import Period
+
+#: Stuck items re-enqueued per transaction.
+CHUNK = 1000
+
+SendJobs = Callable[[Iterable[dict[str, Any]]], int]
+#: Starts a coordinator chain: (walker token, payload).
+SendCoordinator = Callable[[str, dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """What the broker and the breaker say about messages that may still be on their way."""
+
+    #: Messages of a queue not yet done: ready, delayed, and fetched by live workers.
+    backlog: Callable[[str], int] = lambda _queue: 0
+    #: Whether the mail breaker is holding sends back (open or probing).
+    breaker_open: Callable[[], bool] = lambda: False
+
+
+@dataclass(frozen=True)
+class Reconciliation:
+    period: str
+    planned: bool
+    active_users: int
+    items: int
+    #: Active users with no item: activated or created after the walk passed their id.
+    active_without_item: int
+    finished: int
+    pending: int
+    #: Pending items re-enqueued: never handed out, or handed out and lost (see the module).
+    requeued: int
+    #: Pending items left alone because a message for them may still be on its way.
+    waiting: int
+    coordinator_enqueued: bool
+    #: The walk is paused on the bulk queue's high-water mark (and alive).
+    walk_paused: bool
+    #: send-now requests of the period re-enqueued: never finished, and their message lost.
+    requests_requeued: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def reconcile(
+    sessions: sessionmaker[Session],
+    period: Period,
+    send_jobs: SendJobs,
+    send_coordinator: SendCoordinator,
+    *,
+    stuck_after: timedelta,
+    now: datetime,
+    in_flight: InFlight | None = None,
+    send_requests: SendJobs | None = None,
+    resume: bool = False,
+) -> Reconciliation:
+    """Count the period and re-enqueue what is lost (and its coordinator, if the walk is lost).
+
+    ``resume`` is for a cancelled period made active again: messages consumed while it was
+    cancelled left their items pending, so every pending item without a live claim is sent,
+    and the coordinator if the walk is unfinished, whatever the queue holds. Re-enqueuing
+    stamps each item, so running it again at once re-sends nothing; a copy that races a message
+    still in flight is absorbed by the delivery claim.
+    """
+    untouched_since = now - stuck_after  # first: an impossible threshold fails before anything is sent
+    facts = in_flight or InFlight()
+    with sessions.begin() as session:
+        counts = progress.count(session, period)  # BadInput for a period never triggered
+        run = session.get(PeriodRun, str(period), with_for_update=True)
+        assert run is not None
+        template_version = run.template_version
+        active = session.scalar(select(func.count()).select_from(User).where(User.active)) or 0
+        without_item = session.scalar(
+            select(func.count()).select_from(User).where(
+                User.active,
+                ~exists().where(ReportItem.period == str(period), ReportItem.user_id == User.id),
+                # Not planned on purpose: the coordinator leaves suppressed users out.
+                ~exists().where(Suppression.user_id == User.id),
+            )
+        ) or 0
+        walk_paused = not counts.planned and run.paused_at is not None and run.paused_at >= untouched_since
+        coordinator_enqueued = not counts.planned and (resume or run.updated_at < untouched_since)
+        if coordinator_enqueued:
+            # A new chain: whichever chain was out there stops at its next slice.
+            run.walker, run.updated_at = str(uuid.uuid4()), now
+            send_coordinator(run.walker, PlanJob(period).payload())
+
+    may_be_waiting = not resume and (facts.breaker_open() or facts.backlog(BULK_QUEUE) > 0)
+    lost = _lost(period, untouched_since, now, handed_out_too=not may_be_waiting)
+    requeued = _requeue(sessions, period, lost, now, lambda user_ids: send_jobs(
+        ReportJob(period, user_id, template_version).payload() for user_id in user_ids))
+    waiting = 0
+    if may_be_waiting:
+        with sessions.begin() as session:
+            waiting = session.scalar(select(func.count()).select_from(ReportItem).where(
+                *_lost(period, untouched_since, now, handed_out_too=True))) or 0
+
+    requests_requeued = 0
+    if send_requests is not None and not facts.breaker_open() and facts.backlog(CRITICAL_QUEUE) == 0:
+        requests_requeued = reconcile_requests(sessions, send_requests, period=period,
+                                               untouched_since=untouched_since, now=now)
+    return Reconciliation(
+        period=str(period), planned=counts.planned, active_users=active, items=counts.total,
+        active_without_item=without_item, finished=counts.finished, pending=counts.pending,
+        requeued=requeued, waiting=waiting, coordinator_enqueued=coordinator_enqueued, walk_paused=walk_paused,
+        requests_requeued=requests_requeued,
+    )
+
+
+def _requeue(
+    sessions: sessionmaker[Session], period: Period, where: list[Any], now: datetime,
+    send: Callable[[list[int]], int],
+) -> int:
+    """Stamp and send the items matching ``where``, a chunk per transaction, each once."""
+    requeued = after = 0
+    while True:
+        with sessions.begin() as session:
+            user_ids = session.scalars(
+                update(ReportItem)
+                .where(*where, ReportItem.user_id.in_(
+                    select(ReportItem.user_id)
+                    .where(*where, ReportItem.user_id > after)
+                    .order_by(ReportItem.user_id)
+                    .limit(CHUNK)
+                    .scalar_subquery()
+                ))
+                .values(updated_at=now, enqueued_at=now)
+                .returning(ReportItem.user_id)
+                .execution_options(synchronize_session=False)
+            ).all()
+            if not user_ids:
+                return requeued
+            requeued += send(sorted(user_ids))
+            after = max(user_ids)
+
+
+def _lost(period: Period, untouched_since: datetime, now: datetime, *, handed_out_too: bool) -> list[Any]:
+    live_claim = exists().where(
+        Delivery.period == ReportItem.period,
+        Delivery.user_id == ReportItem.user_id,
+        and_(Delivery.state == DeliveryState.CLAIMED, Delivery.lease_expires_at > now),
+    )
+    return [
+        ReportItem.period == str(period),
+        ReportItem.state == ItemState.PENDING,
+        ReportItem.updated_at < untouched_since,
+        ~live_claim,
+        *([] if handed_out_too else [ReportItem.enqueued_at.is_(None)]),
+    ]
+
+
+def reconcile_requests(
+    sessions: sessionmaker[Session], send_requests: SendJobs, *, period: Period | None,
+    untouched_since: datetime, now: datetime,
+) -> int:
+    """Re-enqueue send-now requests (of ``period``, or all) that never finished and were lost.
+
+    A request is written when it is made; one neither sent nor dead, with no live lease and
+    untouched past the threshold, has no message left. Stamped, so running again re-sends nothing.
+    """
+    with sessions.begin() as session:
+        requests = session.execute(
+            update(Resend)
+            .where(
+                *([Resend.period == str(period)] if period is not None else []),
+                Resend.state.in_((DeliveryState.REQUESTED, DeliveryState.CLAIMED)),
+                Resend.lease_expires_at <= now,
+                or_(Resend.updated_at.is_(None), Resend.updated_at < untouched_since),
+                Resend.template_version.is_not(None),
+            )
+            .values(updated_at=now)
+            .returning(Resend.period, Resend.user_id, Resend.request_id, Resend.template_version)
+            .execution_options(synchronize_session=False)
+        ).all()
+        payloads = [
+            SendNowJob(Period.parse(row_period), user_id, request_id, str(version)).payload()
+            for row_period, user_id, request_id, version in sorted(requests)
+        ]
+        return send_requests(payloads) if payloads else 0

@@ -1,0 +1,147 @@
+"""Period runs: created once per period by a trigger, and read by everything that reports on one."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import exists, or_, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from reports.delivery.breaker import State, mail_breaker_name, state_of
+from reports.errors import BadInput
+from reports.fanout.reconcile import InFlight, Reconciliation, reconcile, reconcile_requests
+from reports.jobs import BUILD_REPORT, SEND_NOW, PlanJob
+from reports.models import DeliveryState, ItemState, PeriodRun, ReportItem, Resend, RunState
+from reports.periods import Period
+from reports.sql import insert_ignoring_conflicts
+from reports.worker.broker import Broker, backlog, send_coordinator, send_many
+
+
+@dataclass(frozen=True)
+class Triggered:
+    run: PeriodRun
+    #: False when the period had been triggered before.
+    created: bool
+    #: True when the period had been cancelled and this trigger made it active again.
+    resumed: bool = False
+
+    @property
+    def needs_coordinator(self) -> bool:
+        return not self.run.planned
+
+
+def trigger(
+    session: Session, period: Period, *, template_version: str, now: datetime, restart_walk: bool = False
+) -> Triggered:
+    """Create the period's run if it has none; the template version is pinned by the first trigger.
+
+    A new run names its coordinator chain (``walker``), which the caller then enqueues. With
+    ``restart_walk``, an existing unfinished walk is given a new chain too, for the caller to
+    enqueue: whichever chain was out there stops at its next slice. Without it, a run that
+    exists keeps its chain (another scheduler replica created it and enqueued its coordinator).
+    """
+    # RETURNING, not rowcount: drivers disagree on rowcount for ON CONFLICT DO NOTHING.
+    inserted = session.execute(
+        insert_ignoring_conflicts(session, PeriodRun.__table__)
+        .values(
+            period=str(period), state=RunState.ACTIVE, template_version=template_version, cursor=0,
+            planned=False, triggered_at=now, updated_at=now,
+        )
+        .returning(PeriodRun.__table__.c.period)
+    ).first()
+    run = session.get(PeriodRun, str(period), populate_existing=True, with_for_update=True)
+    assert run is not None
+    resumed = run.state == RunState.CANCELLED
+    if resumed:
+        run.state, run.updated_at = RunState.ACTIVE, now
+    elif not run.planned and (inserted is not None or restart_walk):
+        run.walker = str(uuid.uuid4())
+    return Triggered(run=run, created=inserted is not None, resumed=resumed)
+
+
+def cancel(session: Session, period: Period, *, now: datetime) -> bool:
+    """Stop a period: no new sends, what is in flight finishes. ``False`` if it was already cancelled."""
+    run = session.get(PeriodRun, str(period), with_for_update=True)
+    if run is None:
+        raise BadInput(f"Period {period} has never been triggered.")
+    if run.state == RunState.CANCELLED:
+        return False
+    run.state, run.updated_at = RunState.CANCELLED, now
+    return True
+
+
+def trigger_and_enqueue(
+    sessions: sessionmaker[Session], broker: Broker, period: Period, *, template_version: str, now: datetime
+) -> Triggered:
+    """Trigger ``period`` and enqueue its coordinator unless it has walked every user already.
+
+    The run is committed before the coordinator is enqueued: if the enqueue fails, triggering
+    again is safe and enqueues it then. A cancelled period is resumed.
+    """
+    with sessions.begin() as session:
+        triggered = trigger(session, period, template_version=template_version, now=now, restart_walk=True)
+    if triggered.resumed:
+        # Messages consumed while cancelled left their items pending: send every pending item
+        # not claimed by a live sender, and the coordinator if the walk is unfinished.
+        reconcile(
+            sessions, period,
+            send_jobs=lambda payloads: send_many(broker, BUILD_REPORT, payloads),
+            send_coordinator=lambda walker, payload: send_coordinator(broker, walker, payload),
+            stuck_after=timedelta(0), now=now, resume=True,
+        )
+    elif triggered.needs_coordinator:
+        assert triggered.run.walker is not None
+        send_coordinator(broker, triggered.run.walker, PlanJob(period).payload())
+    return triggered
+
+
+def unfinished(session: Session) -> list[Period]:
+    """Active runs whose walk is unfinished, or that still have a pending item or an unfinished
+    send-now request, oldest first."""
+    pending = exists().where(ReportItem.period == PeriodRun.period, ReportItem.state == ItemState.PENDING)
+    requested = exists().where(
+        Resend.period == PeriodRun.period, Resend.state.in_((DeliveryState.REQUESTED, DeliveryState.CLAIMED))
+    )
+    rows = session.scalars(
+        select(PeriodRun.period)
+        .where(PeriodRun.state == RunState.ACTIVE, or_(PeriodRun.planned.is_(False), pending, requested))
+        .order_by(PeriodRun.period)
+    ).all()
+    return [Period.parse(row) for row in rows]
+
+
+def reconcile_through(
+    sessions: sessionmaker[Session], broker: Broker, period: Period, *, namespace: str,
+    stuck_after: timedelta, now: datetime,
+) -> Reconciliation:
+    """Reconcile ``period`` against the live broker: its queues and the mail breaker tell what may
+    still be on its way (see :mod:`reports.fanout.reconcile`)."""
+    return reconcile(
+        sessions, period,
+        send_jobs=lambda payloads: send_many(broker, BUILD_REPORT, payloads),
+        send_coordinator=lambda walker, payload: send_coordinator(broker, walker, payload),
+        send_requests=lambda payloads: send_many(broker, SEND_NOW, payloads),
+        in_flight=_in_flight(broker, namespace), stuck_after=stuck_after, now=now,
+    )
+
+
+def reconcile_every_request(
+    sessions: sessionmaker[Session], broker: Broker, *, namespace: str, stuck_after: timedelta,
+    now: datetime,
+) -> int:
+    """Re-enqueue lost send-now requests of every period (one never triggered too); returns how many."""
+    facts = _in_flight(broker, namespace)
+    if facts.breaker_open() or facts.backlog(SEND_NOW.queue) > 0:
+        return 0
+    return reconcile_requests(sessions, lambda payloads: send_many(broker, SEND_NOW, payloads), period=None,
+                              untouched_since=now - stuck_after, now=now)
+
+
+def _in_flight(broker: Broker, namespace: str) -> InFlight:
+    client = getattr(broker, "client", None)
+    return InFlight(
+        backlog=lambda queue: backlog(broker, queue),
+        breaker_open=lambda: client is not None and state_of(client, mail_breaker_name(namespace)) != State.CLOSED,
+    )

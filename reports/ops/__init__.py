@@ -1,0 +1,1 @@
+"""Operating the system: the exporter's metrics, the live progress bar, retention, demo data and the demo."""

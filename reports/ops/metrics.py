@@ -1,0 +1,239 @@
+"""Prometheus metrics read at scrape time from Redis and the database, for ``reports exporter``.
+
+Reading the durable state at each scrape (rather than counting inside worker processes) keeps
+the figures right under the ``dramatiq`` CLI's many processes: nothing stale survives a restart,
+nothing is counted twice, and no gauge drifts. Counters that only a moment can produce (a
+message dying, the breaker changing state) are kept in Redis, fleet-wide, by the code where the
+moment happens (:func:`count`), and read here.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from datetime import UTC
+from typing import Any, cast
+
+import redis
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from reports.counters import DURATION_BUCKETS, SEP, counter_key
+from reports.delivery import send_rate
+from reports.delivery.breaker import STATE_VALUES, State
+from reports.fanout import progress
+from reports.jobs import BUILD_REPORT, PLAN_PERIOD, SEND_NOW
+from reports.models import DeadLetter, PeriodRun, RunState
+from reports.unsubscribe import suppressions
+
+#: Why a message died (see :mod:`reports.worker.retries` and :mod:`reports.failures.dead_letters`).
+DEAD_REASONS = ("permanent", "retries_exhausted", "broker")
+
+#: Periods whose item counts are exported: the most recent ones.
+PERIODS_EXPORTED = 12
+
+
+class CachedCollector(Collector):
+    """Serves ``collector``'s figures collected at most once per ``max_age_seconds``.
+
+    Every collection reads the database and scans Redis: without this, anyone who can reach the
+    exporter loads both as fast as they can scrape. Scrapes that arrive while a collection runs
+    wait for it and share its figures. Prometheus scrapes every 15 s or more, so 5 s costs it
+    nothing; a collection that fails is not kept.
+
+    :param clock: seconds from an arbitrary start (``time.monotonic``).
+    """
+
+    def __init__(self, collector: Collector, *, max_age_seconds: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.collector = collector
+        self.max_age_seconds = max_age_seconds
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._metrics: list[Metric] = []
+        self._collected_at: float | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            now = self.clock()
+            if self._collected_at is None or now - self._collected_at >= self.max_age_seconds:
+                self._metrics = list(self.collector.collect())
+                self._collected_at = now
+            return iter(self._metrics)
+
+
+class ReportsCollector(Collector):
+    def __init__(
+        self, client: redis.Redis, *, namespace: str, sessions: sessionmaker[Session], queues: Iterable[str],
+        breaker_name: str,
+    ) -> None:
+        self.client = client
+        self.namespace = namespace
+        self.sessions = sessions
+        self.queues = tuple(queues)
+        self.breaker_name = breaker_name
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._queues()
+        yield from self._counters()
+        yield from self._actors()
+        yield from self._breaker()
+        yield from self._database()
+        yield from self._scheduler()
+
+    def _queues(self) -> Iterator[Metric]:
+        depth = GaugeMetricFamily("reports_queue_messages", "Messages in a queue, by state.",
+                                  labels=["queue", "state"])
+        oldest = GaugeMetricFamily("reports_queue_oldest_message_age_seconds",
+                                   "Age of the oldest ready message in a queue (0 when empty).", labels=["queue"])
+        now = time.time()
+        for queue in self.queues:
+            key = f"{self.namespace}:{queue}"
+            with self.client.pipeline(transaction=False) as pipe:
+                pipe.llen(key)
+                pipe.llen(f"{key}.DQ")
+                pipe.zcard(f"{key}.XQ")
+                pipe.lindex(key, 0)
+                ready, delayed, broker_dead, head = pipe.execute()
+            depth.add_metric([queue, "ready"], ready)
+            depth.add_metric([queue, "delayed"], delayed)
+            depth.add_metric([queue, "broker_dead"], broker_dead)
+            depth.add_metric([queue, "in_progress"], self._unacked(queue))
+            oldest.add_metric([queue], self._age(key, head, now))
+        yield depth
+        yield oldest
+
+    def _unacked(self, queue: str) -> int:
+        total = 0
+        for acks in self.client.scan_iter(match=f"{self.namespace}:__acks__.*.{queue}", count=1000):
+            total += cast(int, self.client.scard(acks))
+        return total
+
+    def _age(self, key: str, head: bytes | None, now: float) -> float:
+        if head is None:
+            return 0.0
+        raw = cast(bytes | None, self.client.hget(f"{key}.msgs", head))
+        if raw is None:
+            return 0.0
+        return max(now - json.loads(raw)["message_timestamp"] / 1000, 0.0)
+
+    def _counters(self) -> Iterator[Metric]:
+        dead = CounterMetricFamily("reports_dead_letters", "Messages that died, by queue, actor and reason.",
+                                   labels=["queue", "actor", "reason"])
+        # Every known series from 0, so the first dead letter is an increase Prometheus can see.
+        counts = {SEP.join((spec.queue, spec.name, reason)): 0.0 for spec in (PLAN_PERIOD, BUILD_REPORT, SEND_NOW)
+                  for reason in DEAD_REASONS}
+        counts.update({SEP.join(labels): value for labels, value in self._hash("dead_letters")})
+        for key, value in sorted(counts.items()):
+            dead.add_metric(key.split(SEP), value)
+        yield dead
+        transitions = CounterMetricFamily("reports_breaker_transitions",
+                                          "Circuit breaker state changes, by the state entered.",
+                                          labels=["breaker", "state"])
+        for labels, value in self._hash("breaker_transitions"):
+            transitions.add_metric(labels, value)
+        yield transitions
+        yield self._throttled()
+
+    def _throttled(self) -> Metric:
+        throttled = CounterMetricFamily("reports_send_throttled",
+                                        "Sends held back by the fleet's send rate: waited for a slot, or deferred.",
+                                        labels=["outcome"])
+        counts = {send_rate.WAITED: 0.0, send_rate.DEFERRED: 0.0}
+        counts.update({labels[0]: value for labels, value in self._hash(send_rate.THROTTLED_COUNTER)})
+        for outcome, value in sorted(counts.items()):
+            throttled.add_metric([outcome], value)
+        return throttled
+
+    def _actors(self) -> Iterator[Metric]:
+        outcomes = CounterMetricFamily("reports_actor_outcomes", "Messages processed, by actor and outcome.",
+                                       labels=["actor", "outcome"])
+        for labels, value in self._hash("actor_outcomes"):
+            outcomes.add_metric(labels, value)
+        yield outcomes
+        per_bucket: dict[str, dict[str, float]] = {}
+        for (actor, le), value in self._hash("actor_duration_buckets"):
+            per_bucket.setdefault(actor, {})[le] = value
+        sums = {labels[0]: value for labels, value in self._hash("actor_duration_sum")}
+        durations = HistogramMetricFamily("reports_actor_duration_seconds", "Time to process a message, by actor.",
+                                          labels=["actor"])
+        for actor, counts in sorted(per_bucket.items()):
+            cumulative, buckets = 0.0, []
+            for le in [*map(repr, DURATION_BUCKETS), "+Inf"]:
+                cumulative += counts.get(le, 0.0)
+                buckets.append((le, cumulative))
+            durations.add_metric([actor], buckets, sum_value=sums.get(actor, 0.0))
+        yield durations
+
+    def _hash(self, name: str) -> Iterator[tuple[list[str], float]]:
+        raw = cast(dict[bytes, bytes], self.client.hgetall(counter_key(self.namespace, name)))
+        for field, value in sorted(raw.items()):
+            yield field.decode().split(SEP), float(value)
+
+    def _breaker(self) -> Iterator[Metric]:
+        raw = cast(bytes | None, self.client.hget(f"{self.breaker_name}:state", "state"))
+        state = State(raw.decode()) if raw else State.CLOSED
+        gauge = GaugeMetricFamily("reports_breaker_state", "Circuit breaker state: 0 closed, 1 half-open, 2 open.",
+                                  labels=["breaker"])
+        gauge.add_metric(["mail"], STATE_VALUES[state])
+        yield gauge
+
+    def _database(self) -> Iterator[Metric]:
+        items = GaugeMetricFamily("reports_period_items", "Report items of a period, by state.",
+                                  labels=["period", "state"])
+        planned = GaugeMetricFamily("reports_period_planned", "1 once the coordinator has walked every user.",
+                                    labels=["period"])
+        total = GaugeMetricFamily("reports_period_total", "Report items recorded for a period.", labels=["period"])
+        cancelled = GaugeMetricFamily("reports_period_cancelled", "1 while an operator has the period cancelled.",
+                                      labels=["period"])
+        triggered = GaugeMetricFamily("reports_period_triggered_timestamp_seconds",
+                                      "When a period was first triggered (Unix time).", labels=["period"])
+        stored = GaugeMetricFamily("reports_dead_letters_stored", "Dead letters in the store, by replayed.",
+                                   labels=["replayed"])
+        with self.sessions.begin() as session:
+            runs = session.execute(
+                select(PeriodRun.period, PeriodRun.planned, PeriodRun.triggered_at, PeriodRun.state)
+                .order_by(PeriodRun.period.desc()).limit(PERIODS_EXPORTED)
+            ).all()
+            counts = progress.items_by_state(session, [period for period, _, _, _ in runs])
+            was_replayed = DeadLetter.replayed_at.is_not(None)
+            letters = {bool(k): n for k, n in session.execute(select(was_replayed, func.count()).group_by(was_replayed))}
+            suppressed = suppressions.count_by_reason(session)
+        for period, is_planned, triggered_at, state in runs:
+            by_state = counts.get(period, {})
+            for state in ("pending", "delivered", "skipped", "dead"):
+                items.add_metric([period, state], by_state.get(state, 0))
+            total.add_metric([period], sum(by_state.values()))
+            planned.add_metric([period], 1.0 if is_planned else 0.0)
+            triggered.add_metric([period], triggered_at.replace(tzinfo=UTC).timestamp())
+            cancelled.add_metric([period], 1.0 if state == RunState.CANCELLED else 0.0)
+        for replayed in (False, True):
+            stored.add_metric([str(replayed).lower()], letters.get(replayed, 0))
+        yield items
+        yield total
+        yield planned
+        yield triggered
+        yield cancelled
+        yield stored
+        yield self._suppressions(suppressed)
+
+    @staticmethod
+    def _suppressions(counts: dict[str, int]) -> Metric:
+        gauge = GaugeMetricFamily("reports_suppressions", "Users on the suppression list, by reason.",
+                                  labels=["reason"])
+        for reason, n in counts.items():
+            gauge.add_metric([reason], n)
+        return gauge
+
+    def _scheduler(self) -> Iterator[Metric]:
+        raw = cast(bytes | None, self.client.get(f"{self.namespace}:scheduler:last_trigger"))
+        gauge = GaugeMetricFamily("reports_scheduler_last_trigger_timestamp_seconds",
+                                  "When the scheduler last triggered a period (Unix time).")
+        if raw is not None:
+            last: dict[str, Any] = json.loads(raw)
+            gauge.add_metric([], float(last["at"]))
+        yield gauge

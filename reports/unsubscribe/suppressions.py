@@ -1,0 +1,61 @@
+"""The suppression list's SQL: add, remove, read, count. The caller owns the session.
+
+The hot paths do not call this module: the per-user read (:mod:`reports.delivery.statements`) and the
+coordinator's page (:mod:`reports.fanout.coordinator`) fold their look-up into the statements they run.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import delete, func, literal, select
+from sqlalchemy.orm import Session
+
+from reports.models import Suppression, SuppressionReason, User
+from reports.sql import Executor, insert_ignoring_conflicts, rowcount
+
+#: Longest ``source`` kept, in characters.
+SOURCE_LIMIT = 200
+
+
+def add(session: Executor, user_id: int, reason: SuppressionReason, *, now: datetime, source: str | None) -> bool:
+    """Suppress the user if they exist and are not suppressed yet; ``True`` if this added the entry.
+
+    An existing entry is kept as it is: the first reason stays (a bounce is not turned into an
+    unsubscribe that the user could lift by resubscribing).
+    """
+    added = session.execute(
+        insert_ignoring_conflicts(session, Suppression.__table__).from_select(
+            ["user_id", "reason", "created_at", "source"],
+            select(User.id, literal(reason.value), literal(now, Suppression.created_at.type),
+                   literal(source[:SOURCE_LIMIT] if source else None, Suppression.source.type))
+            .where(User.id == user_id),
+        ).returning(Suppression.__table__.c.user_id)
+    ).first()
+    # RETURNING, not the row count: psycopg reports -1 for an INSERT … SELECT … ON CONFLICT.
+    return added is not None
+
+
+def remove(session: Session, user_id: int, *, reason: SuppressionReason | None = None) -> bool:
+    """Lift the user's suppression (only if it has ``reason``, when given); ``True`` if there was one."""
+    statement = delete(Suppression).where(Suppression.user_id == user_id)
+    if reason is not None:
+        statement = statement.where(Suppression.reason == reason.value)
+    return rowcount(session.execute(statement)) > 0
+
+
+def get(session: Session, user_id: int) -> Suppression | None:
+    return session.get(Suppression, user_id)
+
+
+def find(session: Session, *, reason: SuppressionReason | None = None, limit: int | None = None) -> list[Suppression]:
+    statement = select(Suppression).order_by(Suppression.user_id).limit(limit)
+    if reason is not None:
+        statement = statement.where(Suppression.reason == reason.value)
+    return list(session.scalars(statement))
+
+
+def count_by_reason(session: Session) -> dict[str, int]:
+    """Entries per reason, every reason present (0 when none)."""
+    counts = dict(session.execute(select(Suppression.reason, func.count()).group_by(Suppression.reason)).all())
+    return {reason.value: int(counts.get(reason.value, 0)) for reason in SuppressionReason}

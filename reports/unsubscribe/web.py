@@ -1,0 +1,171 @@
+"""The web process's pages: one-click unsubscribe (RFC 8058), its confirm and done pages, and health.
+
+* ``POST /u/<token>`` with the form body ``List-Unsubscribe=One-Click`` (what a mailbox provider
+  sends, and what the confirm page's button sends) suppresses the user and answers 200: idempotent,
+  no login, no cookie; the token in the URL is the only credential.
+* ``GET /u/<token>`` shows a page with one button, and changes nothing: link scanners and
+  previewers open every URL in a mail, and must not unsubscribe anyone.
+* ``POST /u/<token>/resubscribe`` lifts an unsubscribe (never a bounce or a complaint).
+* ``GET /healthz``: 200 when the database answers, 503 otherwise.
+
+A forged, altered or malformed token answers 404 with no detail, the same for every way it is wrong.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import sqlalchemy.exc
+from sqlalchemy import text
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from reports.clock import utcnow
+from reports.models import SuppressionReason
+from reports.unsubscribe import suppressions
+from reports.unsubscribe.tokens import Signer
+
+logger = logging.getLogger(__name__)
+
+#: The form field and value of RFC 8058's one-click POST.
+ONE_CLICK = ("List-Unsubscribe", "One-Click")
+
+#: Largest request body read, in bytes: the one-click body is 26.
+MAX_BODY_BYTES = 4096
+
+#: Sent with every page. The token in the URL is a credential: no referrer carries it elsewhere,
+#: no cache or search engine keeps the page, and the page loads nothing from anywhere.
+SECURITY_HEADERS = {
+    "Cache-Control": "no-store",
+    "Referrer-Policy": "no-referrer",
+    "X-Robots-Tag": "noindex, nofollow",
+    "X-Content-Type-Options": "nosniff",
+    "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; "
+                               "frame-ancestors 'none'",
+}
+
+_STYLE = ("body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:32rem;margin:4rem auto;"
+          "padding:0 1rem;color:#111;line-height:1.5}button{font:inherit;padding:.6rem 1.2rem;border:0;"
+          "border-radius:.4rem;background:#1d4ed8;color:#fff;cursor:pointer}")
+
+
+def build_app(sessions: sessionmaker[Session], signer: Signer, *, product_name: str) -> Starlette:
+    """The ASGI application; ``sessions`` are used from Starlette's thread pool."""
+    pages = _Pages(product_name)
+
+    def verified(request: Request) -> int | None:
+        return signer.user_id(request.path_params["token"])
+
+    async def show(request: Request) -> Response:
+        if verified(request) is None:
+            return _not_found()
+        return pages.confirm()
+
+    async def unsubscribe(request: Request) -> Response:
+        user_id = verified(request)
+        if user_id is None:
+            return _not_found()
+        if not await _is_one_click(request):
+            return _plain("Bad request.", 400)
+        await run_in_threadpool(_in_transaction, sessions, lambda session: suppressions.add(
+            session, user_id, SuppressionReason.UNSUBSCRIBED, now=utcnow(), source="web"))
+        logger.info("Unsubscribed by its link.", extra={"user_id": user_id})
+        return pages.done(request.path_params["token"])
+
+    async def resubscribe(request: Request) -> Response:
+        user_id = verified(request)
+        if user_id is None:
+            return _not_found()
+
+        def lift(session: Session) -> bool:
+            suppressions.remove(session, user_id, reason=SuppressionReason.UNSUBSCRIBED)
+            return suppressions.get(session, user_id) is None
+
+        lifted = await run_in_threadpool(_in_transaction, sessions, lift)
+        return pages.resubscribed(request.path_params["token"], lifted=lifted)
+
+    async def healthz(_request: Request) -> Response:
+        try:
+            await run_in_threadpool(_in_transaction, sessions, lambda session: session.execute(text("SELECT 1")))
+        except sqlalchemy.exc.SQLAlchemyError as e:
+            logger.warning("Health check: the database did not answer (%s).", type(e).__name__)
+            return _plain("database unavailable", 503)
+        return _plain("ok", 200)
+
+    return Starlette(routes=[
+        Route("/u/{token}", show, methods=["GET"]),
+        Route("/u/{token}", unsubscribe, methods=["POST"]),
+        Route("/u/{token}/resubscribe", resubscribe, methods=["POST"]),
+        Route("/healthz", healthz, methods=["GET"]),
+    ])
+
+
+def _in_transaction(sessions: sessionmaker[Session], work: Callable[[Session], Any]) -> Any:
+    with sessions.begin() as session:
+        return work(session)
+
+
+async def _is_one_click(request: Request) -> bool:
+    """Whether the body is RFC 8058's ``List-Unsubscribe=One-Click``, url-encoded or multipart."""
+    length = request.headers.get("content-length")
+    if length is None or not length.isdigit() or int(length) > MAX_BODY_BYTES:
+        return False
+    async with request.form(max_files=0, max_fields=8) as form:
+        return form.get(ONE_CLICK[0]) == ONE_CLICK[1]
+
+
+def _plain(message: str, status: int) -> Response:
+    return PlainTextResponse(message, status_code=status, headers=SECURITY_HEADERS)
+
+
+def _not_found() -> Response:
+    # The same answer for every way a token is wrong: nothing to learn by trying.
+    return _plain("Not found.", 404)
+
+
+class _Pages:
+    """The three pages a person sees, each a small HTML document with at most one form."""
+
+    def __init__(self, product_name: str) -> None:
+        self.product = html.escape(product_name)
+
+    def confirm(self) -> Response:
+        return self._page("Unsubscribe", f"<h1>Unsubscribe from {self.product}?</h1>"
+                          "<p>You will no longer receive the monthly report by email.</p>"
+                          f"{_form('', 'Unsubscribe', one_click=True)}")
+
+    def done(self, token: str) -> Response:
+        return self._page("Unsubscribed", "<h1>You are unsubscribed</h1>"
+                          f"<p>You will receive no more monthly reports from {self.product}.</p>"
+                          "<p>Changed your mind?</p>"
+                          f"{_form(f'{token}/resubscribe', 'Resubscribe')}")
+
+    def resubscribed(self, token: str, *, lifted: bool) -> Response:
+        if not lifted:
+            return self._page("Still paused", "<h1>Your reports stay paused</h1>"
+                              "<p>Your mail provider refused our reports, or a complaint was recorded. "
+                              "Please contact us to have them restored.</p>")
+        return self._page("Subscribed again", "<h1>You are subscribed again</h1>"
+                          f"<p>You will receive the monthly report from {self.product} again.</p>"
+                          f"{_form(f'../{token}', 'Unsubscribe', one_click=True)}")
+
+    def _page(self, title: str, body: str) -> Response:
+        document = (f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
+                    f'<meta name="viewport" content="width=device-width,initial-scale=1">'
+                    f"<title>{title} · {self.product}</title><style>{_STYLE}</style></head>"
+                    f"<body><main>{body}</main></body></html>")
+        return HTMLResponse(document, headers=SECURITY_HEADERS)
+
+
+def _form(action: str, label: str, *, one_click: bool = False) -> str:
+    # A relative action: the page works under whatever PUBLIC_BASE_URL (and proxy path) serves it.
+    field = (f'<input type="hidden" name="{ONE_CLICK[0]}" value="{ONE_CLICK[1]}">' if one_click else "")
+    return (f'<form method="post" action="{html.escape(action or "")}">{field}'
+            f'<button type="submit">{label}</button></form>')

@@ -1,0 +1,178 @@
+"""The Dramatiq broker, built in one place from the settings for workers and producers alike."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, cast
+
+import dramatiq
+import redis
+from dramatiq.brokers.redis import RedisBroker
+from dramatiq.middleware import CurrentMessage, Retries, default_middleware
+
+from reports.jobs import PLAN_PERIOD, ActorSpec
+from reports.settings import Settings
+from reports.worker.undecodable import UndecodableAsDeadLetters
+
+logger = logging.getLogger(__name__)
+
+#: Message option naming the coordinator chain a ``plan_period`` message belongs to.
+WALKER_OPTION = "walker"
+
+#: Longest pause between tries at an enqueue that must not be dropped, in seconds.
+ENQUEUE_RETRY_PAUSE_CAP_SECONDS = 2.0
+
+
+def build_broker(settings: Settings) -> RedisBroker:
+    """A Redis broker whose dead workers' messages come back in seconds, not minutes.
+
+    Every process, producers included, must use the same heartbeat settings: the sweep that
+    requeues a dead worker's messages runs inside whichever process's broker call wins the
+    ``maintenance_chance`` draw.
+    """
+    # Dramatiq's Retries is left out: workers add reports.worker.retries.JitteredRetries, which
+    # needs the dead-letter store.
+    middleware = [m() for m in default_middleware if m is not Retries]
+    middleware.append(CurrentMessage())
+    return UndecodableAsDeadLetters(
+        url=settings.broker_url,
+        namespace=settings.broker_namespace,
+        heartbeat_timeout=settings.heartbeat_timeout_ms,
+        maintenance_chance=settings.maintenance_chance,
+        middleware=middleware,
+    )
+
+
+#: The broker as the library passes it around: only this package imports Dramatiq.
+Broker = dramatiq.Broker
+
+
+def message_for(
+    spec: ActorSpec, payload: Mapping[str, Any], *, options: dict[str, Any] | None = None
+) -> dramatiq.Message[Any]:
+    """A message for ``spec``'s actor, built without importing the actors (producers need only names)."""
+    return dramatiq.Message(
+        queue_name=spec.queue, actor_name=spec.name, args=spec.arguments(payload), kwargs={}, options=options or {}
+    )
+
+
+def enqueue_again(broker: Broker, *, queue: str, actor: str, args: list[Any], kwargs: dict[str, Any]) -> str:
+    """Enqueue a stored message's arguments as a fresh message (its attempts start over); its id."""
+    message: dramatiq.Message[Any] = dramatiq.Message(queue_name=queue, actor_name=actor, args=tuple(args),
+                                                      kwargs=kwargs, options={})
+    broker.enqueue(message)
+    return message.message_id
+
+
+def send_coordinator(broker: dramatiq.Broker, walker: str, payload: Mapping[str, Any]) -> None:
+    """Start the coordinator chain ``walker``, which the run must name (``PeriodRun.walker``)."""
+    send(broker, PLAN_PERIOD, payload, options={WALKER_OPTION: walker})
+
+
+def send(
+    broker: dramatiq.Broker, spec: ActorSpec, payload: Mapping[str, Any], *, delay_ms: int | None = None,
+    options: dict[str, Any] | None = None,
+) -> None:
+    broker.enqueue(message_for(spec, payload, options=options), delay=delay_ms)
+
+
+def enqueue_until_sent(
+    broker: dramatiq.Broker, message: dramatiq.Message[Any], *, delay_ms: int | None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """Enqueue ``message``, trying again for as long as the broker cannot be reached.
+
+    For the copy a worker enqueues of the message it is processing (a retry, a deferral): the
+    original is acked once this returns, so giving up here would lose the message. While Redis
+    is failing over the thread waits; if the process is stopped meanwhile, the original stays
+    unacked and comes back through the dead-worker sweep.
+    """
+    pause = 0.05
+    while True:
+        try:
+            broker.enqueue(message, delay=delay_ms)
+            return
+        except (redis.ConnectionError, redis.TimeoutError, dramatiq.errors.BrokerConnectionError) as error:
+            logger.warning("Could not enqueue message %s (%s); trying again in %.2fs.",
+                           message.message_id, type(error).__name__, pause)
+            sleep(pause)
+            pause = min(pause * 2, ENQUEUE_RETRY_PAUSE_CAP_SECONDS)
+
+
+#: Messages per Redis round trip in :func:`send_many`.
+ENQUEUE_CHUNK = 1000
+
+
+def send_many(broker: dramatiq.Broker, spec: ActorSpec, payloads: Iterable[Mapping[str, Any]]) -> int:
+    """Enqueue one message per payload, a chunk per Redis round trip; returns how many were sent.
+
+    Dramatiq has no bulk enqueue: ``actor.send`` costs one round trip and one script call per
+    message. For a chunk of messages this writes, in one MULTI, exactly what the broker's
+    ``dispatch`` script writes for each (the message in the queue's hash, its id on the queue's
+    list), as one HSET and one RPUSH. It leans on the broker's key layout; Dramatiq is pinned.
+    """
+    if not isinstance(broker, RedisBroker):
+        sent = 0
+        for payload in payloads:
+            broker.enqueue(message_for(spec, payload))
+            sent += 1
+        return sent
+    sent = 0
+    chunk: list[dramatiq.Message[Any]] = []
+    for payload in payloads:
+        # The first enqueue of a message: the id RedisBroker.enqueue would draw, drawn here.
+        chunk.append(message_for(spec, payload, options={"redis_message_id": str(uuid.uuid4())}))
+        if len(chunk) == ENQUEUE_CHUNK:
+            sent += _enqueue_chunk(broker, spec.queue, chunk)
+            chunk = []
+    if chunk:
+        sent += _enqueue_chunk(broker, spec.queue, chunk)
+    return sent
+
+
+def _enqueue_chunk(broker: RedisBroker, queue: str, messages: list[dramatiq.Message[Any]]) -> int:
+    encoded: dict[str, bytes] = {}
+    for message in messages:
+        broker.emit_before("enqueue", message, None)
+        encoded[message.options["redis_message_id"]] = message.encode()
+    with broker.client.pipeline(transaction=True) as pipe:
+        pipe.hset(f"{broker.namespace}:{queue}.msgs", mapping=encoded)
+        pipe.rpush(f"{broker.namespace}:{queue}", *encoded)
+        pipe.execute()
+    for message in messages:
+        broker.emit_after("enqueue", message, None)
+    return len(messages)
+
+
+def backlog(broker: dramatiq.Broker, queue: str) -> int:
+    """Messages of ``queue`` not yet done: ready, delayed, and fetched by a live worker.
+
+    A worker holds what it fetched (its prefetch, and delayed messages until they are due, up
+    to thousands) in memory; the broker keeps their ids in that worker's acks set until they
+    are acked. Leaving them out would let the high-water mark and reconcile see an empty queue
+    while thousands of messages are still on their way. Keys as the Redis broker lays them out.
+    """
+    if not isinstance(broker, RedisBroker):
+        raise TypeError("backlog() reads a Redis broker's queues.")
+    namespace, client = broker.namespace, broker.client
+    workers = cast(list[bytes], client.zrange(f"{namespace}:__heartbeats__", 0, -1))
+    with client.pipeline(transaction=False) as pipe:
+        pipe.llen(f"{namespace}:{queue}")
+        pipe.llen(f"{namespace}:{queue}.DQ")
+        for worker in workers:
+            acks = f"{namespace}:__acks__.{worker.decode()}.{queue}"
+            pipe.scard(acks)
+            pipe.scard(f"{acks}.DQ")
+        counts = pipe.execute()
+    return sum(int(count) for count in counts)
+
+
+def defer_current(broker: dramatiq.Broker, *, delay_ms: int) -> None:
+    """Run the message being processed again after ``delay_ms``, without spending a retry."""
+    message = CurrentMessage.get_current_message()
+    if message is None:
+        raise RuntimeError("defer_current needs the CurrentMessage middleware and a running message.")
+    enqueue_until_sent(broker, message.copy(), delay_ms=delay_ms)

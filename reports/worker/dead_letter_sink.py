@@ -1,0 +1,147 @@
+"""Where dead messages go: the durable store, one ERROR line, and the rate-limited alert.
+
+Also a Dramatiq middleware for the messages Dramatiq dead-letters by itself (an actor no worker
+declares, a message that cannot be decoded, or the retry middleware's last resort): they are moved from the broker's ``.XQ`` keys
+into the same store, when they are rejected and again whenever a worker boots.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, cast
+
+import dramatiq
+import redis
+from dramatiq.broker import MessageProxy
+from dramatiq.brokers.redis import RedisBroker
+from dramatiq.middleware import Middleware
+from sqlalchemy.orm import Session, sessionmaker
+
+from reports.failures import dead_letters
+from reports.failures.alerts import WebhookAlerts
+from reports.worker.retries import DeadMessage
+
+logger = logging.getLogger(__name__)
+
+
+class DeadLetterSink:
+    """Called by the retry middleware with every message that died."""
+
+    def __init__(
+        self, sessions: sessionmaker[Session], *, alerts: WebhookAlerts | None,
+        on_stored: Callable[[DeadMessage], None] | None = None,
+    ) -> None:
+        self.sessions = sessions
+        self.alerts = alerts
+        self.on_stored = on_stored
+
+    def __call__(self, dead: DeadMessage) -> None:
+        with self.sessions.begin() as session:
+            stored = dead_letters.record(session, dead)
+        if not stored:
+            return  # a redelivered copy of a message already stored
+        if self.on_stored is not None:
+            self.on_stored(dead)
+        about = dead_letters.ids(dead)
+        subject = " ".join(f"{k}={v}" for k, v in about.items())
+        logger.error(
+            "Dead letter: message %s of %s on %s (%s), %s after %d attempt(s): %s.",
+            dead.message_id, dead.actor, dead.queue, subject or "no ids", dead.reason, dead.attempts,
+            dead.error_class,
+            extra={"message_id": dead.message_id, "actor": dead.actor, "queue": dead.queue,
+                   "reason": dead.reason, "attempts": dead.attempts, "error_class": dead.error_class,
+                   **about},
+        )
+        if self.alerts is not None:
+            try:
+                self.alerts.dead_letter(dead)
+            except redis.RedisError:
+                logger.warning("Dead-letter alert skipped: Redis unreachable.")
+
+
+class BrokerDeadLetters(Middleware):
+    """Moves messages that Dramatiq rejected into its ``.XQ`` keys into the dead-letter store."""
+
+    def __init__(self, sink: Any) -> None:
+        #: A callable returning the sink, so the engine is built inside the worker process.
+        self._sink = sink
+
+    def after_worker_boot(self, broker: dramatiq.Broker, worker: dramatiq.Worker) -> None:
+        self._sweep(broker)
+
+    def after_nack(self, broker: dramatiq.Broker, message: MessageProxy) -> None:
+        self._sweep(broker)
+
+    def after_undecodable_message(self, broker: dramatiq.Broker, queue_name: str, redis_message_id: str) -> None:
+        """Called by :mod:`reports.worker.undecodable` once it moved such a message into ``.XQ``."""
+        self._sweep(broker)
+
+    def _sweep(self, broker: dramatiq.Broker) -> None:
+        if not isinstance(broker, RedisBroker):
+            return
+        try:
+            moved = absorb_broker_dead_letters(broker.client, broker.namespace, self._sink())
+        except Exception:
+            # The message stays in .XQ and the next sweep tries again.
+            logger.warning("Could not move the broker's dead letters into the store.", exc_info=True)
+            return
+        if moved:
+            logger.info("Moved %d message(s) from the broker's dead-letter queues into the store.", moved)
+
+
+#: Characters of an undecodable message's bytes kept (as text, undecodable bytes replaced).
+UNDECODABLE_TEXT_KEPT = 2000
+
+
+def absorb_broker_dead_letters(client: redis.Redis, namespace: str, on_dead: Callable[[DeadMessage], None]) -> int:
+    """Hand whatever Dramatiq dead-lettered into its own ``.XQ`` keys to ``on_dead``; returns how many.
+
+    Dramatiq puts messages there itself for an actor no worker knows, and the retry middleware
+    does as a last resort when the database was unreachable. Left there they expire silently.
+    Each is removed from the broker only after ``on_dead`` has returned.
+    """
+    moved = 0
+    for xq in client.scan_iter(match=f"{namespace}:*.XQ", count=100):
+        xq_key = cast(bytes, xq).decode()
+        queue = xq_key.removeprefix(f"{namespace}:").removesuffix(".XQ").removesuffix(".DQ")
+        entries = cast(list[tuple[bytes, float]], client.zrange(xq_key, 0, 499, withscores=True))
+        for redis_id, died_ms in entries:
+            raw = cast(bytes | None, client.hget(f"{xq_key}.msgs", redis_id))
+            if raw is not None:
+                try:
+                    on_dead(_broker_dead_message(raw, cast(bytes, redis_id).decode(), queue, int(died_ms)))
+                except Exception:
+                    # One entry that cannot be stored must not keep every later one in .XQ.
+                    logger.exception("Could not store broker dead letter %s; leaving it in %s.", redis_id, xq_key)
+                    continue
+                moved += 1
+            client.zrem(xq_key, redis_id)
+            client.hdel(f"{xq_key}.msgs", redis_id)
+    return moved
+
+
+def _broker_dead_message(raw: bytes, redis_id: str, queue: str, died_ms: int) -> DeadMessage:
+    try:
+        message: dramatiq.Message[Any] = dramatiq.Message.decode(raw)
+    except dramatiq.DecodeError as error:
+        return _undecodable(raw, redis_id, queue, died_ms, error)
+    return DeadMessage(
+        message_id=message.message_id, actor=message.actor_name, queue=queue,
+        args=tuple(message.args), kwargs=dict(message.kwargs),
+        attempts=int(message.options.get("retries", 0)) + 1, reason="broker",
+        error_class="BrokerDeadLetter",
+        error_message="Dead-lettered by Dramatiq itself (for example: no worker declares this actor).",
+        traceback=message.options.get("traceback") or "",
+        first_failed_ms=int(message.options.get("first_failed_ms", died_ms)), died_ms=died_ms,
+    )
+
+
+def _undecodable(raw: bytes, redis_id: str, queue: str, died_ms: int, error: dramatiq.DecodeError) -> DeadMessage:
+    """What is known of a message that never decoded: its queue, its broker id and its bytes."""
+    text = raw.decode("utf-8", errors="replace")[:UNDECODABLE_TEXT_KEPT]
+    return DeadMessage(
+        message_id=redis_id, actor="", queue=queue, args=(), kwargs={}, attempts=1, reason=dead_letters.UNDECODABLE,
+        error_class=type(error.error).__name__, error_message=f"The message could not be decoded: {text}",
+        traceback="", first_failed_ms=died_ms, died_ms=died_ms,
+    )

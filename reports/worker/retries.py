@@ -1,0 +1,138 @@
+"""Dramatiq middleware: retry transient failures with jitter; hand everything else to the dead letters.
+
+It replaces Dramatiq's ``Retries``. Permanent errors (see :mod:`reports.errors`) are never retried.
+A dead message is handed to ``on_dead``, which stores it durably; the message is then acked, so
+nothing piles up unseen in Dramatiq's own ``.XQ``. Only if storing fails is the message failed
+into ``.XQ``, so that it is never lost.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import dramatiq
+from dramatiq.broker import MessageProxy
+from dramatiq.middleware import Middleware
+
+from reports.errors import PermanentError
+from reports.worker.backoff import full_jitter_ms
+from reports.worker.broker import enqueue_until_sent
+
+logger = logging.getLogger(__name__)
+
+#: Where the verdict is left for the metrics middleware: ``retry`` or ``dead``.
+OUTCOME_OPTION = "reports_outcome"
+
+
+@dataclass(frozen=True)
+class DeadMessage:
+    """Everything known about a message at the moment it died."""
+
+    message_id: str
+    actor: str
+    queue: str
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    attempts: int
+    #: ``permanent`` or ``retries_exhausted``.
+    reason: str
+    error_class: str
+    error_message: str
+    traceback: str
+    first_failed_ms: int
+    died_ms: int
+
+
+def is_permanent(exception: BaseException) -> bool:
+    return isinstance(exception, PermanentError)
+
+
+class JitteredRetries(Middleware):
+    """Retry with full jitter; dead-letter permanent failures at once and exhausted ones at the end.
+
+    Actors may override ``max_retries``, ``min_backoff`` and ``max_backoff`` (milliseconds).
+    """
+
+    def __init__(
+        self,
+        *,
+        max_retries: int,
+        min_backoff_ms: int,
+        max_backoff_ms: int,
+        on_dead: Callable[[DeadMessage], None],
+        rng: random.Random | None = None,
+    ) -> None:
+        self.max_retries = max_retries
+        self.min_backoff_ms = min_backoff_ms
+        self.max_backoff_ms = max_backoff_ms
+        self.on_dead = on_dead
+        self.rng = rng or random.Random()
+
+    @property
+    def actor_options(self) -> set[str]:
+        return {"max_retries", "min_backoff", "max_backoff"}
+
+    def _option(self, broker: dramatiq.Broker, message: MessageProxy, name: str, default: int) -> int:
+        actor_options = broker.get_actor(message.actor_name).options if message.actor_name in broker.actors else {}
+        return int(message.options.get(name, actor_options.get(name, default)))
+
+    def after_process_message(
+        self, broker: dramatiq.Broker, message: MessageProxy, *, result: Any = None,
+        exception: BaseException | None = None,
+    ) -> None:
+        if exception is None:
+            return
+        now_ms = int(time.time() * 1000)
+        retries = int(message.options.get("retries", 0))
+        message.options.setdefault("first_failed_ms", now_ms)
+        max_retries = self._option(broker, message, "max_retries", self.max_retries)
+        if is_permanent(exception) or retries >= max_retries:
+            self._die(message, exception, retries, now_ms)
+            message.options[OUTCOME_OPTION] = "dead"
+            return
+        message.options["retries"] = retries + 1
+        delay = full_jitter_ms(
+            retries,
+            base_ms=self._option(broker, message, "min_backoff", self.min_backoff_ms),
+            cap_ms=self._option(broker, message, "max_backoff", self.max_backoff_ms),
+            rng=self.rng,
+        )
+        logger.info(
+            "Retrying message %s (%s) in %d ms after %s.", message.message_id, message.actor_name, delay,
+            type(exception).__name__,
+        )
+        # Dramatiq's own Retries enqueues the proxy the same way: it copies what it enqueues.
+        # Dramatiq swallows an error raised here and acks the message, so the retry must not fail.
+        enqueue_until_sent(broker, message, delay_ms=delay)  # type: ignore[arg-type]
+        # After the enqueue, so the retried copy does not carry it.
+        message.options[OUTCOME_OPTION] = "retry"
+
+    def _die(self, message: MessageProxy, exception: BaseException, retries: int, now_ms: int) -> None:
+        dead = DeadMessage(
+            message_id=message.message_id,
+            actor=message.actor_name,
+            queue=message.queue_name.removesuffix(".DQ"),
+            args=tuple(message.args),
+            kwargs=dict(message.kwargs),
+            attempts=retries + 1,
+            reason="permanent" if is_permanent(exception) else "retries_exhausted",
+            error_class=type(exception).__name__,
+            error_message=str(exception),
+            traceback="".join(traceback.format_exception(exception)),
+            first_failed_ms=int(message.options["first_failed_ms"]),
+            died_ms=now_ms,
+        )
+        try:
+            self.on_dead(dead)
+        except Exception:
+            logger.critical(
+                "Could not store dead letter for message %s; leaving it in the broker's dead-letter queue.",
+                message.message_id, exc_info=True,
+            )
+            message.fail()
