@@ -38,7 +38,12 @@ def plan_period(*args: Any, **kwargs: Any) -> None:
     )
     logger.info(
         "Planned %d pages, enqueued %d reports for %s (cursor %d, planned=%s, chain %s%s).",
-        outcome.pages, outcome.enqueued, job.period, outcome.cursor, outcome.planned, walker,
+        outcome.pages,
+        outcome.enqueued,
+        job.period,
+        outcome.cursor,
+        outcome.planned,
+        walker,
         ", superseded" if outcome.superseded else ", paused" if outcome.backlogged else "",
     )
     if outcome.planned or outcome.cancelled or outcome.superseded:
@@ -46,8 +51,13 @@ def plan_period(*args: Any, **kwargs: Any) -> None:
     continuation = {WALKER_OPTION: walker}
     if outcome.backlogged:
         # The bulk queue is full enough: look again later, so Redis holds a bounded backlog.
-        send(broker, PLAN_PERIOD, job.payload(), delay_ms=int(runtime.settings.plan_pause_seconds * 1000),
-             options=continuation)
+        send(
+            broker,
+            PLAN_PERIOD,
+            job.payload(),
+            delay_ms=int(runtime.settings.plan_pause_seconds * 1000),
+            options=continuation,
+        )
     else:
         # Short slices keep the coordinator drainable on SIGTERM; the checkpoint carries the walk on.
         send(broker, PLAN_PERIOD, job.payload(), options=continuation)

@@ -57,13 +57,21 @@ class Runtime:
                 # Sends within this of another process opening it may still go out (reports.delivery.breaker).
                 state_cache_ms=STATE_CACHE_MS,
                 on_change=lambda _before, after: counters.count(
-                    self.redis, settings.broker_namespace, "breaker_transitions", "mail", str(after)),
+                    self.redis, settings.broker_namespace, "breaker_transitions", "mail", str(after)
+                ),
             )
         engine = create_db_engine(settings.database_url)
         return Context(
-            settings=settings, sessions=session_factory(engine), mailer=build_mailer(settings), breaker=breaker,
-            send_rate=send_rate.build(self.redis, namespace=settings.broker_namespace,
-                                      per_second=settings.send_rate_per_second, burst=settings.send_rate_burst),
+            settings=settings,
+            sessions=session_factory(engine),
+            mailer=build_mailer(settings),
+            breaker=breaker,
+            send_rate=send_rate.build(
+                self.redis,
+                namespace=settings.broker_namespace,
+                per_second=settings.send_rate_per_second,
+                burst=settings.send_rate_burst,
+            ),
             look=ReportLook.from_settings(settings),
         )
 
@@ -71,10 +79,16 @@ class Runtime:
         settings = self.settings
         alerts = None
         if settings.alert_webhook_url:
-            alerts = WebhookAlerts(settings.alert_webhook_url, self.redis, namespace=settings.broker_namespace,
-                                   window_seconds=settings.alert_window_seconds)
+            alerts = WebhookAlerts(
+                settings.alert_webhook_url,
+                self.redis,
+                namespace=settings.broker_namespace,
+                window_seconds=settings.alert_window_seconds,
+            )
         return DeadLetterSink(
-            self.context.sessions, alerts=alerts,
+            self.context.sessions,
+            alerts=alerts,
             on_stored=lambda dead: counters.count(
-                self.redis, settings.broker_namespace, "dead_letters", dead.queue, dead.actor, dead.reason),
+                self.redis, settings.broker_namespace, "dead_letters", dead.queue, dead.actor, dead.reason
+            ),
         )

@@ -70,6 +70,8 @@ from reports.worker.broker import build_broker, send, send_many
 
 PERIOD = Period(2026, 10)
 DOMAIN = "bench.test"
+#: Dramatiq reads its worker's idle poll timeout from this lowercase variable.
+WORKER_TIMEOUT_VARIABLE = "dramatiq_worker_timeout"
 
 
 # --------------------------------------------------------------------------- SMTP
@@ -106,15 +108,21 @@ def load_users(settings: Settings, count: int) -> None:
     engine = create_db_engine(settings.database_url)
     try:
         with engine.begin() as connection:
-            connection.execute(text("INSERT INTO users (id, email, name, active) VALUES (:id, :email, :name, true)"),
-                               [{"id": i, "email": f"user{i}@example.test", "name": f"User {i}"}
-                                for i in range(1, count + 1)])
+            connection.execute(
+                text("INSERT INTO users (id, email, name, active) VALUES (:id, :email, :name, true)"),
+                [{"id": i, "email": f"user{i}@example.test", "name": f"User {i}"} for i in range(1, count + 1)],
+            )
             connection.execute(
                 text("INSERT INTO activities (user_id, occurred_at, category, amount_cents) VALUES (:u, :at, :c, :a)"),
-                [{"u": i, "at": at, "c": c, "a": 100 * i}
-                 for i in range(1, count + 1)
-                 for at, c in (("2026-10-05 10:00:00", "food"), ("2026-10-20 18:00:00", "travel"),
-                               ("2026-09-12 09:00:00", "food"))],
+                [
+                    {"u": i, "at": at, "c": c, "a": 100 * i}
+                    for i in range(1, count + 1)
+                    for at, c in (
+                        ("2026-10-05 10:00:00", "food"),
+                        ("2026-10-20 18:00:00", "travel"),
+                        ("2026-09-12 09:00:00", "food"),
+                    )
+                ],
             )
     finally:
         engine.dispose()
@@ -170,8 +178,11 @@ def run(args: argparse.Namespace) -> None:
     try:
         with temporary_database(args.postgres_url) as database_url:
             settings = Settings(
-                var_dir=workdir / "var", database_url=database_url, broker_url=args.redis_url,
-                broker_namespace=namespace, smtp_url=f"smtp://127.0.0.1:{port}",
+                var_dir=workdir / "var",
+                database_url=database_url,
+                broker_url=args.redis_url,
+                broker_namespace=namespace,
+                smtp_url=f"smtp://127.0.0.1:{port}",
                 mail_from=f"Monthly Reports <reports@{DOMAIN}>",
             )
             upgrade(settings)
@@ -194,19 +205,23 @@ def run(args: argparse.Namespace) -> None:
             outcome = coordinator.plan_slice(sessions, PERIOD, flood, page_size=1000, budget_seconds=600)
             fill_seconds = time.monotonic() - started
             assert outcome.planned, outcome
-            print(f"bulk queue filled: {client.llen(bulk_key):,} build_report messages for {len(payloads)} "
-                  f"users in {fill_seconds:.1f} s ({client.llen(bulk_key) / fill_seconds:,.0f} msg/s)")
+            print(
+                f"bulk queue filled: {client.llen(bulk_key):,} build_report messages for {len(payloads)} "
+                f"users in {fill_seconds:.1f} s ({client.llen(bulk_key) / fill_seconds:,.0f} msg/s)"
+            )
 
             env = {k: v for k, v in os.environ.items() if k not in _SETTINGS_VARIABLES}
             env.update(settings.as_environ())
             pools = Pools(workdir, env)
-            critical_env = {"dramatiq_worker_timeout": str(args.worker_timeout_ms)} if args.worker_timeout_ms else {}
+            critical_env = {WORKER_TIMEOUT_VARIABLE: str(args.worker_timeout_ms)} if args.worker_timeout_ms else {}
             pools.start("critical", CRITICAL_QUEUE, args.critical_processes, args.critical_threads, critical_env)
             pools.start("bulk", BULK_QUEUE, args.bulk_processes, args.bulk_threads, {})
-            print(f"pools: critical {args.critical_processes}x{args.critical_threads}, bulk "
-                  f"{args.bulk_processes}x{args.bulk_threads} (python -m dramatiq actors --queues ...); "
-                  f"{os.cpu_count()} CPUs; dramatiq_worker_timeout "
-                  f"{args.worker_timeout_ms or os.environ.get('dramatiq_worker_timeout', 'default (1000 ms)')}")
+            print(
+                f"pools: critical {args.critical_processes}x{args.critical_threads}, bulk "
+                f"{args.bulk_processes}x{args.bulk_threads} (python -m dramatiq actors --queues ...); "
+                f"{os.cpu_count()} CPUs; dramatiq_worker_timeout "
+                f"{args.worker_timeout_ms or os.environ.get(WORKER_TIMEOUT_VARIABLE, 'default (1000 ms)')}"
+            )
 
             # Wait until user 1's monthly email is out, so every request below is a resend with a
             # Message-ID of its own.
@@ -220,17 +235,20 @@ def run(args: argparse.Namespace) -> None:
                 bulk = measure(args, broker, recorder, client, bulk_key, settings, on_bulk=True)
             consumed = critical.backlog_start + feeder.sent - bulk.backlog_end
             rate = consumed / max(critical.seconds + bulk.seconds, 1e-9)
-            print(f"bulk pool throughput while measuring: ~{rate:,.0f} msg/s "
-                  f"(feeder topped up {feeder.sent:,} messages)")
+            print(
+                f"bulk pool throughput while measuring: ~{rate:,.0f} msg/s (feeder topped up {feeder.sent:,} messages)"
+            )
             print()
             for result in (critical, bulk):
                 result.show()
             print()
             ratio = statistics.median(bulk.latencies) / statistics.median(critical.latencies)
-            print(f"separate queues: p50 {ratio:,.0f}x faster "
-                  f"(bulk-queue p50 {statistics.median(bulk.latencies):.2f} s vs critical-queue p50 "
-                  f"{statistics.median(critical.latencies) * 1000:.0f} ms); p99 "
-                  f"{percentile(bulk.latencies, 99) / percentile(critical.latencies, 99):,.0f}x")
+            print(
+                f"separate queues: p50 {ratio:,.0f}x faster "
+                f"(bulk-queue p50 {statistics.median(bulk.latencies):.2f} s vs critical-queue p50 "
+                f"{statistics.median(critical.latencies) * 1000:.0f} ms); p99 "
+                f"{percentile(bulk.latencies, 99) / percentile(critical.latencies, 99):,.0f}x"
+            )
             within = sum(latency < 1.0 for latency in critical.latencies)
             print(f"critical requests within 1 s: {within}/{len(critical.latencies)}")
             broker.close()
@@ -243,7 +261,7 @@ def run(args: argparse.Namespace) -> None:
         controller.stop()
         keys = list(client.scan_iter(match=f"{namespace}:*", count=1000))
         for i in range(0, len(keys), 1000):
-            client.delete(*keys[i:i + 1000])
+            client.delete(*keys[i : i + 1000])
         shutil.rmtree(workdir, ignore_errors=True)
 
 
@@ -257,14 +275,24 @@ class Result:
 
     def show(self) -> None:
         lat = self.latencies
-        print(f"{self.label:<32} n={len(lat):<3} p50 {statistics.median(lat) * 1000:8.0f} ms   "
-              f"p99 {percentile(lat, 99) * 1000:8.0f} ms   max {max(lat) * 1000:8.0f} ms   "
-              f"bulk backlog {self.backlog_start:,} -> {self.backlog_end:,}"
-              + (f"   ({self.lost} never arrived)" if self.lost else ""))
+        print(
+            f"{self.label:<32} n={len(lat):<3} p50 {statistics.median(lat) * 1000:8.0f} ms   "
+            f"p99 {percentile(lat, 99) * 1000:8.0f} ms   max {max(lat) * 1000:8.0f} ms   "
+            f"bulk backlog {self.backlog_start:,} -> {self.backlog_end:,}"
+            + (f"   ({self.lost} never arrived)" if self.lost else "")
+        )
 
 
-def measure(args: argparse.Namespace, broker: Any, recorder: ArrivalRecorder, client: redis.Redis, bulk_key: str,
-            settings: Settings, *, on_bulk: bool) -> Result:
+def measure(
+    args: argparse.Namespace,
+    broker: Any,
+    recorder: ArrivalRecorder,
+    client: redis.Redis,
+    bulk_key: str,
+    settings: Settings,
+    *,
+    on_bulk: bool,
+) -> Result:
     result = Result("send-now on the bulk queue" if on_bulk else "send-now on the critical queue")
     result.backlog_start = client.llen(bulk_key)
     began = time.monotonic()
@@ -274,8 +302,9 @@ def measure(args: argparse.Namespace, broker: Any, recorder: ArrivalRecorder, cl
         job = SendNowJob(PERIOD, 1, str(uuid.uuid4()), settings.template_version)
         message_id = f"<report.{PERIOD}.1.{job.request_id}@{DOMAIN}>"
         if on_bulk:
-            message = dramatiq.Message(queue_name=BULK_QUEUE, actor_name=SEND_NOW.name, args=(),
-                                       kwargs=job.payload(), options={})
+            message = dramatiq.Message(
+                queue_name=BULK_QUEUE, actor_name=SEND_NOW.name, args=(), kwargs=job.payload(), options={}
+            )
             at = time.monotonic()
             broker.enqueue(message)
             sent.append((message_id, at))
@@ -301,7 +330,12 @@ def measure(args: argparse.Namespace, broker: Any, recorder: ArrivalRecorder, cl
 
 
 _SETTINGS_VARIABLES = {
-    "DATABASE_URL", "BROKER_URL", "BROKER_NAMESPACE", "SMTP_URL", "MAIL_FROM", "dramatiq_worker_timeout",
+    "DATABASE_URL",
+    "BROKER_URL",
+    "BROKER_NAMESPACE",
+    "SMTP_URL",
+    "MAIL_FROM",
+    "dramatiq_worker_timeout",
 }
 
 
@@ -314,11 +348,16 @@ def main() -> None:
     parser.add_argument("--bulk-threads", type=int, default=8)
     parser.add_argument("--critical-processes", type=int, default=1)
     parser.add_argument("--critical-threads", type=int, default=4)
-    parser.add_argument("--worker-timeout-ms", type=int, default=0,
-                        help="dramatiq_worker_timeout for the critical pool (its idle poll); 0: as the Procfile")
+    parser.add_argument(
+        "--worker-timeout-ms",
+        type=int,
+        default=0,
+        help="dramatiq_worker_timeout for the critical pool (its idle poll); 0: as the Procfile",
+    )
     parser.add_argument("--timeout", type=float, default=600, help="seconds to wait for one request")
-    parser.add_argument("--postgres-url", default=os.environ.get("TEST_POSTGRES_URL",
-                                                                 "postgresql://postgres@127.0.0.1:5432/postgres"))
+    parser.add_argument(
+        "--postgres-url", default=os.environ.get("TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+    )
     parser.add_argument("--redis-url", default=os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0"))
     args = parser.parse_args()
 

@@ -78,10 +78,12 @@ class Run:
     def describe(self, index: int) -> str:
         stats = self.delivered_check.stats
         planned = f"walk planned at {self.planned_seconds:.1f} s" if self.planned_seconds is not None else ""
-        return (f"{self.kind:<5} #{index}: {self.delivered:,} reports in {self.seconds:.1f} s = {self.rate:,.0f} "
-                f"reports/s ({planned}); SMTP: {stats['connections']:,} connections opened for "
-                f"{stats['messages']:,} emails; PostgreSQL sessions opened: {self.pg_sessions:,}{self.extra}\n"
-                f"         {self.delivered_check.describe()}")
+        return (
+            f"{self.kind:<5} #{index}: {self.delivered:,} reports in {self.seconds:.1f} s = {self.rate:,.0f} "
+            f"reports/s ({planned}); SMTP: {stats['connections']:,} connections opened for "
+            f"{stats['messages']:,} emails; PostgreSQL sessions opened: {self.pg_sessions:,}{self.extra}\n"
+            f"         {self.delivered_check.describe()}"
+        )
 
 
 # --------------------------------------------------------------------------- the database between runs
@@ -97,21 +99,40 @@ def pg_sessions(url: str) -> int:
 
 def empty_run_tables(url: str) -> None:
     with psycopg.connect(url.replace("+psycopg", ""), autocommit=True) as connection:
-        tables = ", ".join(name for (name,) in connection.execute(
-            "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() AND NOT tablename = ANY(%s)",
-            (list(SEEDED_TABLES),)))
+        tables = ", ".join(
+            name
+            for (name,) in connection.execute(
+                "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() AND NOT tablename = ANY(%s)",
+                (list(SEEDED_TABLES),),
+            )
+        )
         connection.execute(f"TRUNCATE {tables} RESTART IDENTITY")
         connection.execute(f"VACUUM ANALYZE {tables}")
 
 
-def finish(kind: str, bench: MailBench, sessions: sessionmaker[Session], started: float, ended: float,
-           planned_at: float | None, sessions_before: int, extra: str = "") -> Run:
+def finish(
+    kind: str,
+    bench: MailBench,
+    sessions: sessionmaker[Session],
+    started: float,
+    ended: float,
+    planned_at: float | None,
+    sessions_before: int,
+    extra: str = "",
+) -> Run:
     with sessions.begin() as session:
         final = progress.count(session, bench.period)
     if not final.complete or final.delivered != len(bench.active):
         raise RuntimeError(f"{kind} run ended with {final}, expected {len(bench.active):,} delivered")
-    return Run(kind, ended - started, None if planned_at is None else planned_at - started, final.delivered,
-               bench.sink.check(bench.active), pg_sessions(bench.settings.database_url) - sessions_before, extra)
+    return Run(
+        kind,
+        ended - started,
+        None if planned_at is None else planned_at - started,
+        final.delivered,
+        bench.sink.check(bench.active),
+        pg_sessions(bench.settings.database_url) - sessions_before,
+        extra,
+    )
 
 
 # --------------------------------------------------------------------------- 1. through the queue
@@ -127,10 +148,17 @@ def queue_run(args: argparse.Namespace, bench: MailBench, sessions: sessionmaker
         bench.sink.reset()
         before = pg_sessions(settings.database_url)
         started = time.monotonic()
-        runs.trigger_and_enqueue(sessions, broker, bench.period, template_version=settings.template_version,
-                                 now=utcnow())
-        _, planned_at = watch_period(sessions, bench.period, expected=len(bench.active), timeout=args.timeout,
-                                     interval=POLL_SECONDS, alive=pools.check)
+        runs.trigger_and_enqueue(
+            sessions, broker, bench.period, template_version=settings.template_version, now=utcnow()
+        )
+        _, planned_at = watch_period(
+            sessions,
+            bench.period,
+            expected=len(bench.active),
+            timeout=args.timeout,
+            interval=POLL_SECONDS,
+            alive=pools.check,
+        )
         ended = time.monotonic()
         broker.close()
     finally:
@@ -172,8 +200,12 @@ def plain_run(args: argparse.Namespace, bench: MailBench, sessions: sessionmaker
     settings, period = bench.settings, bench.period
     context = multiprocessing.get_context("spawn")
     results, jobs = context.Queue(), context.Queue()
-    processes = [context.Process(target=plain_process, args=(settings_environ(settings), args.threads, jobs, results),
-                                 daemon=True) for _ in range(args.processes)]
+    processes = [
+        context.Process(
+            target=plain_process, args=(settings_environ(settings), args.threads, jobs, results), daemon=True
+        )
+        for _ in range(args.processes)
+    ]
     try:
         for process in processes:
             process.start()
@@ -194,8 +226,13 @@ def plain_run(args: argparse.Namespace, bench: MailBench, sessions: sessionmaker
             runs.trigger(session, period, template_version=settings.template_version, now=utcnow())
         outcome = coordinator.SliceOutcome()
         while not outcome.planned:
-            outcome = coordinator.plan_slice(sessions, period, hand_over, page_size=settings.plan_page_size,
-                                          budget_seconds=settings.plan_slice_seconds)
+            outcome = coordinator.plan_slice(
+                sessions,
+                period,
+                hand_over,
+                page_size=settings.plan_page_size,
+                budget_seconds=settings.plan_slice_seconds,
+            )
         planned_at = time.monotonic()
         for _ in range(args.processes * args.threads):
             jobs.put(None)
@@ -228,8 +265,12 @@ def plain_run(args: argparse.Namespace, bench: MailBench, sessions: sessionmaker
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--users", type=int, default=40_000)
-    parser.add_argument("--inactive-percent", type=int, default=0,
-                        help="seeded users left inactive (reports seed's default is 10); 0: every user is mailed")
+    parser.add_argument(
+        "--inactive-percent",
+        type=int,
+        default=0,
+        help="seeded users left inactive (reports seed's default is 10); 0: every user is mailed",
+    )
     parser.add_argument("--repeats", type=int, default=1, help="queue and plain runs each, alternating")
     parser.add_argument("--processes", type=int, default=2, help="worker processes (bulk pool) and plain processes")
     parser.add_argument("--threads", type=int, default=8, help="threads per process, both kinds")
@@ -239,8 +280,11 @@ def main() -> int:
 
     failed = False
     with mail_bench(users=args.users, inactive_percent=args.inactive_percent, prefix="end-to-end-bench-") as bench:
-        print(f"{args.processes} processes x {args.threads} threads; PostgreSQL, redis-server and the SMTP sink "
-              f"on this machine", flush=True)
+        print(
+            f"{args.processes} processes x {args.threads} threads; PostgreSQL, redis-server and the SMTP sink "
+            f"on this machine",
+            flush=True,
+        )
         engine = create_db_engine(bench.settings.database_url)
         sessions = session_factory(engine)
         results: dict[str, list[Run]] = {"queue": [], "plain": []}
@@ -256,10 +300,14 @@ def main() -> int:
     plain = statistics.median(r.seconds for r in results["plain"])
     label = "median " if args.repeats > 1 else ""
     users = len(bench.active)
-    print(f"queue: {label}{queue:.1f} s = {users / queue:,.0f} reports/s; plain: {label}{plain:.1f} s "
-          f"= {users / plain:,.0f} reports/s")
-    print(f"queue / plain wall time = {queue / plain:.3f}: the queue's overhead is {(queue / plain - 1):+.1%} "
-          f"(target: within +25%)")
+    print(
+        f"queue: {label}{queue:.1f} s = {users / queue:,.0f} reports/s; plain: {label}{plain:.1f} s "
+        f"= {users / plain:,.0f} reports/s"
+    )
+    print(
+        f"queue / plain wall time = {queue / plain:.3f}: the queue's overhead is {(queue / plain - 1):+.1%} "
+        f"(target: within +25%)"
+    )
     if failed:
         print("FAILED: not every user got exactly one email", file=sys.stderr)
     return 1 if failed else 0

@@ -39,16 +39,23 @@ def main() -> None:
 def measure(url: str, args: argparse.Namespace) -> None:
     with period_of_items(url, items=args.items, percent={ItemState.PENDING: args.pending_percent}) as sessions:
         namespace = f"bench-{uuid.uuid4().hex[:8]}"
-        collector = ReportsCollector(redis.Redis.from_url(REDIS_URL), namespace=namespace, sessions=sessions,
-                                     queues=("critical", "default", "bulk"), breaker_name=f"{namespace}:breaker:mail")
+        collector = ReportsCollector(
+            redis.Redis.from_url(REDIS_URL),
+            namespace=namespace,
+            sessions=sessions,
+            queues=("critical", "default", "bulk"),
+            breaker_name=f"{namespace}:breaker:mail",
+        )
         timings = []
         for _ in range(args.scrapes):
             started = time.perf_counter()
             samples = sum(len(metric.samples) for metric in collector.collect())
             timings.append(time.perf_counter() - started)
-        print(f"one scrape ({samples} samples, a period still in progress): "
-              f"median {statistics.median(timings) * 1000:.1f} ms, max {max(timings) * 1000:.1f} ms "
-              f"over {args.scrapes} scrapes")
+        print(
+            f"one scrape ({samples} samples, a period still in progress): "
+            f"median {statistics.median(timings) * 1000:.1f} ms, max {max(timings) * 1000:.1f} ms "
+            f"over {args.scrapes} scrapes"
+        )
 
 
 if __name__ == "__main__":

@@ -116,7 +116,9 @@ def main() -> None:
             engine = create_db_engine(url)
             sessions = session_factory(engine)
             broker = build_broker(settings)
-            print(f"{args.users:,} users; page size {args.page_size}; nproc {os.cpu_count()}; {datetime.now():%Y-%m-%d %H:%M}")
+            print(
+                f"{args.users:,} users; page size {args.page_size}; nproc {os.cpu_count()}; {datetime.now():%Y-%m-%d %H:%M}"
+            )
 
             # 1. The coordinator, no high-water mark.
             period = Period(2026, 10)
@@ -126,14 +128,21 @@ def main() -> None:
             started = time.perf_counter()
             outcome = coordinator.SliceOutcome()
             while not outcome.planned:
-                outcome = coordinator.plan_slice(sessions, period, lambda p: send_many(broker, BUILD_REPORT, p),
-                                              page_size=args.page_size, budget_seconds=3600)
+                outcome = coordinator.plan_slice(
+                    sessions,
+                    period,
+                    lambda p: send_many(broker, BUILD_REPORT, p),
+                    page_size=args.page_size,
+                    budget_seconds=3600,
+                )
             planned_s = time.perf_counter() - started
             queued = backlog(broker, BUILD_REPORT.queue)
             used = _used_memory(client) - before
             rate = args.users / planned_s
             print(f"coordinator: planned and enqueued {args.users:,} users in {planned_s:.1f} s = {rate:,.0f} users/s")
-            print(f"broker: {queued:,} messages queued, used_memory +{used / 1e6:.1f} MB = {used / queued:.0f} bytes/message")
+            print(
+                f"broker: {queued:,} messages queued, used_memory +{used / 1e6:.1f} MB = {used / queued:.0f} bytes/message"
+            )
 
             # 2. A loop of single enqueues (what actor.send does), in the same run.
             client.flushall()
@@ -157,17 +166,23 @@ def main() -> None:
                 outcome = coordinator.SliceOutcome()
                 while not outcome.planned:
                     outcome = coordinator.plan_slice(
-                        sessions, second, lambda p: send_many(broker, BUILD_REPORT, p), page_size=args.page_size,
-                        budget_seconds=3600, backlog=lambda: backlog(broker, BUILD_REPORT.queue),
+                        sessions,
+                        second,
+                        lambda p: send_many(broker, BUILD_REPORT, p),
+                        page_size=args.page_size,
+                        budget_seconds=3600,
+                        backlog=lambda: backlog(broker, BUILD_REPORT.queue),
                         high_water=args.high_water,
                     )
                     if outcome.backlogged:
                         pauses += 1
                         time.sleep(args.pause_seconds)
                 walked_s = time.perf_counter() - started
-            print(f"with high water {args.high_water:,} and workers taking {args.drain_rate:,} msg/s: walked "
-                  f"{args.users:,} users in {walked_s:.0f} s, {pauses} pauses, {drain.taken:,} messages taken; "
-                  f"peak used_memory {peak.bytes / 1e6:.1f} MB (empty: {base / 1e6:.1f} MB), whatever the number of users")
+            print(
+                f"with high water {args.high_water:,} and workers taking {args.drain_rate:,} msg/s: walked "
+                f"{args.users:,} users in {walked_s:.0f} s, {pauses} pauses, {drain.taken:,} messages taken; "
+                f"peak used_memory {peak.bytes / 1e6:.1f} MB (empty: {base / 1e6:.1f} MB), whatever the number of users"
+            )
         finally:
             if engine is not None:
                 engine.dispose()

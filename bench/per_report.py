@@ -71,6 +71,7 @@ class Meter:
                 return function(*args, **kwargs)
             finally:
                 self.add(stage, time.process_time() - started)
+
         return wrapper
 
     @contextmanager
@@ -120,8 +121,9 @@ def fresh_period(sessions: sessionmaker[Session], period: Period, settings: Sett
         for table in ("item_counts", "report_items", "deliveries", "reports", "period_runs"):
             session.execute(text(f"DELETE FROM {table}"))
         runs.trigger(session, period, template_version=settings.template_version, now=datetime.now(UTC))
-    assert plan_slice(sessions, period, lambda payloads: len(list(payloads)), page_size=1000,
-                      budget_seconds=600).planned
+    assert plan_slice(
+        sessions, period, lambda payloads: len(list(payloads)), page_size=1000, budget_seconds=600
+    ).planned
 
 
 def one_pass(settings: Settings, engine: Engine, redis_url: str, period: Period, users: list[int]) -> dict[str, Any]:
@@ -129,23 +131,34 @@ def one_pass(settings: Settings, engine: Engine, redis_url: str, period: Period,
     fresh_period(sessions, period, settings)
     meter = Meter()
     client = redis.Redis.from_url(redis_url)
-    breaker = CircuitBreaker(client, name=mail_breaker_name(f"bench-{uuid.uuid4().hex[:8]}"), failure_threshold=5,
-                             window_ms=30_000, cooldown_ms=30_000, probe_timeout_ms=30_000)
+    breaker = CircuitBreaker(
+        client,
+        name=mail_breaker_name(f"bench-{uuid.uuid4().hex[:8]}"),
+        failure_threshold=5,
+        window_ms=30_000,
+        cooldown_ms=30_000,
+        probe_timeout_ms=30_000,
+    )
     context = pipeline.Context(settings=settings, sessions=sessions, mailer=BytesMailer(), breaker=breaker)
     calls_before = redis_calls(client)
     with wrapped(meter), meter.watching(engine):
         started_cpu, started_wall = time.process_time(), time.perf_counter()
         for user_id in users:
-            assert pipeline.run(context, ReportJob(period, user_id, settings.template_version)) is \
-                pipeline.Outcome.DELIVERED
+            assert (
+                pipeline.run(context, ReportJob(period, user_id, settings.template_version))
+                is pipeline.Outcome.DELIVERED
+            )
         cpu, wall = time.process_time() - started_cpu, time.perf_counter() - started_wall
     redis_round_trips = redis_calls(client) - calls_before - 1  # the INFO call itself
     n = len(users)
     return {
-        "cpu_ms": 1000 * cpu / n, "wall_ms": 1000 * wall / n,
-        "render_ms": 1000 * meter.cpu.get("render", 0.0) / n, "email_ms": 1000 * meter.cpu.get("email", 0.0) / n,
+        "cpu_ms": 1000 * cpu / n,
+        "wall_ms": 1000 * wall / n,
+        "render_ms": 1000 * meter.cpu.get("render", 0.0) / n,
+        "email_ms": 1000 * meter.cpu.get("email", 0.0) / n,
         "driver_ms": 1000 * meter.driver_cpu / n,
-        "statements": meter.statements / n, "transactions": meter.transactions / n,
+        "statements": meter.statements / n,
+        "transactions": meter.transactions / n,
         "redis": redis_round_trips / n,
     }
 
@@ -182,11 +195,27 @@ def floor_pass(settings: Settings, engine: Engine, period: Period, users: list[i
             summary = summarize(period, ((bool(r[2]), r[3], r[4], r[5]) for r in rows if r[3] is not None))
             rendered = render(settings.templates_dir, settings.template_version, name=name, summary=summary)
             now = datetime.now(UTC).replace(tzinfo=None)
-            compose(rendered, to=recipient(email, name), mail_from=settings.mail_from, period=period,
-                    user_id=user_id, date=now, message_id=message_id(period, user_id, settings.mail_domain))
-            connection.execute(FLOOR_WRITE, {"period": str(period), "user_id": user_id,
-                                             "version": settings.template_version, "subject": rendered.subject,
-                                             "text": rendered.text, "html": rendered.html, "now": now})
+            compose(
+                rendered,
+                to=recipient(email, name),
+                mail_from=settings.mail_from,
+                period=period,
+                user_id=user_id,
+                date=now,
+                message_id=message_id(period, user_id, settings.mail_domain),
+            )
+            connection.execute(
+                FLOOR_WRITE,
+                {
+                    "period": str(period),
+                    "user_id": user_id,
+                    "version": settings.template_version,
+                    "subject": rendered.subject,
+                    "text": rendered.text,
+                    "html": rendered.html,
+                    "now": now,
+                },
+            )
     return 1000 * (time.process_time() - started) / len(users)
 
 
@@ -211,7 +240,9 @@ def main() -> int:
     floor = statistics.median(floors)
     rest = median["cpu_ms"] - median["render_ms"] - median["email_ms"]
     print(f"pipeline.run, {len(users):,} reports x {args.repeats} passes on PostgreSQL (medians):")
-    print(f"  CPU per report      {median['cpu_ms']:6.2f} ms   (wall {median['wall_ms']:.2f} ms)   target <= {TARGET_MS}")
+    print(
+        f"  CPU per report      {median['cpu_ms']:6.2f} ms   (wall {median['wall_ms']:.2f} ms)   target <= {TARGET_MS}"
+    )
     print(f"    render            {median['render_ms']:6.2f} ms")
     print(f"    email             {median['email_ms']:6.2f} ms   (compose + bytes)")
     print(f"    database + rest   {rest:6.2f} ms   (of which in the driver's execute: {median['driver_ms']:.2f} ms)")

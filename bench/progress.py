@@ -61,17 +61,21 @@ def measure(url: str, args: argparse.Namespace) -> None:
             started = time.perf_counter()
             read()
             timings.append((time.perf_counter() - started) * 1000)
-        print(f"progress.count, {args.items:,} items: median {statistics.median(timings):.1f} ms, "
-              f"p95 {percentile(timings, 95):.1f} ms, max {max(timings):.1f} ms over {args.repeats} reads "
-              f"(target {TARGET_MS} ms)")
+        print(
+            f"progress.count, {args.items:,} items: median {statistics.median(timings):.1f} ms, "
+            f"p95 {percentile(timings, 95):.1f} ms, max {max(timings):.1f} ms over {args.repeats} reads "
+            f"(target {TARGET_MS} ms)"
+        )
 
         command = reports_command()
         env = {**os.environ, "DATABASE_URL": url}
         startup_ms, _ = timed(command + ["--help"], env)
         total_ms, output = timed(command + ["progress", str(PERIOD), "--json"], env)
         assert json.loads(output) == answer.as_dict(), output
-        print(f"`reports progress {PERIOD} --json` as a new process, once: {total_ms:.0f} ms; "
-              f"`reports --help` (starting Python and importing the CLI, no database), once: {startup_ms:.0f} ms")
+        print(
+            f"`reports progress {PERIOD} --json` as a new process, once: {total_ms:.0f} ms; "
+            f"`reports --help` (starting Python and importing the CLI, no database), once: {startup_ms:.0f} ms"
+        )
 
 
 def percentile(values: list[float], p: float) -> float:

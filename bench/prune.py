@@ -31,35 +31,51 @@ OLD, CURRENT = "2020-01", "2026-10"
 CURRENT_ITEMS = 10_000
 
 FILL = [
-    ("INSERT INTO period_runs (period, state, template_version, cursor, planned, triggered_at, updated_at) "
-    "VALUES (:old, 'active', 'v1', :users, true, now(), now()), (:current, 'active', 'v1', 0, false, now(), now())"),
-    ("INSERT INTO users (id, email, name, active) SELECT g, 'u' || g || '@example.test', 'User ' || g, true "
-    "FROM generate_series(1, :users) g"),
-    ("INSERT INTO report_items (period, user_id, state, attempts, created_at, updated_at) "
-    "SELECT :old, g, 'delivered', 1, now(), now() FROM generate_series(1, :users) g"),
-    ("INSERT INTO deliveries (period, user_id, state, message_id, claim_token, lease_expires_at, claims, claimed_at, "
-    "sent_at) SELECT :old, g, 'sent', '<report.' || g || '>', 'token', now(), 1, now(), now() "
-    "FROM generate_series(1, :users) g"),
-    ("INSERT INTO reports (period, user_id, template_version, subject, body_text, body_html, rendered_at) "
-    "SELECT :old, g, 'v1', 'Your report', repeat('text ', 40), repeat('<p>html</p>', 30), now() "
-    "FROM generate_series(1, :users) g"),
-    ("INSERT INTO report_items (period, user_id, state, attempts, created_at, updated_at) "
-    "SELECT :current, g, 'pending', 0, now(), now() FROM generate_series(1, :items) g"),
+    (
+        "INSERT INTO period_runs (period, state, template_version, cursor, planned, triggered_at, updated_at) "
+        "VALUES (:old, 'active', 'v1', :users, true, now(), now()), (:current, 'active', 'v1', 0, false, now(), now())"
+    ),
+    (
+        "INSERT INTO users (id, email, name, active) SELECT g, 'u' || g || '@example.test', 'User ' || g, true "
+        "FROM generate_series(1, :users) g"
+    ),
+    (
+        "INSERT INTO report_items (period, user_id, state, attempts, created_at, updated_at) "
+        "SELECT :old, g, 'delivered', 1, now(), now() FROM generate_series(1, :users) g"
+    ),
+    (
+        "INSERT INTO deliveries (period, user_id, state, message_id, claim_token, lease_expires_at, claims, claimed_at, "
+        "sent_at) SELECT :old, g, 'sent', '<report.' || g || '>', 'token', now(), 1, now(), now() "
+        "FROM generate_series(1, :users) g"
+    ),
+    (
+        "INSERT INTO reports (period, user_id, template_version, subject, body_text, body_html, rendered_at) "
+        "SELECT :old, g, 'v1', 'Your report', repeat('text ', 40), repeat('<p>html</p>', 30), now() "
+        "FROM generate_series(1, :users) g"
+    ),
+    (
+        "INSERT INTO report_items (period, user_id, state, attempts, created_at, updated_at) "
+        "SELECT :current, g, 'pending', 0, now(), now() FROM generate_series(1, :items) g"
+    ),
 ]
 
 WORK = [
     "SELECT state FROM report_items WHERE period = :p AND user_id = :u FOR UPDATE",
     "UPDATE report_items SET attempts = attempts + 1, updated_at = now() WHERE period = :p AND user_id = :u",
-    ("INSERT INTO reports (period, user_id, template_version, subject, body_text, body_html, rendered_at) "
-    "VALUES (:p, :u, 'v1', 's', 't', 'h', now()) ON CONFLICT (period, user_id) DO UPDATE SET rendered_at = now()"),
+    (
+        "INSERT INTO reports (period, user_id, template_version, subject, body_text, body_html, rendered_at) "
+        "VALUES (:p, :u, 'v1', 's', 't', 'h', now()) ON CONFLICT (period, user_id) DO UPDATE SET rendered_at = now()"
+    ),
 ]
 
 
 def _summary(latencies: list[float]) -> str:
     ordered = sorted(latencies)
     p99 = ordered[int(len(ordered) * 0.99)]
-    return (f"{len(ordered):,} transactions, p50 {statistics.median(ordered) * 1000:.1f} ms, "
-            f"p99 {p99 * 1000:.1f} ms, max {ordered[-1] * 1000:.1f} ms")
+    return (
+        f"{len(ordered):,} transactions, p50 {statistics.median(ordered) * 1000:.1f} ms, "
+        f"p99 {p99 * 1000:.1f} ms, max {ordered[-1] * 1000:.1f} ms"
+    )
 
 
 def main() -> None:
@@ -76,8 +92,9 @@ def main() -> None:
         started = time.monotonic()
         with engine.begin() as connection:
             for statement in FILL:
-                connection.execute(text(statement), {"old": OLD, "current": CURRENT, "users": arguments.users,
-                                                     "items": CURRENT_ITEMS})
+                connection.execute(
+                    text(statement), {"old": OLD, "current": CURRENT, "users": arguments.users, "items": CURRENT_ITEMS}
+                )
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
             connection.execute(text("VACUUM ANALYZE"))
         print(f"filled {arguments.users * 3:,} old rows in {time.monotonic() - started:.1f} s")
@@ -109,8 +126,10 @@ def main() -> None:
         for worker in workers:
             worker.join()
         engine.dispose()
-    print(f"prune: {result.rows:,} rows in {took:.1f} s = {result.rows / took:,.0f} rows/s "
-          f"({retention.BATCH_SIZE:,} a transaction)")
+    print(
+        f"prune: {result.rows:,} rows in {took:.1f} s = {result.rows / took:,.0f} rows/s "
+        f"({retention.BATCH_SIZE:,} a transaction)"
+    )
     print(f"workers ({arguments.threads} threads) before the prune: {_summary(latencies['before'])}")
     print(f"workers during the prune:            {_summary(latencies['during'])}")
 

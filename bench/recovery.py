@@ -52,6 +52,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+import contextlib
+
 import dramatiq
 import redis
 from dramatiq.brokers.redis import (
@@ -99,15 +101,11 @@ class Processes:
         with self._lock:
             if process not in self._live:
                 return
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             self._live.remove(process)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
 
     def kill_all(self) -> None:
         with self._lock:
@@ -124,9 +122,24 @@ def start_private_redis(processes: Processes, workdir: Path) -> tuple[str, str]:
     port = free_port()
     log = workdir / "redis-server.log"
     processes.start(
-        [REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--dir", str(workdir), "--logfile", str(log)],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            REDIS_SERVER,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(workdir),
+            "--logfile",
+            str(log),
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     url = f"redis://127.0.0.1:{port}/0"
     client = redis.Redis.from_url(url)
@@ -200,7 +213,11 @@ def _start_group(ctx: Context, env: dict[str, str], log: Path) -> subprocess.Pop
     with open(log, "wb") as out:
         return ctx.processes.start(
             [sys.executable, "-m", "dramatiq", "bench.recovery_actors", "--processes", "1", "--threads", "1"],
-            cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
 
 
@@ -208,15 +225,19 @@ def _producer(ctx: Context, mode: Mode, namespace: str) -> RedisBroker:
     """A producer broker with the same settings as the mode's workers."""
     if mode.name == "project":
         settings = dataclasses.replace(
-            ctx.settings, broker_url=ctx.redis_url, broker_namespace=namespace,
-            heartbeat_timeout_ms=mode.heartbeat_timeout_ms, maintenance_chance=mode.maintenance_chance,
+            ctx.settings,
+            broker_url=ctx.redis_url,
+            broker_namespace=namespace,
+            heartbeat_timeout_ms=mode.heartbeat_timeout_ms,
+            maintenance_chance=mode.maintenance_chance,
         )
         return build_broker(settings)
     return RedisBroker(url=ctx.redis_url, namespace=namespace)
 
 
-def _blpop(ctx: Context, client: redis.Redis, key: str, deadline: float,
-           groups: list[subprocess.Popen[bytes]]) -> dict[str, Any] | str | None:
+def _blpop(
+    ctx: Context, client: redis.Redis, key: str, deadline: float, groups: list[subprocess.Popen[bytes]]
+) -> dict[str, Any] | str | None:
     """Pop one entry from ``key`` before ``deadline`` (time.time()); None on timeout.
 
     Waits in short blocking pops so that Ctrl-C and dead worker groups are noticed.
@@ -258,9 +279,7 @@ def one_run(ctx: Context, mode: Mode, index: int) -> RunResult:
 
         producer = _producer(ctx, mode, namespace)
         try:
-            producer.enqueue(
-                dramatiq.Message(queue_name=QUEUE, actor_name=ACTOR, args=(token,), kwargs={}, options={})
-            )
+            producer.enqueue(dramatiq.Message(queue_name=QUEUE, actor_name=ACTOR, args=(token,), kwargs={}, options={}))
         finally:
             producer.close()
 
@@ -339,15 +358,27 @@ def _fmt_median(value: float | None, bound: bool) -> str:
     return f">={value:.1f}" if bound else f"{value:.1f}"
 
 
-def report(ctx: Context, modes: list[Mode], results: dict[str, list[RunResult]], redis_desc: str,
-           started: datetime.datetime, finished: datetime.datetime) -> bool:
+def report(
+    ctx: Context,
+    modes: list[Mode],
+    results: dict[str, list[RunResult]],
+    redis_desc: str,
+    started: datetime.datetime,
+    finished: datetime.datetime,
+) -> bool:
     nproc = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     print("kill -9 of a worker's process group -> redelivery of its in-flight message")
-    print(f"date:    {started:%Y-%m-%d %H:%M:%S} to {finished:%H:%M:%S} ({(finished - started).total_seconds():.0f} s wall)")
+    print(
+        f"date:    {started:%Y-%m-%d %H:%M:%S} to {finished:%H:%M:%S} ({(finished - started).total_seconds():.0f} s wall)"
+    )
     print(f"machine: nproc={nproc}, {platform.machine()}, {platform.system()} {platform.release()}")
-    print(f"stack:   Python {platform.python_version()}, dramatiq {dramatiq.__version__}, redis-py {redis.__version__}, {redis_desc}")
+    print(
+        f"stack:   Python {platform.python_version()}, dramatiq {dramatiq.__version__}, redis-py {redis.__version__}, {redis_desc}"
+    )
     print("workers: 2 groups per run (python -m dramatiq bench.recovery_actors --processes 1 --threads 1);")
-    print(f"         the group running the message is SIGKILLed, the other stands by idle; timeout {ctx.timeout:.0f} s per run")
+    print(
+        f"         the group running the message is SIGKILLed, the other stands by idle; timeout {ctx.timeout:.0f} s per run"
+    )
     print()
     rows = [("mode", "heartbeat_timeout", "maintenance_chance", "runs (s, kill -> redelivery)", "median (s)")]
     medians: dict[str, tuple[float | None, bool]] = {}
@@ -368,7 +399,7 @@ def report(ctx: Context, modes: list[Mode], results: dict[str, list[RunResult]],
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for i, row in enumerate(rows):
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
         if i == 0:
             print("  ".join("-" * w for w in widths))
     print()
@@ -405,14 +436,26 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5, help="runs with the project's settings (default 5)")
-    parser.add_argument("--default-runs", type=int, default=3,
-                        help="runs with Dramatiq's defaults, all at once (default 3)")
-    parser.add_argument("--timeout", type=float, default=1200.0,
-                        help="seconds after the kill before a run is reported as '> timeout' (default 1200)")
-    parser.add_argument("--startup-timeout", type=float, default=60.0,
-                        help="seconds for the workers to boot and start the message (default 60)")
-    parser.add_argument("--redis-url", default=None,
-                        help="use this Redis instead of a private redis-server (keys are deleted afterwards)")
+    parser.add_argument(
+        "--default-runs", type=int, default=3, help="runs with Dramatiq's defaults, all at once (default 3)"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=1200.0,
+        help="seconds after the kill before a run is reported as '> timeout' (default 1200)",
+    )
+    parser.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=60.0,
+        help="seconds for the workers to boot and start the message (default 60)",
+    )
+    parser.add_argument(
+        "--redis-url",
+        default=None,
+        help="use this Redis instead of a private redis-server (keys are deleted afterwards)",
+    )
     args = parser.parse_args(argv)
     if args.runs < 0 or args.default_runs < 0 or args.runs + args.default_runs == 0:
         parser.error("nothing to run")
@@ -436,8 +479,17 @@ def main(argv: list[str] | None = None) -> int:
             redis_url, redis_desc = args.redis_url, f"Redis at {args.redis_url}"
         else:
             redis_url, redis_desc = start_private_redis(processes, workdir)
-        ctx = Context(processes, redis_url, not args.redis_url, settings, workdir,
-                      args.startup_timeout, args.timeout, stop, threading.Lock())
+        ctx = Context(
+            processes,
+            redis_url,
+            not args.redis_url,
+            settings,
+            workdir,
+            args.startup_timeout,
+            args.timeout,
+            stop,
+            threading.Lock(),
+        )
         started = datetime.datetime.now()
         ctx.log(f"redis: {redis_desc}; logs in {workdir}")
 
@@ -460,7 +512,9 @@ def main(argv: list[str] | None = None) -> int:
         for mode in modes:
             if mode.name == "defaults":
                 # Minutes each, waiting on a random draw: run them all at once.
-                threads += [threading.Thread(target=record, args=(mode, i), daemon=True) for i in range(counts["defaults"])]
+                threads += [
+                    threading.Thread(target=record, args=(mode, i), daemon=True) for i in range(counts["defaults"])
+                ]
             else:
                 threads.append(threading.Thread(target=sequential, args=(mode,), daemon=True))
         for thread in threads:

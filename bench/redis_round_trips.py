@@ -59,8 +59,9 @@ def _sha(script: str) -> bytes:
     return hashlib.sha1(script.encode()).hexdigest().encode()
 
 
-_DRAMATIQ_SCRIPTS = {_sha(path.read_text()): path.stem
-                     for path in (Path(dramatiq.brokers.redis.__file__).parent / "redis").glob("*.lua")}
+_DRAMATIQ_SCRIPTS = {
+    _sha(path.read_text()): path.stem for path in (Path(dramatiq.brokers.redis.__file__).parent / "redis").glob("*.lua")
+}
 DISPATCH_SHA = next(sha for sha, name in _DRAMATIQ_SCRIPTS.items() if name == "dispatch")
 BREAKER_SHAS = {_sha(getattr(breaker, name)) for name in ("_ALLOW", "_FAILURE", "_SUCCESS")}
 
@@ -110,7 +111,7 @@ class Monitor:
         if source is None or source.group(1) == b"lua":
             return
         client = source.group(1)
-        tokens = _TOKEN.findall(line[source.end():])
+        tokens = _TOKEN.findall(line[source.end() :])
         name = tokens[0].lower()
         if name == b"multi":
             self._in_multi[client] = []
@@ -153,10 +154,16 @@ def main() -> int:
             bench.sink.reset()
             monitor = Monitor(bench.settings.broker_url)
             started = time.monotonic()
-            runs.trigger_and_enqueue(sessions, build_broker(bench.settings), bench.period,
-                                     template_version=bench.settings.template_version, now=utcnow())
-            final, _ = watch_period(sessions, bench.period, expected=len(bench.active), timeout=args.timeout,
-                                    alive=pools.check)
+            runs.trigger_and_enqueue(
+                sessions,
+                build_broker(bench.settings),
+                bench.period,
+                template_version=bench.settings.template_version,
+                now=utcnow(),
+            )
+            final, _ = watch_period(
+                sessions, bench.period, expected=len(bench.active), timeout=args.timeout, alive=pools.check
+            )
             seconds = time.monotonic() - started
             time.sleep(SETTLE_SECONDS)
         finally:
@@ -166,8 +173,10 @@ def main() -> int:
         delivered = bench.sink.check(bench.active)
 
     messages = final.total
-    print(f"{messages:,} build_report messages in {seconds:.1f} s ({args.processes} x {args.threads} bulk workers); "
-          f"{delivered.describe()}")
+    print(
+        f"{messages:,} build_report messages in {seconds:.1f} s ({args.processes} x {args.threads} bulk workers); "
+        f"{delivered.describe()}"
+    )
     print(f"{'commands':>9} {'per message':>12}  what")
     for name, n in sorted(counts.items()):
         print(f"{n:>9,} {n / messages:>12.3f}  {name}")
@@ -175,10 +184,12 @@ def main() -> int:
     # Outside a MULTI the metrics came as one pipeline of three commands per message (the old code).
     metrics_trips = counts["ours: actor metrics (MULTI/EXEC round trips)"] + counts["ours: actor metrics"] / 3
     breaker_calls = counts["ours: breaker script calls"]
-    print(f"per message: Dramatiq {dramatiq_calls / messages:.3f} script calls; ours {breaker_calls / messages:.3f} "
-          f"breaker calls + {metrics_trips / messages:.3f} metrics round trips = "
-          f"{(breaker_calls + metrics_trips) / messages:.3f} (the heartbeat thread's writes are per 3.75 s, not "
-          f"per message)")
+    print(
+        f"per message: Dramatiq {dramatiq_calls / messages:.3f} script calls; ours {breaker_calls / messages:.3f} "
+        f"breaker calls + {metrics_trips / messages:.3f} metrics round trips = "
+        f"{(breaker_calls + metrics_trips) / messages:.3f} (the heartbeat thread's writes are per 3.75 s, not "
+        f"per message)"
+    )
     return 0 if delivered.ok else 1
 
 

@@ -24,8 +24,13 @@ from reports.settings import DEFAULT_TEMPLATES_DIR
 
 def summary(categories: int) -> Summary:
     totals = tuple(CategoryTotal(f"category {i}", i + 1, 10_000 + 7_919 * i) for i in range(categories))
-    return Summary(period=Period(2026, 10), count=sum(c.count for c in totals),
-                   total_cents=sum(c.total_cents for c in totals), by_category=totals, previous_total_cents=150_000)
+    return Summary(
+        period=Period(2026, 10),
+        count=sum(c.count for c in totals),
+        total_cents=sum(c.total_cents for c in totals),
+        by_category=totals,
+        previous_total_cents=150_000,
+    )
 
 
 def measure(version: str, report: Summary, renders: int) -> list[float]:
@@ -46,8 +51,10 @@ def main() -> None:
     for version, categories in (("v1", args.categories), ("v2", args.categories), ("v2", 40)):
         samples = sorted(measure(version, summary(categories), args.renders))
         p95 = samples[int(len(samples) * 0.95)]
-        print(f"{version} with {categories:>2} categories: median {statistics.median(samples):7.1f} µs, "
-              f"p95 {p95:7.1f} µs, max {samples[-1]:8.1f} µs over {len(samples):,} renders")
+        print(
+            f"{version} with {categories:>2} categories: median {statistics.median(samples):7.1f} µs, "
+            f"p95 {p95:7.1f} µs, max {samples[-1]:8.1f} µs over {len(samples):,} renders"
+        )
 
 
 if __name__ == "__main__":

@@ -41,8 +41,16 @@ SEND_SECONDS = 0.005
 TOLERANCE = 0.05
 
 
-def _process(namespace: str, rate: float, burst: int, max_sleep_ms: float, seconds: float, go: Any, start: Any,
-             out: multiprocessing.Queue) -> None:
+def _process(
+    namespace: str,
+    rate: float,
+    burst: int,
+    max_sleep_ms: float,
+    seconds: float,
+    go: Any,
+    start: Any,
+    out: multiprocessing.Queue,
+) -> None:
     limiter = send_rate.SendRate(redis.Redis.from_url(REDIS_URL), namespace=namespace, per_second=rate, burst=burst)
     times: list[float] = []
     lock = threading.Lock()
@@ -74,8 +82,10 @@ def run_case(name: str, *, rate: float, burst: int, max_sleep_ms: float, seconds
     context = multiprocessing.get_context("spawn")
     out: multiprocessing.Queue = context.Queue()
     go, start = context.Event(), context.Value("d", 0.0)
-    processes = [context.Process(target=_process, args=(namespace, rate, burst, max_sleep_ms, seconds, go, start, out))
-                 for _ in range(PROCESSES)]
+    processes = [
+        context.Process(target=_process, args=(namespace, rate, burst, max_sleep_ms, seconds, go, start, out))
+        for _ in range(PROCESSES)
+    ]
     for process in processes:
         process.start()
     client = redis.Redis.from_url(REDIS_URL)
@@ -85,8 +95,9 @@ def run_case(name: str, *, rate: float, burst: int, max_sleep_ms: float, seconds
         start.value = begun = time.time()
         go.set()
         sent = sorted(t - begun for _ in processes for t in out.get(timeout=seconds + 60))
-        counts = {k.decode(): int(v) for k, v in
-                  client.hgetall(counter_key(namespace, send_rate.THROTTLED_COUNTER)).items()}
+        counts = {
+            k.decode(): int(v) for k, v in client.hgetall(counter_key(namespace, send_rate.THROTTLED_COUNTER)).items()
+        }
     finally:
         for process in processes:
             process.join(timeout=10)
@@ -97,11 +108,15 @@ def run_case(name: str, *, rate: float, burst: int, max_sleep_ms: float, seconds
     error = achieved / rate - 1
     busiest = max(sum(1 for t in sent if s <= t < s + 1) for s in range(int(seconds)))
     met = abs(error) <= TOLERANCE
-    print(f"{name}: {PROCESSES} processes x {THREADS} threads, target {rate:g}/s (burst {burst}), "
-          f"{seconds:g} s, sleep up to {max_sleep_ms:g} ms")
-    print(f"  sent {len(sent)}; achieved {achieved:.2f}/s, error {error:+.2%} ({'met' if met else 'NOT met'}: "
-          f"within {TOLERANCE:.0%}); busiest second {busiest}; throttled: waited {counts.get('waited', 0)}, "
-          f"deferred {counts.get('deferred', 0)}")
+    print(
+        f"{name}: {PROCESSES} processes x {THREADS} threads, target {rate:g}/s (burst {burst}), "
+        f"{seconds:g} s, sleep up to {max_sleep_ms:g} ms"
+    )
+    print(
+        f"  sent {len(sent)}; achieved {achieved:.2f}/s, error {error:+.2%} ({'met' if met else 'NOT met'}: "
+        f"within {TOLERANCE:.0%}); busiest second {busiest}; throttled: waited {counts.get('waited', 0)}, "
+        f"deferred {counts.get('deferred', 0)}"
+    )
     return met
 
 
@@ -112,8 +127,9 @@ def main() -> None:
     parser.add_argument("--deep-rate", type=float, default=20)
     parser.add_argument("--deep-seconds", type=float, default=20)
     arguments = parser.parse_args()
-    at_rate = run_case("at the rate", rate=arguments.rate, burst=1, max_sleep_ms=send_rate.MAX_SLEEP_MS,
-                       seconds=arguments.seconds)
+    at_rate = run_case(
+        "at the rate", rate=arguments.rate, burst=1, max_sleep_ms=send_rate.MAX_SLEEP_MS, seconds=arguments.seconds
+    )
     deep = run_case("deep queue", rate=arguments.deep_rate, burst=1, max_sleep_ms=20, seconds=arguments.deep_seconds)
     raise SystemExit(0 if at_rate and deep else 1)
 

@@ -110,9 +110,11 @@ class Delivered:
     def describe(self) -> str:
         s = self.stats
         verdict = "every user exactly one email" if self.ok else "NOT one email per user"
-        return (f"{s['messages']:,} emails for {s['users']:,} users ({self.expected:,} expected): {self.missing:,} "
-                f"missing, {self.repeated:,} users mailed more than once, {self.unexpected:,} unexpected, "
-                f"{s['repeated_message_ids']:,} repeated Message-IDs: {verdict}")
+        return (
+            f"{s['messages']:,} emails for {s['users']:,} users ({self.expected:,} expected): {self.missing:,} "
+            f"missing, {self.repeated:,} users mailed more than once, {self.unexpected:,} unexpected, "
+            f"{s['repeated_message_ids']:,} repeated Message-IDs: {verdict}"
+        )
 
 
 class SmtpSink:
@@ -122,8 +124,13 @@ class SmtpSink:
         from support import free_port  # bench/support.py, beside this script
 
         port = port or free_port()
-        self.process = subprocess.Popen([sys.executable, __file__, "--port", str(port)], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, text=True, start_new_session=True)
+        self.process = subprocess.Popen(
+            [sys.executable, __file__, "--port", str(port)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         first = self._read()
         if not first.startswith("ready "):
             self.close()

@@ -82,9 +82,22 @@ def redis_server(folder: str | Path | None = None) -> Iterator[str]:
             yield url
         return
     port = free_port()
-    server = subprocess.Popen([shutil.which("redis-server") or "redis-server", "--port", str(port), "--bind",
-                               "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(folder)],
-                              stdout=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [
+            shutil.which("redis-server") or "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(folder),
+        ],
+        stdout=subprocess.DEVNULL,
+    )
     url = f"redis://127.0.0.1:{port}/0"
     try:
         client = redis.Redis.from_url(url)
@@ -104,8 +117,9 @@ def redis_server(folder: str | Path | None = None) -> Iterator[str]:
         server.wait(timeout=10)
 
 
-def seed_users(database_url: str, *, users: int, period: Period, inactive_percent: int = 10,
-               chunk: int = 50_000) -> set[int]:
+def seed_users(
+    database_url: str, *, users: int, period: Period, inactive_percent: int = 10, chunk: int = 50_000
+) -> set[int]:
     """Add demo users with activities the way ``reports seed`` does (``reports.ops.seed.seed``), committed
     ``chunk`` users at a time so a large seed stays small in memory; then VACUUM ANALYZE.
 
@@ -117,8 +131,13 @@ def seed_users(database_url: str, *, users: int, period: Period, inactive_percen
         for index, start in enumerate(range(0, users, chunk)):
             with sessions.begin() as session:
                 # One chunk is exactly `reports seed --users N`; later chunks draw other random numbers.
-                seed(session, users=min(chunk, users - start), period=period,
-                     inactive_percent=inactive_percent, seed=index + 1)
+                seed(
+                    session,
+                    users=min(chunk, users - start),
+                    period=period,
+                    inactive_percent=inactive_percent,
+                    seed=index + 1,
+                )
         with sessions.begin() as session:
             active = set(session.scalars(select(User.id).where(User.active)))
     finally:
@@ -150,15 +169,23 @@ def mail_bench(*, users: int, inactive_percent: int, prefix: str) -> Iterator[Ma
     period = previous_month(utcnow())
     try:
         with redis_server(workdir) as redis_url, SmtpSink() as sink, temporary_database() as url:
-            settings = Settings(var_dir=workdir / "var", database_url=url, broker_url=redis_url,
-                                broker_namespace="bench", smtp_url=sink.url,
-                                mail_from="Monthly Reports <reports@bench.test>")
+            settings = Settings(
+                var_dir=workdir / "var",
+                database_url=url,
+                broker_url=redis_url,
+                broker_namespace="bench",
+                smtp_url=sink.url,
+                mail_from="Monthly Reports <reports@bench.test>",
+            )
             upgrade(settings)
             started = time.monotonic()
             active = seed_users(url, users=users, period=period, inactive_percent=inactive_percent)
-            print(f"{users:,} users seeded ({len(active):,} active) with activities in {period.previous()} and "
-                  f"{period} in {time.monotonic() - started:.1f} s; nproc {os.cpu_count()}; "
-                  f"{datetime.now():%Y-%m-%d %H:%M}", flush=True)
+            print(
+                f"{users:,} users seeded ({len(active):,} active) with activities in {period.previous()} and "
+                f"{period} in {time.monotonic() - started:.1f} s; nproc {os.cpu_count()}; "
+                f"{datetime.now():%Y-%m-%d %H:%M}",
+                flush=True,
+            )
             yield MailBench(workdir, settings, sink, period, active)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -178,14 +205,34 @@ class Pools:
         self.workdir, self.env = workdir, env
         self.started: list[tuple[str, subprocess.Popen[bytes], Path]] = []
 
-    def start(self, name: str, queue: str, processes: int, threads: int,
-              extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    def start(
+        self, name: str, queue: str, processes: int, threads: int, extra_env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         log_path = self.workdir / f"{name}.log"
-        argv = [sys.executable, "-m", "dramatiq", "actors", "--queues", queue, "--processes", str(processes),
-                "--threads", str(threads), "--worker-shutdown-timeout", "20000"]
+        argv = [
+            sys.executable,
+            "-m",
+            "dramatiq",
+            "actors",
+            "--queues",
+            queue,
+            "--processes",
+            str(processes),
+            "--threads",
+            str(threads),
+            "--worker-shutdown-timeout",
+            "20000",
+        ]
         with log_path.open("wb") as log:
-            process = subprocess.Popen(argv, cwd=ROOT, env={**self.env, **(extra_env or {})}, stdout=log,
-                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            process = subprocess.Popen(
+                argv,
+                cwd=ROOT,
+                env={**self.env, **(extra_env or {})},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         self.started.append((name, process, log_path))
         deadline = time.monotonic() + 60
         while log_path.read_text(errors="replace").count("Worker process is ready") < processes:
@@ -215,9 +262,16 @@ class Pools:
         self.started.clear()
 
 
-def watch_period(sessions: sessionmaker[Session], period: Period, *, expected: int, timeout: float,
-                 interval: float = 0.25, on_progress: Callable[[progress.Progress], None] | None = None,
-                 alive: Callable[[], None] = lambda: None) -> tuple[progress.Progress, float | None]:
+def watch_period(
+    sessions: sessionmaker[Session],
+    period: Period,
+    *,
+    expected: int,
+    timeout: float,
+    interval: float = 0.25,
+    on_progress: Callable[[progress.Progress], None] | None = None,
+    alive: Callable[[], None] = lambda: None,
+) -> tuple[progress.Progress, float | None]:
     """Poll the period's progress (``reports.fanout.progress.count``) until it is complete with ``expected`` items.
 
     Calls ``on_progress`` with each reading and ``alive`` between readings (to raise if workers died);

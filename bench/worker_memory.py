@@ -54,8 +54,11 @@ class Sampler:
         elapsed = time.monotonic() - self.started
         parts = " + ".join(f"{kib / 1024:.1f}" for _, kib in sorted(rss.items()))
         label = " (checkpoint)" if mark == self.checkpoint else ""
-        print(f"  {delivered:>9,} delivered at {elapsed:7.1f} s ({delivered / elapsed:,.0f} reports/s): bulk pool "
-              f"RSS {total / 1024:7.1f} MiB = {parts} over {len(rss)} processes{label}", flush=True)
+        print(
+            f"  {delivered:>9,} delivered at {elapsed:7.1f} s ({delivered / elapsed:,.0f} reports/s): bulk pool "
+            f"RSS {total / 1024:7.1f} MiB = {parts} over {len(rss)} processes{label}",
+            flush=True,
+        )
         return total
 
 
@@ -63,8 +66,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--users", type=int, default=400_000)
     parser.add_argument("--checkpoint", type=int, default=40_000, help="delivered users at the first sample")
-    parser.add_argument("--inactive-percent", type=int, default=0,
-                        help="seeded users left inactive (reports seed's default is 10); 0: every user is mailed")
+    parser.add_argument(
+        "--inactive-percent",
+        type=int,
+        default=0,
+        help="seeded users left inactive (reports seed's default is 10); 0: every user is mailed",
+    )
     parser.add_argument("--processes", type=int, default=2, help="bulk pool processes")
     parser.add_argument("--threads", type=int, default=8, help="bulk pool threads per process")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between progress reads")
@@ -87,10 +94,22 @@ def main() -> int:
             bench.sink.reset()
             started = time.monotonic()
             sampler = Sampler(bulk.pid, len(active), args.checkpoint, started)
-            runs.trigger_and_enqueue(sessions, build_broker(bench.settings), bench.period,
-                                     template_version=bench.settings.template_version, now=utcnow())
-            final, _ = watch_period(sessions, bench.period, expected=len(active), timeout=args.timeout,
-                                    interval=args.interval, on_progress=sampler, alive=pools.check)
+            runs.trigger_and_enqueue(
+                sessions,
+                build_broker(bench.settings),
+                bench.period,
+                template_version=bench.settings.template_version,
+                now=utcnow(),
+            )
+            final, _ = watch_period(
+                sessions,
+                bench.period,
+                expected=len(active),
+                timeout=args.timeout,
+                interval=args.interval,
+                on_progress=sampler,
+                alive=pools.check,
+            )
             seconds = time.monotonic() - started
             end = sampler.sample(len(active), final.delivered)
         finally:
@@ -101,8 +120,10 @@ def main() -> int:
     ratio = end / at_checkpoint
     print(f"{final.delivered:,} reports in {seconds:.1f} s = {final.delivered / seconds:,.0f} reports/s")
     print(delivered.describe())
-    print(f"bulk pool RSS: {at_checkpoint / 1024:.1f} MiB at {args.checkpoint:,} delivered, {end / 1024:.1f} MiB at "
-          f"{final.delivered:,}: end / checkpoint = {ratio:.3f} (target: within {TARGET_RATIO:.2f})")
+    print(
+        f"bulk pool RSS: {at_checkpoint / 1024:.1f} MiB at {args.checkpoint:,} delivered, {end / 1024:.1f} MiB at "
+        f"{final.delivered:,}: end / checkpoint = {ratio:.3f} (target: within {TARGET_RATIO:.2f})"
+    )
     return 0 if delivered.ok and ratio <= TARGET_RATIO else 1
 
 

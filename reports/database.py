@@ -48,11 +48,15 @@ def create_db_engine(url: str, *, create: bool = True) -> Engine:
         if not create and not Path(parsed.database).is_file():
             # Absolute: a relative path (the default var/reports.db) is read from the current
             # folder, and the operator must see which folder that was.
-            raise DatabaseMissing(f"No database at {Path(parsed.database).resolve()}: set DATABASE_URL (or VAR_DIR, "
-                                  "which holds the default reports.db) to an existing one, or create it with "
-                                  "`reports db upgrade`.")
+            raise DatabaseMissing(
+                f"No database at {Path(parsed.database).resolve()}: set DATABASE_URL (or VAR_DIR, "
+                "which holds the default reports.db) to an existing one, or create it with "
+                "`reports db upgrade`."
+            )
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}, hide_parameters=HIDE_PARAMETERS)
+    engine = create_engine(
+        url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}, hide_parameters=HIDE_PARAMETERS
+    )
 
     @event.listens_for(engine, "connect")
     def _configure(dbapi_connection, _record):

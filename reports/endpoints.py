@@ -49,6 +49,7 @@ _FALSE = {"0", "false", "no", "off"}
 #: without TLS: only for a relay on the same host or network, never across the internet.
 SMTP_OPTIONS = ("starttls", "insecure_auth")
 
+
 @dataclass(frozen=True)
 class SmtpTarget:
     host: str
@@ -126,8 +127,13 @@ def _check_unsubscribe(base_url: str, secret: str) -> None:
         host, _port = parts.hostname, parts.port
     except ValueError:
         host = None
-    if (not host or len(base_url) > MAX_PUBLIC_BASE_URL_CHARS or not _PUBLIC_BASE_URL.fullmatch(base_url)
-            or parts.query or parts.fragment):
+    if (
+        not host
+        or len(base_url) > MAX_PUBLIC_BASE_URL_CHARS
+        or not _PUBLIC_BASE_URL.fullmatch(base_url)
+        or parts.query
+        or parts.fragment
+    ):
         raise ConfigurationError(
             "PUBLIC_BASE_URL must be the https:// address reports web is reached at, such as "
             f"https://reports.example.com (no query, at most {MAX_PUBLIC_BASE_URL_CHARS} characters), got {base_url!r}."

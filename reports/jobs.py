@@ -60,8 +60,9 @@ _REQUEST_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a
 
 def _fields(args: Sequence[Any], kwargs: Mapping[str, Any], spec: ActorSpec) -> Mapping[str, Any]:
     if args and kwargs:
-        raise InvalidPayload(f"Fields come either all positional or all named, got {len(args)} positional "
-                             f"and {sorted(kwargs)}.")
+        raise InvalidPayload(
+            f"Fields come either all positional or all named, got {len(args)} positional and {sorted(kwargs)}."
+        )
     if args:
         if len(args) != len(spec.fields):
             raise InvalidPayload(f"Expected {len(spec.fields)} positional fields {list(spec.fields)}, got {len(args)}.")
@@ -141,9 +142,14 @@ class SendNowJob:
         request_id = fields["request_id"]
         if not isinstance(request_id, str) or not _REQUEST_ID.fullmatch(request_id):
             raise InvalidPayload(f"request_id must be a lowercase UUID, got {request_id!r}.")
-        return cls(_period(fields["period"]), _user_id(fields["user_id"]), request_id,
-                   _version(fields["template_version"]))
+        return cls(
+            _period(fields["period"]), _user_id(fields["user_id"]), request_id, _version(fields["template_version"])
+        )
 
     def payload(self) -> dict[str, Any]:
-        return {"period": str(self.period), "user_id": self.user_id, "request_id": self.request_id,
-                "template_version": self.template_version}
+        return {
+            "period": str(self.period),
+            "user_id": self.user_id,
+            "request_id": self.request_id,
+            "template_version": self.template_version,
+        }

@@ -48,13 +48,16 @@ class ReportLook:
     currency: str = "USD"
 
     def __post_init__(self) -> None:
-        for variable, colour in (("REPORT_BRAND_COLOR", self.brand_colour),
-                                 ("REPORT_ACCENT_COLOR", self.accent_colour)):
+        for variable, colour in (
+            ("REPORT_BRAND_COLOR", self.brand_colour),
+            ("REPORT_ACCENT_COLOR", self.accent_colour),
+        ):
             if not _COLOUR.fullmatch(colour):
                 raise ConfigurationError(f"{variable} must be a hex colour such as #1d4ed8, got {colour!r}.")
         if self.logo_url is not None and not _LOGO_URL.fullmatch(self.logo_url):
-            raise ConfigurationError("REPORT_LOGO_URL must be an https:// URL without spaces, quotes or "
-                                     f"parentheses, got {self.logo_url!r}.")
+            raise ConfigurationError(
+                f"REPORT_LOGO_URL must be an https:// URL without spaces, quotes or parentheses, got {self.logo_url!r}."
+            )
         _check_line("REPORT_PRODUCT_NAME", self.product_name, MAX_PRODUCT_NAME_CHARS, required=True)
         _check_line("REPORT_POSTAL_ADDRESS", self.postal_address, MAX_POSTAL_ADDRESS_CHARS, required=False)
 
@@ -62,10 +65,14 @@ class ReportLook:
     def from_settings(cls, settings: Settings) -> ReportLook:
         address = settings.mail_from.rsplit("<", 1)[-1].rstrip(">").strip()
         return cls(
-            product_name=settings.report_product_name, brand_colour=settings.report_brand_color,
-            accent_colour=settings.report_accent_color, logo_url=settings.report_logo_url,
-            sender_email=address, postal_address=settings.report_postal_address,
-            locale=settings.report_locale, currency=settings.report_currency,
+            product_name=settings.report_product_name,
+            brand_colour=settings.report_brand_color,
+            accent_colour=settings.report_accent_color,
+            logo_url=settings.report_logo_url,
+            sender_email=address,
+            postal_address=settings.report_postal_address,
+            locale=settings.report_locale,
+            currency=settings.report_currency,
         )
 
     def palette(self) -> dict[str, str]:
@@ -91,7 +98,7 @@ def relative_luminance(colour: str) -> float:
     digits = colour.lstrip("#")
     if len(digits) == 3:
         digits = "".join(d * 2 for d in digits)
-    channels = [int(digits[i:i + 2], 16) / 255 for i in (0, 2, 4)]
+    channels = [int(digits[i : i + 2], 16) / 255 for i in (0, 2, 4)]
     r, g, b = (c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in channels)
     return 0.2126 * r + 0.7152 * g + 0.0722 * b
 
@@ -99,8 +106,9 @@ def relative_luminance(colour: str) -> float:
 def _check_line(variable: str, value: str, limit: int, *, required: bool) -> None:
     if (required and not value.strip()) or len(value) > limit or _CONTROL.search(value):
         need = "a non-empty" if required else "a"
-        raise ConfigurationError(f"{variable} must be {need} single line of at most {limit} characters, "
-                                 f"got {value[:limit + 20]!r}.")
+        raise ConfigurationError(
+            f"{variable} must be {need} single line of at most {limit} characters, got {value[: limit + 20]!r}."
+        )
 
 
 def check_locale(locale: str, currency: str) -> None:

@@ -46,9 +46,7 @@ class User(Base):
     active: Mapped[bool] = mapped_column(Boolean)
 
     # The coordinator's keyset walk: `WHERE active AND id > :cursor ORDER BY id LIMIT :n`.
-    __table_args__ = (
-        Index("ix_users_active_id", "id", postgresql_where=text("active"), sqlite_where=text("active")),
-    )
+    __table_args__ = (Index("ix_users_active_id", "id", postgresql_where=text("active"), sqlite_where=text("active")),)
 
 
 class Activity(Base):
@@ -261,8 +259,9 @@ class Suppression(Base):
 
     __tablename__ = "suppressions"
 
-    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), primary_key=True,
-                                         autoincrement=False)
+    user_id: Mapped[int] = mapped_column(
+        ForeignKey("users.id", ondelete="CASCADE"), primary_key=True, autoincrement=False
+    )
     reason: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[Timestamp]
     #: Where it came from: ``web``, ``cli``, or the provider's reply code (``smtp 550``).

@@ -198,8 +198,9 @@ class Settings:
             if raw is None or raw == "":
                 continue
             try:
-                values[name] = _OPTIONAL_NUMBERS[name](raw) if name in _OPTIONAL_NUMBERS else _parse(
-                    getattr(_DEFAULTS, name), raw)
+                values[name] = (
+                    _OPTIONAL_NUMBERS[name](raw) if name in _OPTIONAL_NUMBERS else _parse(getattr(_DEFAULTS, name), raw)
+                )
             except ValueError:
                 raise ConfigurationError(f"{variable} must be a number, got {raw!r}.") from None
         return cls(**values)  # type: ignore[arg-type]
@@ -254,12 +255,22 @@ _RANGES = {
     "retention_months": _Range(1, MAX_RETENTION_MONTHS, "a number of months"),
     # Zero would mean no time at all: an SMTP timeout that fails every send, a lease that
     # protects nothing, a breaker that is open for no time, a coordinator slice that walks no page.
-    **{name: _Range(0, MAX_SECONDS, "a number of seconds", above=True) for name in (
-        "claim_lease_seconds", "smtp_timeout_seconds", "breaker_cooldown_seconds", "plan_slice_seconds")},
+    **{
+        name: _Range(0, MAX_SECONDS, "a number of seconds", above=True)
+        for name in ("claim_lease_seconds", "smtp_timeout_seconds", "breaker_cooldown_seconds", "plan_slice_seconds")
+    },
     # Zero is meaningful here: re-enqueue at once, do not pause, no window, reconcile never.
-    **{name: _Range(0, MAX_SECONDS, "a number of seconds") for name in (
-        "reconcile_stuck_after_seconds", "plan_pause_seconds", "alert_window_seconds", "breaker_window_seconds",
-        "schedule_reconcile_interval_seconds", "exporter_cache_seconds")},
+    **{
+        name: _Range(0, MAX_SECONDS, "a number of seconds")
+        for name in (
+            "reconcile_stuck_after_seconds",
+            "plan_pause_seconds",
+            "alert_window_seconds",
+            "breaker_window_seconds",
+            "schedule_reconcile_interval_seconds",
+            "exporter_cache_seconds",
+        )
+    },
 }
 
 #: What ``REPORT_EMPTY_MONTH`` accepts.
@@ -277,8 +288,9 @@ def _check_ranges(settings: Settings) -> None:
         if not allowed.admits(value):
             raise ConfigurationError(f"{ENVIRONMENT[name]} must be {allowed.describe()}, got {value}.")
     if settings.min_backoff_ms > settings.max_backoff_ms:
-        raise ConfigurationError(f"MIN_BACKOFF_MS ({settings.min_backoff_ms}) must not exceed MAX_BACKOFF_MS "
-                                 f"({settings.max_backoff_ms}).")
+        raise ConfigurationError(
+            f"MIN_BACKOFF_MS ({settings.min_backoff_ms}) must not exceed MAX_BACKOFF_MS ({settings.max_backoff_ms})."
+        )
     if settings.claim_lease_seconds < settings.smtp_timeout_seconds + CLAIM_LEASE_MARGIN_SECONDS:
         raise ConfigurationError(
             f"CLAIM_LEASE_SECONDS ({settings.claim_lease_seconds:g}) must exceed SMTP_TIMEOUT_SECONDS "
@@ -289,11 +301,14 @@ def _check_ranges(settings: Settings) -> None:
 
 def _check_names(settings: Settings) -> None:
     if not is_version_name(settings.template_version):
-        raise ConfigurationError("REPORT_TEMPLATE_VERSION must be a plain folder name (letters, digits, '.', '_', "
-                                 f"'-'; no '/' and not '..'), got {settings.template_version!r}.")
+        raise ConfigurationError(
+            "REPORT_TEMPLATE_VERSION must be a plain folder name (letters, digits, '.', '_', "
+            f"'-'; no '/' and not '..'), got {settings.template_version!r}."
+        )
     if settings.report_empty_month not in EMPTY_MONTH_CHOICES:
-        raise ConfigurationError(f"REPORT_EMPTY_MONTH must be one of {', '.join(EMPTY_MONTH_CHOICES)}, "
-                                 f"got {settings.report_empty_month!r}.")
+        raise ConfigurationError(
+            f"REPORT_EMPTY_MONTH must be one of {', '.join(EMPTY_MONTH_CHOICES)}, got {settings.report_empty_month!r}."
+        )
     # Imported here: Babel's locale data loads only for the processes that build settings.
     from reports.look import ReportLook, check_locale
 
@@ -351,6 +366,7 @@ ENVIRONMENT = {
     "public_base_url": "PUBLIC_BASE_URL",
     "unsubscribe_secret": "UNSUBSCRIBE_SECRET",
 }
+
 
 def _parse(default: object, raw: str) -> object:
     """Convert ``raw`` to the type of the setting's default."""

@@ -25,6 +25,7 @@ Observable state in Redis, under the broker namespace:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -141,22 +142,30 @@ class SchedulerProcess:
                 send_coordinator(self.broker, str(run.run.walker), PlanJob(period).payload())
                 self._record_trigger(period)
                 triggered.append(period)
-                logger.info("Triggered %s: coordinator enqueued.", period,
-                            extra={"period": str(period), "replica": self.replica})
+                logger.info(
+                    "Triggered %s: coordinator enqueued.",
+                    period,
+                    extra={"period": str(period), "replica": self.replica},
+                )
             else:
-                logger.info("%s was triggered by another replica; nothing enqueued.", period,
-                            extra={"period": str(period), "replica": self.replica})
+                logger.info(
+                    "%s was triggered by another replica; nothing enqueued.",
+                    period,
+                    extra={"period": str(period), "replica": self.replica},
+                )
         logger.log(
             logging.INFO if reason != "tick" or triggered else logging.DEBUG,
-            "Catch-up (%s) done: due %s; triggered %s.", reason, _names(due), _names(triggered),
+            "Catch-up (%s) done: due %s; triggered %s.",
+            reason,
+            _names(due),
+            _names(triggered),
             extra={"due": [str(p) for p in due], "triggered": [str(p) for p in triggered]},
         )
         return triggered
 
     def _record_trigger(self, period: Period) -> None:
         at = self.clock().replace(tzinfo=UTC).timestamp()
-        self.redis.set(last_trigger_key(self.settings.broker_namespace),
-                       json.dumps({"period": str(period), "at": at}))
+        self.redis.set(last_trigger_key(self.settings.broker_namespace), json.dumps({"period": str(period), "at": at}))
 
     # --- reconcile ---------------------------------------------------------------------------
 
@@ -173,8 +182,14 @@ class SchedulerProcess:
     def _take_reconcile_lock(self) -> bool:
         interval_ms = self.settings.schedule_reconcile_interval_seconds * 1000
         # Never released: it expires, so that one replica reconciles per interval, not one at a time.
-        return bool(self.redis.set(reconcile_lock_key(self.settings.broker_namespace), self.replica,
-                                   nx=True, px=max(1, int(interval_ms * LOCK_FRACTION))))
+        return bool(
+            self.redis.set(
+                reconcile_lock_key(self.settings.broker_namespace),
+                self.replica,
+                nx=True,
+                px=max(1, int(interval_ms * LOCK_FRACTION)),
+            )
+        )
 
     def reconcile_unfinished(self) -> None:
         """Reconcile every active period that is not complete; one failing period does not stop the rest."""
@@ -185,27 +200,51 @@ class SchedulerProcess:
             if self.stopping.is_set():
                 return
             try:
-                found = runs.reconcile_through(self.sessions, self.broker, period,
-                                               namespace=self.settings.broker_namespace,
-                                               stuck_after=stuck_after, now=self.clock())
+                found = runs.reconcile_through(
+                    self.sessions,
+                    self.broker,
+                    period,
+                    namespace=self.settings.broker_namespace,
+                    stuck_after=stuck_after,
+                    now=self.clock(),
+                )
             except (sqlalchemy.exc.SQLAlchemyError, redis.RedisError) as e:
-                logger.error("Reconcile of %s failed (%s); retried next tick.", period, _describe(e),
-                             extra={"period": str(period)})
+                logger.error(
+                    "Reconcile of %s failed (%s); retried next tick.",
+                    period,
+                    _describe(e),
+                    extra={"period": str(period)},
+                )
                 continue
             acted = found.requeued or found.coordinator_enqueued or found.requests_requeued
             logger.log(
                 logging.INFO if acted else logging.DEBUG,
                 "Reconciled %s: %d pending (%d may still be on their way), %d re-enqueued, %d send-now "
-                "request(s) re-enqueued%s.", period, found.pending, found.waiting, found.requeued,
+                "request(s) re-enqueued%s.",
+                period,
+                found.pending,
+                found.waiting,
+                found.requeued,
                 found.requests_requeued,
-                ", coordinator re-enqueued" if found.coordinator_enqueued else
-                ", walk paused on the backlog" if found.walk_paused else "",
-                extra={"period": str(period), "requeued": found.requeued,
-                       "coordinator_enqueued": found.coordinator_enqueued},
+                ", coordinator re-enqueued"
+                if found.coordinator_enqueued
+                else ", walk paused on the backlog"
+                if found.walk_paused
+                else "",
+                extra={
+                    "period": str(period),
+                    "requeued": found.requeued,
+                    "coordinator_enqueued": found.coordinator_enqueued,
+                },
             )
         try:
-            requests = runs.reconcile_every_request(self.sessions, self.broker, namespace=self.settings.broker_namespace,
-                                                    stuck_after=stuck_after, now=self.clock())
+            requests = runs.reconcile_every_request(
+                self.sessions,
+                self.broker,
+                namespace=self.settings.broker_namespace,
+                stuck_after=stuck_after,
+                now=self.clock(),
+            )
         except (sqlalchemy.exc.SQLAlchemyError, redis.RedisError) as e:
             logger.error("Reconcile of send-now requests failed (%s); retried next tick.", _describe(e))
             return
@@ -224,7 +263,10 @@ class SchedulerProcess:
         before = retention.cutoff(self.clock(), months)
         result = retention.prune(self.sessions, before=before, should_stop=self.stopping.is_set)
         logger.info(
-            "Pruned %d row(s) of %d period(s) before %s%s%s.", result.rows, len(result.periods), before,
+            "Pruned %d row(s) of %d period(s) before %s%s%s.",
+            result.rows,
+            len(result.periods),
+            before,
             f"; kept unfinished {_names([Period.parse(p) for p in result.unfinished])}" if result.unfinished else "",
             "" if result.finished else "; stopped early, the rest at the next run",
             extra={"before": str(before), "rows": result.rows, "periods": [p.period for p in result.periods]},
@@ -236,29 +278,51 @@ class SchedulerProcess:
     def build_scheduler(self) -> BlockingScheduler:
         scheduler = BlockingScheduler(timezone=UTC)
         defaults = {"coalesce": True, "max_instances": 1, "misfire_grace_time": MISFIRE_GRACE_SECONDS}
-        scheduler.add_job(self._guarded(self.catch_up), args=("start",), id="catch-up-at-start",
-                          next_run_time=datetime.now(UTC), **defaults)
         scheduler.add_job(
-            self._guarded(self.catch_up), args=("monthly",), id="monthly-trigger",
-            trigger=CronTrigger(day=1, hour=self.schedule.at.hour, minute=self.schedule.at.minute,
-                                timezone=self.schedule.timezone),
+            self._guarded(self.catch_up),
+            args=("start",),
+            id="catch-up-at-start",
+            next_run_time=datetime.now(UTC),
+            **defaults,
+        )
+        scheduler.add_job(
+            self._guarded(self.catch_up),
+            args=("monthly",),
+            id="monthly-trigger",
+            trigger=CronTrigger(
+                day=1, hour=self.schedule.at.hour, minute=self.schedule.at.minute, timezone=self.schedule.timezone
+            ),
             **defaults,
         )
         # East of UTC the monthly fire time comes before the UTC month has ended: trigger it the
         # moment it has, rather than waiting for the next reconcile tick.
-        scheduler.add_job(self._guarded(self.catch_up), args=("month-end",), id="utc-month-start",
-                          trigger=CronTrigger(day=1, hour=0, minute=0, second=1, timezone=UTC), **defaults)
+        scheduler.add_job(
+            self._guarded(self.catch_up),
+            args=("month-end",),
+            id="utc-month-start",
+            trigger=CronTrigger(day=1, hour=0, minute=0, second=1, timezone=UTC),
+            **defaults,
+        )
         if self.settings.retention_months is not None:
-            scheduler.add_job(self._guarded(self.prune), id="prune",
-                              trigger=CronTrigger(day=2, hour=3, minute=0, timezone=UTC), **defaults)
+            scheduler.add_job(
+                self._guarded(self.prune),
+                id="prune",
+                trigger=CronTrigger(day=2, hour=3, minute=0, timezone=UTC),
+                **defaults,
+            )
         interval = self.settings.schedule_reconcile_interval_seconds
         if interval > 0:
-            scheduler.add_job(self._guarded(self.tick), id="reconcile",
-                              trigger=IntervalTrigger(seconds=interval, timezone=UTC), **defaults)
+            scheduler.add_job(
+                self._guarded(self.tick),
+                id="reconcile",
+                trigger=IntervalTrigger(seconds=interval, timezone=UTC),
+                **defaults,
+            )
         return scheduler
 
     def _guarded(self, job: Callable[..., object]) -> Callable[..., None]:
         """``job``, with database and Redis failures logged as one line (no URL, no password)."""
+
         def run(*args: object) -> None:
             try:
                 job(*args)
@@ -275,11 +339,8 @@ class SchedulerProcess:
 
         def shut_down(reason: str) -> None:
             logger.info("%s: stopping (a running job stops at its next period).", reason)
-            with stop_lock:
-                try:
-                    scheduler.shutdown(wait=False)
-                except SchedulerNotRunningError:
-                    pass
+            with stop_lock, contextlib.suppress(SchedulerNotRunningError):
+                scheduler.shutdown(wait=False)
 
         def on_signal(signum: int, _frame: FrameType | None) -> None:
             first = not self.stopping.is_set()
@@ -287,8 +348,12 @@ class SchedulerProcess:
             if first and scheduler.running:
                 # Not in the handler itself: it interrupts the main thread, which may hold a lock
                 # that shutdown takes (the executor's), and would wait for itself.
-                threading.Thread(target=shut_down, args=(f"Received {signal.Signals(signum).name}",),
-                                 name="scheduler-shutdown", daemon=True).start()
+                threading.Thread(
+                    target=shut_down,
+                    args=(f"Received {signal.Signals(signum).name}",),
+                    name="scheduler-shutdown",
+                    daemon=True,
+                ).start()
 
         def on_started(_event: SchedulerEvent) -> None:
             # A signal that arrived while the scheduler was starting found nothing to shut down.
@@ -301,9 +366,13 @@ class SchedulerProcess:
         logger.info(
             "Scheduler %s starting: monthly on the 1st at %s %s, look-back %d month(s), reconcile every %ss; "
             "database %s, broker %s (namespace %s).",
-            self.replica, self.schedule.at.strftime("%H:%M"), self.settings.schedule_timezone,
-            self.schedule.lookback_months, self.settings.schedule_reconcile_interval_seconds,
-            redact_url(self.settings.database_url), redact_url(self.settings.broker_url),
+            self.replica,
+            self.schedule.at.strftime("%H:%M"),
+            self.settings.schedule_timezone,
+            self.schedule.lookback_months,
+            self.settings.schedule_reconcile_interval_seconds,
+            redact_url(self.settings.database_url),
+            redact_url(self.settings.broker_url),
             self.settings.broker_namespace,
         )
         if not self.stopping.is_set():
@@ -345,7 +414,11 @@ def main() -> int:
     broker = build_broker(settings)
     try:
         SchedulerProcess(
-            settings, schedule, sessions=session_factory(engine), broker=broker, redis_client=broker.client,
+            settings,
+            schedule,
+            sessions=session_factory(engine),
+            broker=broker,
+            redis_client=broker.client,
         ).run()
     except KeyboardInterrupt:
         # Only before the handlers are installed; afterwards SIGINT stops the scheduler cleanly.

@@ -21,7 +21,6 @@ from reports.settings import MAX_LOOKBACK_MONTHS, Settings
 _TIME = re.compile(r"([01][0-9]|2[0-3]):([0-5][0-9])")
 
 
-
 @dataclass(frozen=True)
 class Schedule:
     """The scheduler's validated configuration."""

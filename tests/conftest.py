@@ -7,6 +7,7 @@ TEST_REDIS_URL). Locally a missing service skips its tests; in CI (``CI`` set) i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email
 import email.policy
 import json
@@ -56,7 +57,9 @@ def _unavailable(what: str, error: Exception) -> NoReturn:
     missing(f"{what} is not reachable ({type(error).__name__}: {error})")
 
 
-def wait_until(predicate: Callable[[], object], *, timeout: float, interval: float = 0.1, what: str = "condition") -> object:
+def wait_until(
+    predicate: Callable[[], object], *, timeout: float, interval: float = 0.1, what: str = "condition"
+) -> object:
     """Poll ``predicate`` until it returns something truthy; fail the test after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:
@@ -95,8 +98,9 @@ def redis_commands(client: redis.Redis) -> Counter[str]:
     """Commands the server has run since it started, by name (``INFO commandstats``), not counting
     INFO itself: on a private server, the difference of two readings is what ran in between."""
     stats = client.info("commandstats")
-    return Counter({name.removeprefix("cmdstat_"): int(stat["calls"]) for name, stat in stats.items()
-                    if name != "cmdstat_info"})
+    return Counter(
+        {name.removeprefix("cmdstat_"): int(stat["calls"]) for name, stat in stats.items() if name != "cmdstat_info"}
+    )
 
 
 @pytest.fixture
@@ -117,8 +121,9 @@ def month_from_now(offset: int) -> str:
 
 def queue_counts(settings: Settings) -> dict[str, int]:
     """Messages waiting in the default and bulk queues of the test's namespace."""
-    return {queue: queued_messages(settings.broker_url, settings.broker_namespace, queue)
-            for queue in ("default", "bulk")}
+    return {
+        queue: queued_messages(settings.broker_url, settings.broker_namespace, queue) for queue in ("default", "bulk")
+    }
 
 
 def messages_in_queue(settings: Settings, queue: str) -> list[dict]:
@@ -204,15 +209,24 @@ class Population:
     expected: dict[int, tuple[int, int]] = field(default_factory=dict)
 
 
-def load_users(sessions: sessionmaker[Session], *, count: int, period: str = "2026-10", inactive_every: int = 5,
-               names: dict[int, str] | None = None) -> Population:
+def load_users(
+    sessions: sessionmaker[Session],
+    *,
+    count: int,
+    period: str = "2026-10",
+    inactive_every: int = 5,
+    names: dict[int, str] | None = None,
+) -> Population:
     """Insert ``count`` users (every ``inactive_every``-th inactive) with activities, by plain SQL.
 
     Each user ``i`` has ``i % 4`` activities in the period of ``100 * i`` cents each, one in the
     month before, and one in the month after (which must not be counted).
     """
     year, month = map(int, period.split("-"))
-    inside, before = f"{period}-15 12:00:00", f"{year if month > 1 else year - 1}-{(month - 2) % 12 + 1:02d}-20 08:00:00"
+    inside, before = (
+        f"{period}-15 12:00:00",
+        f"{year if month > 1 else year - 1}-{(month - 2) % 12 + 1:02d}-20 08:00:00",
+    )
     after = f"{year + month // 12}-{month % 12 + 1:02d}-01 00:00:00"
     population = Population()
     users, activities = [], []
@@ -224,15 +238,18 @@ def load_users(sessions: sessionmaker[Session], *, count: int, period: str = "20
         n = user_id % 4
         population.expected[user_id] = (n, n * 100 * user_id)
         for k in range(n):
-            activities.append({"user_id": user_id, "at": inside, "category": ("food", "travel")[k % 2],
-                               "amount": 100 * user_id})
+            activities.append(
+                {"user_id": user_id, "at": inside, "category": ("food", "travel")[k % 2], "amount": 100 * user_id}
+            )
         activities.append({"user_id": user_id, "at": before, "category": "food", "amount": 555})
         activities.append({"user_id": user_id, "at": after, "category": "food", "amount": 777})
     with sessions.begin() as session:
         session.execute(text("INSERT INTO users (id, email, name, active) VALUES (:id, :email, :name, :active)"), users)
         session.execute(
-            text("INSERT INTO activities (user_id, occurred_at, category, amount_cents) "
-                 "VALUES (:user_id, :at, :category, :amount)"),
+            text(
+                "INSERT INTO activities (user_id, occurred_at, category, amount_cents) "
+                "VALUES (:user_id, :at, :category, :amount)"
+            ),
             activities,
         )
     return population
@@ -395,10 +412,8 @@ class WorkerGroup:
 
 def kill_group(process: subprocess.Popen[bytes]) -> None:
     """SIGKILL ``process``'s whole process group (it leads one) and reap it."""
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     process.wait()
 
 
@@ -407,21 +422,42 @@ def start_workers(tmp_path: Path) -> Iterator[Callable[..., WorkerGroup]]:
     """Start real ``dramatiq actors`` workers with the given settings; all are stopped at teardown."""
     groups: list[WorkerGroup] = []
 
-    def start(settings: Settings, *, processes: int = 2, threads: int = 4, queues: tuple[str, ...] = (),
-              extra_args: tuple[str, ...] = ()) -> WorkerGroup:
+    def start(
+        settings: Settings,
+        *,
+        processes: int = 2,
+        threads: int = 4,
+        queues: tuple[str, ...] = (),
+        extra_args: tuple[str, ...] = (),
+    ) -> WorkerGroup:
         log_path = tmp_path / f"workers-{len(groups)}.log"
-        command = [sys.executable, "-m", "dramatiq", "actors", "--processes", str(processes),
-                   "--threads", str(threads), "--worker-shutdown-timeout", "10000", *extra_args]
+        command = [
+            sys.executable,
+            "-m",
+            "dramatiq",
+            "actors",
+            "--processes",
+            str(processes),
+            "--threads",
+            str(threads),
+            "--worker-shutdown-timeout",
+            "10000",
+            *extra_args,
+        ]
         if queues:
             command += ["--queues", *queues]
         env = {**os.environ, **settings.as_environ()}
         with log_path.open("wb") as log:
-            process = subprocess.Popen(command, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                                       start_new_session=True)
+            process = subprocess.Popen(
+                command, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         group = WorkerGroup(process=process, log_path=log_path)
         groups.append(group)
-        wait_until(lambda: group.log().count("Worker process is ready") >= processes or group.process.poll() is not None,
-                   timeout=30, what="workers to boot")
+        wait_until(
+            lambda: group.log().count("Worker process is ready") >= processes or group.process.poll() is not None,
+            timeout=30,
+            what="workers to boot",
+        )
         if group.process.poll() is not None:
             pytest.fail(f"Workers exited at start:\n{group.log()}")
         return group
@@ -438,6 +474,10 @@ def run_cli(settings: Settings, *args: str | bytes, timeout: float = 60) -> subp
     """
     return subprocess.run(
         [sys.executable, "-m", "reports", *args],
-        env={**os.environ, **settings.as_environ()}, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+        env={**os.environ, **settings.as_environ()},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
         check=False,
     )

@@ -47,8 +47,11 @@ def cancel(obj: Obj, period: Period) -> None:
     """Stop PERIOD: no new sends; what is in flight finishes. `reports trigger PERIOD` resumes it."""
     with obj.session() as session:
         changed = runs.cancel(session, period, now=utcnow())
-    click.echo(f"{period} cancelled; `reports trigger {period}` resumes it." if changed
-               else f"{period} was already cancelled; nothing changed.")
+    click.echo(
+        f"{period} cancelled; `reports trigger {period}` resumes it."
+        if changed
+        else f"{period} was already cancelled; nothing changed."
+    )
 
 
 @cli.command("send-now")
@@ -66,11 +69,18 @@ def send_now(obj: Obj, user_id: int, period: Period, include_inactive: bool) -> 
         if not user.active and not include_inactive:
             raise BadInput(f"User {user_id} is deactivated; pass --include-inactive to send anyway.")
         run = session.get(PeriodRun, str(period))
-        job = SendNowJob(period, user_id, request_id,
-                         run.template_version if run is not None else obj.settings.template_version)
+        job = SendNowJob(
+            period, user_id, request_id, run.template_version if run is not None else obj.settings.template_version
+        )
         # Written before the message exists: if Redis loses it, reconcile sends the request again.
-        claims.record_request(session, request_id, period, user_id, template_version=job.template_version,
-                                message_id=message_id(period, user_id, obj.settings.mail_domain, request_id=request_id),
-                                now=utcnow())
+        claims.record_request(
+            session,
+            request_id,
+            period,
+            user_id,
+            template_version=job.template_version,
+            message_id=message_id(period, user_id, obj.settings.mail_domain, request_id=request_id),
+            now=utcnow(),
+        )
     send(build_broker(obj.settings), SEND_NOW, job.payload())
     click.echo(f"Queued send-now request {job.request_id}: user {user_id}, period {period}, critical queue.")

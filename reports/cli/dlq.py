@@ -36,15 +36,26 @@ def _iso(moment: datetime | None) -> str | None:
 
 def _as_dict(letter: DeadLetter, *, full: bool = False) -> dict[str, Any]:
     row = {
-        "id": letter.id, "message_id": letter.message_id, "actor": letter.actor, "queue": letter.queue,
-        "period": letter.period, "user_id": letter.user_id, "attempts": letter.attempts, "reason": letter.reason,
-        "error_class": letter.error_class, "error_message": letter.error_message,
-        "first_failed_at": _iso(letter.first_failed_at), "died_at": _iso(letter.died_at),
+        "id": letter.id,
+        "message_id": letter.message_id,
+        "actor": letter.actor,
+        "queue": letter.queue,
+        "period": letter.period,
+        "user_id": letter.user_id,
+        "attempts": letter.attempts,
+        "reason": letter.reason,
+        "error_class": letter.error_class,
+        "error_message": letter.error_message,
+        "first_failed_at": _iso(letter.first_failed_at),
+        "died_at": _iso(letter.died_at),
         "replayed_at": _iso(letter.replayed_at),
     }
     if full:
-        row |= {"payload": json.loads(letter.payload), "traceback": letter.traceback,
-                "replay_message_id": letter.replay_message_id}
+        row |= {
+            "payload": json.loads(letter.payload),
+            "traceback": letter.traceback,
+            "replay_message_id": letter.replay_message_id,
+        }
     return row
 
 
@@ -102,20 +113,26 @@ def replay(obj: Obj, ids: tuple[int, ...], period: str | None, everything: bool,
         raise BadInput("Choose exactly one of --id, --period or --all.")
     if ids:
         with obj.session() as session:
-            known = {letter.id for letter in dead_letters.find(session, dead_letters.Filter(ids=ids,
-                                                                                       include_replayed=True))}
+            known = {
+                letter.id for letter in dead_letters.find(session, dead_letters.Filter(ids=ids, include_replayed=True))
+            }
         if missing := sorted(set(ids) - known):
             raise BadInput(f"No dead letter with id {', '.join(map(str, missing))}.")
     outcome = dead_letters.replay(
-        obj.sessions(), build_broker(obj.settings), dead_letters.Filter(period=period, ids=ids),
-        now=utcnow(), dry_run=dry_run,
+        obj.sessions(),
+        build_broker(obj.settings),
+        dead_letters.Filter(period=period, ids=ids),
+        now=utcnow(),
+        dry_run=dry_run,
     )
     listed = ", ".join(map(str, outcome.replayed[:20])) + (" …" if len(outcome.replayed) > 20 else "")
     if dry_run:
         click.echo(f"Would replay {len(outcome.replayed)} dead letter(s){': ' + listed if listed else ''}.")
     else:
-        click.echo(f"Replayed {len(outcome.replayed)} dead letter(s){': ' + listed if listed else ''}; "
-                   f"{outcome.items_reset} report item(s) back to pending.")
+        click.echo(
+            f"Replayed {len(outcome.replayed)} dead letter(s){': ' + listed if listed else ''}; "
+            f"{outcome.items_reset} report item(s) back to pending."
+        )
 
 
 @dlq.command("purge")

@@ -34,8 +34,11 @@ def exporter(obj: Obj, host: str | None, port: int) -> None:
     # After the bind, so that bad input is named as such before a missing database is; the
     # registry is read only when scraped.
     collector = ReportsCollector(
-        redis.Redis.from_url(settings.broker_url), namespace=settings.broker_namespace, sessions=obj.sessions(),
-        queues=(CRITICAL_QUEUE, DEFAULT_QUEUE, BULK_QUEUE), breaker_name=f"{settings.broker_namespace}:breaker:mail",
+        redis.Redis.from_url(settings.broker_url),
+        namespace=settings.broker_namespace,
+        sessions=obj.sessions(),
+        queues=(CRITICAL_QUEUE, DEFAULT_QUEUE, BULK_QUEUE),
+        breaker_name=f"{settings.broker_namespace}:breaker:mail",
     )
     registry.register(CachedCollector(collector, max_age_seconds=settings.exporter_cache_seconds))
     click.echo(f"Serving metrics on http://{host}:{port}/metrics", err=True)

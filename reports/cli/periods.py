@@ -24,7 +24,10 @@ MAX_WATCH_INTERVAL_SECONDS = 3600
 def trigger(obj: Obj, period: Period) -> None:
     """Start (or resume) the monthly run for PERIOD (YYYY-MM, a month that has ended)."""
     triggered = runs.trigger_and_enqueue(
-        obj.sessions(), build_broker(obj.settings), period, template_version=obj.settings.template_version,
+        obj.sessions(),
+        build_broker(obj.settings),
+        period,
+        template_version=obj.settings.template_version,
         now=utcnow(),
     )
     click.echo(describe_trigger(triggered))
@@ -33,7 +36,11 @@ def trigger(obj: Obj, period: Period) -> None:
 def describe_trigger(triggered: runs.Triggered) -> str:
     run = triggered.run
     if triggered.resumed:
-        return f"{run.period} resumed: pending reports re-enqueued" + ("" if run.planned else ", and the coordinator") + "."
+        return (
+            f"{run.period} resumed: pending reports re-enqueued"
+            + ("" if run.planned else ", and the coordinator")
+            + "."
+        )
     if triggered.created:
         return f"Triggered {run.period}: coordinator enqueued (template {run.template_version})."
     if triggered.needs_coordinator:
@@ -45,11 +52,17 @@ def describe_trigger(triggered: runs.Triggered) -> str:
 @period_argument(closed=False)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--watch", is_flag=True, help="Show a live progress bar until the period is complete.")
-@click.option("--interval", type=FiniteFloatRange(min=0.1, max=MAX_WATCH_INTERVAL_SECONDS), default=1.0, show_default=True,
-              help="Seconds between reads while watching.")
+@click.option(
+    "--interval",
+    type=FiniteFloatRange(min=0.1, max=MAX_WATCH_INTERVAL_SECONDS),
+    default=1.0,
+    show_default=True,
+    help="Seconds between reads while watching.",
+)
 @pass_obj
 def progress_command(obj: Obj, period: Period, as_json: bool, watch: bool, interval: float) -> None:
     """Counts of PERIOD's items by state."""
+
     def read() -> progress.Progress:
         with obj.session() as session:
             return progress.count(session, period)

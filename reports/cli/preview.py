@@ -39,17 +39,30 @@ class Preview:
     rendered: RenderedReport
 
 
-def build(session: Session, settings: Settings, user: User, period: Period, template_version: str,
-          now: datetime) -> Preview:
+def build(
+    session: Session, settings: Settings, user: User, period: Period, template_version: str, now: datetime
+) -> Preview:
     """The email the pipeline would send ``user`` for ``period`` now, built by the pipeline's own
     read path (activity, render, compose) and nothing else: the one place a change of it lands here."""
     unsubscribe_url = tokens.links(settings).url(user.id)
-    rendered = render(settings.templates_dir, template_version, name=user.name,
-                      summary=load_summary(session, user.id, period), look=ReportLook.from_settings(settings),
-                      unsubscribe_url=unsubscribe_url)
-    email = compose(rendered, to=recipient(user.email, user.name), mail_from=settings.mail_from, period=period,
-                    user_id=user.id, date=now, message_id=message_id(period, user.id, settings.mail_domain),
-                    unsubscribe_url=unsubscribe_url)
+    rendered = render(
+        settings.templates_dir,
+        template_version,
+        name=user.name,
+        summary=load_summary(session, user.id, period),
+        look=ReportLook.from_settings(settings),
+        unsubscribe_url=unsubscribe_url,
+    )
+    email = compose(
+        rendered,
+        to=recipient(user.email, user.name),
+        mail_from=settings.mail_from,
+        period=period,
+        user_id=user.id,
+        date=now,
+        message_id=message_id(period, user.id, settings.mail_domain),
+        unsubscribe_url=unsubscribe_url,
+    )
     return Preview(email=email, rendered=rendered)
 
 
@@ -64,8 +77,9 @@ def template_version_for(session: Session, settings: Settings, period: Period, n
 def _users(session: Session, user_ids: tuple[int, ...], sample: int | None) -> list[User]:
     if not user_ids:
         # The lowest ids: the same users every time, so two previews of two templates compare.
-        return list(session.scalars(select(User).where(User.active.is_(True)).order_by(User.id)
-                                    .limit(sample or DEFAULT_SAMPLE)))
+        return list(
+            session.scalars(select(User).where(User.active.is_(True)).order_by(User.id).limit(sample or DEFAULT_SAMPLE))
+        )
     found = {user.id: user for user in session.scalars(select(User).where(User.id.in_(user_ids)))}
     if missing := sorted(set(user_ids) - found.keys()):
         raise BadInput(f"No user with id {', '.join(map(str, missing))}.")
@@ -91,15 +105,20 @@ def _check_version(settings: Settings, version: str) -> None:
 
 @cli.command()
 @period_argument(closed=False)
-@click.option("--user", "user_ids", type=click.IntRange(1, MAX_USER_ID), multiple=True,
-              help="A user to render (repeatable).")
-@click.option("--sample", type=click.IntRange(1, MAX_SAMPLE), help=f"Render this many active users, lowest ids first "
-              f"[default: {DEFAULT_SAMPLE}].")
+@click.option(
+    "--user", "user_ids", type=click.IntRange(1, MAX_USER_ID), multiple=True, help="A user to render (repeatable)."
+)
+@click.option(
+    "--sample",
+    type=click.IntRange(1, MAX_SAMPLE),
+    help=f"Render this many active users, lowest ids first [default: {DEFAULT_SAMPLE}].",
+)
 @click.option("--template-version", help="Render with this version, not the one the period pins.")
 @click.option("--out", "out", type=click.Path(path_type=Path), required=True, help="Folder to write the files to.")
 @pass_obj
-def preview(obj: Obj, period: Period, user_ids: tuple[int, ...], sample: int | None, template_version: str | None,
-            out: Path) -> None:
+def preview(
+    obj: Obj, period: Period, user_ids: tuple[int, ...], sample: int | None, template_version: str | None, out: Path
+) -> None:
     """Render PERIOD's reports as they would be sent now into OUT (an .eml and an .html per user).
 
     Sends, claims and records nothing.

@@ -11,8 +11,13 @@ from reports.settings import MAX_RETENTION_MONTHS
 
 
 @cli.command()
-@click.option("--older-than-months", "months", type=click.IntRange(1, MAX_RETENTION_MONTHS), required=True,
-              help="Prune the periods that ended more than this many months before the current one.")
+@click.option(
+    "--older-than-months",
+    "months",
+    type=click.IntRange(1, MAX_RETENTION_MONTHS),
+    required=True,
+    help="Prune the periods that ended more than this many months before the current one.",
+)
 @click.option("--dry-run", is_flag=True, help="Say what would be deleted; change nothing.")
 @pass_obj
 def prune(obj: Obj, months: int, dry_run: bool) -> None:
@@ -34,8 +39,11 @@ def describe(result: retention.Pruned, *, dry_run: bool) -> list[str]:
     lines = []
     for pruned in result.periods:
         parts = ", ".join(f"{n:,} {name}" for name, n in pruned.deleted.items())
-        kept = (f"; kept {pruned.kept_for_dead_letters:,} user(s) an unreplayed dead letter needs"
-                if pruned.kept_for_dead_letters else "")
+        kept = (
+            f"; kept {pruned.kept_for_dead_letters:,} user(s) an unreplayed dead letter needs"
+            if pruned.kept_for_dead_letters
+            else ""
+        )
         lines.append(f"{pruned.period}: {'would delete' if dry_run else 'deleted'} {parts}{kept}.")
     lines += [f"{period}: kept whole, its run is unfinished." for period in result.unfinished]
     return lines

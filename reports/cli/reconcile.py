@@ -27,17 +27,25 @@ def _seconds(_ctx: click.Context, _param: click.Parameter, value: float | None) 
 
 @cli.command()
 @period_argument(closed=False)
-@click.option("--stuck-after", type=float, default=None, callback=_seconds,
-              help="Seconds a pending item must be untouched to count as stuck "
-                   "(default: RECONCILE_STUCK_AFTER_SECONDS, 600).")
+@click.option(
+    "--stuck-after",
+    type=float,
+    default=None,
+    callback=_seconds,
+    help="Seconds a pending item must be untouched to count as stuck (default: RECONCILE_STUCK_AFTER_SECONDS, 600).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @pass_obj
 def reconcile(obj: Obj, period: Period, stuck_after: float | None, as_json: bool) -> None:
     """Count PERIOD against what should exist; re-enqueue stuck items and an unfinished walk."""
     found = runs.reconcile_through(
-        obj.sessions(), build_broker(obj.settings), period, namespace=obj.settings.broker_namespace,
-        stuck_after=timedelta(seconds=obj.settings.reconcile_stuck_after_seconds if stuck_after is None
-                              else stuck_after),
+        obj.sessions(),
+        build_broker(obj.settings),
+        period,
+        namespace=obj.settings.broker_namespace,
+        stuck_after=timedelta(
+            seconds=obj.settings.reconcile_stuck_after_seconds if stuck_after is None else stuck_after
+        ),
         now=utcnow(),
     )
     if as_json:
@@ -48,8 +56,13 @@ def reconcile(obj: Obj, period: Period, stuck_after: float | None, as_json: bool
         f"({found.active_without_item} active users without one); {found.finished} finished, "
         f"{found.pending} pending ({found.waiting} may still be on their way); re-enqueued {found.requeued} "
         f"lost item(s) and {found.requests_requeued} send-now request(s)"
-        + ("; walk complete." if found.planned else
-           "; coordinator re-enqueued to finish the walk." if found.coordinator_enqueued else
-           "; walk paused on the bulk queue's backlog." if found.walk_paused else
-           "; walk in progress.")
+        + (
+            "; walk complete."
+            if found.planned
+            else "; coordinator re-enqueued to finish the walk."
+            if found.coordinator_enqueued
+            else "; walk paused on the bulk queue's backlog."
+            if found.walk_paused
+            else "; walk in progress."
+        )
     )

@@ -51,8 +51,11 @@ def remove(obj: Obj, user_id: int) -> None:
     """Lift USER_ID's suppression, whatever its reason: the next period mails them again."""
     with obj.session() as session:
         removed = suppressions.remove(session, user_id)
-    click.echo(f"User {user_id} is no longer suppressed." if removed
-               else f"User {user_id} was not suppressed; nothing changed.")
+    click.echo(
+        f"User {user_id} is no longer suppressed."
+        if removed
+        else f"User {user_id} was not suppressed; nothing changed."
+    )
 
 
 @suppress.command("list")
@@ -64,8 +67,10 @@ def list_(obj: Obj, reason: str | None, limit: int, as_json: bool) -> None:
     """The suppressed users, lowest id first."""
     with obj.session() as session:
         found = suppressions.find(session, reason=SuppressionReason(reason) if reason else None, limit=limit)
-    rows = [{"user_id": s.user_id, "reason": s.reason, "created_at": s.created_at.isoformat(), "source": s.source}
-            for s in found]
+    rows = [
+        {"user_id": s.user_id, "reason": s.reason, "created_at": s.created_at.isoformat(), "source": s.source}
+        for s in found
+    ]
     if as_json:
         click.echo(json.dumps(rows))
         return

@@ -34,11 +34,17 @@ def web(obj: Obj, host: str, port: int) -> None:
     except OSError as e:
         raise BadInput(f"Cannot listen on {host}:{port}: {e.strerror or e}.") from None
     if not settings.unsubscribe_secret:
-        click.echo("note: UNSUBSCRIBE_SECRET is unset; links are signed with the built-in development secret "
-                   "(allowed only while PUBLIC_BASE_URL is on this machine).", err=True)
+        click.echo(
+            "note: UNSUBSCRIBE_SECRET is unset; links are signed with the built-in development secret "
+            "(allowed only while PUBLIC_BASE_URL is on this machine).",
+            err=True,
+        )
     click.echo(f"Serving unsubscribe pages on http://{host}:{port} for {settings.public_base_url}", err=True)
     config = uvicorn.Config(
-        app, log_level=settings.log_level.lower(), server_header=False, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
+        app,
+        log_level=settings.log_level.lower(),
+        server_header=False,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
         # Off: the access log would write every user's token (a credential) into the logs.
         access_log=False,
     )

@@ -117,8 +117,14 @@ def for_locale(locale: str, currency: str) -> Formats:
     )
     grouping = parsed.currency_formats["standard"].grouping
     return Formats(
-        locale=str(parsed), currency=currency, digits=digits, decimal=decimal, group=get_group_symbol(parsed),
-        grouping=(int(grouping[0]), int(grouping[1])), _money=money, _percent=percent,
+        locale=str(parsed),
+        currency=currency,
+        digits=digits,
+        decimal=decimal,
+        group=get_group_symbol(parsed),
+        grouping=(int(grouping[0]), int(grouping[1])),
+        _money=money,
+        _percent=percent,
     )
 
 

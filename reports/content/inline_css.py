@@ -37,6 +37,7 @@ _CSS_COMMENT = re.compile(r"/\*.*?\*/", re.DOTALL)
 def resolve_variables(text: str, values: Mapping[str, str]) -> str:
     """Replace each ``var(--name)`` in ``text`` (a stylesheet or a template) with its value: email
     clients know no CSS variables."""
+
     def value(match: re.Match[str]) -> str:
         try:
             return values[match[1]]

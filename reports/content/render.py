@@ -64,8 +64,11 @@ def _templates(templates_dir: Path, version: str, look: ReportLook) -> _Template
     styled = stylesheet.is_file()
     built: dict[str, str] = {}
     if styled:
-        built["report.html.j2"] = inline_css.inline((folder / "report.html.j2").read_text(encoding="utf-8"),
-                                                    stylesheet.read_text(encoding="utf-8"), variables=look.palette())
+        built["report.html.j2"] = inline_css.inline(
+            (folder / "report.html.j2").read_text(encoding="utf-8"),
+            stylesheet.read_text(encoding="utf-8"),
+            variables=look.palette(),
+        )
     environment = jinja2.Environment(
         loader=jinja2.ChoiceLoader([jinja2.DictLoader(built), jinja2.FileSystemLoader(folder)]),
         autoescape=jinja2.select_autoescape(enabled_extensions=("html.j2",), default_for_string=False),
@@ -100,8 +103,9 @@ def render(
     templates = _templates(templates_dir, version, look)
     context: dict[str, object] = {"name": name or "there", "period": summary.period, "summary": summary}
     if templates.styled:
-        context["view"] = view.build(summary, name=name, formats=formats.for_locale(look.locale, look.currency),
-                                            unsubscribe_url=unsubscribe_url)
+        context["view"] = view.build(
+            summary, name=name, formats=formats.for_locale(look.locale, look.currency), unsubscribe_url=unsubscribe_url
+        )
     subject = templates.subject.render(context)
     return RenderedReport(
         # A subject is one line whatever the template or the data do.

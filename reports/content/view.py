@@ -97,11 +97,20 @@ def build(summary: Summary, *, name: str | None, formats: Formats, unsubscribe_u
         activities = "activity" if summary.count == 1 else "activities"
         preheader = f"{total} across {count} {activities} in {month}; {change.text[:1].lower()}{change.text[1:]}."
     return ReportView(
-        name=shorten(name or "there"), month=month, previous_month=previous, total=total, count=count,
-        previous_total=formats.money(summary.previous_total_cents), had_previous=summary.previous_total_cents != 0,
+        name=shorten(name or "there"),
+        month=month,
+        previous_month=previous,
+        total=total,
+        count=count,
+        previous_total=formats.money(summary.previous_total_cents),
+        had_previous=summary.previous_total_cents != 0,
         change=change,
-        bars=bars, rows=rows, empty=is_empty(summary), preheader=preheader,
-        text_table=text_table(rows, bars, formats), unsubscribe_url=_link(unsubscribe_url),
+        bars=bars,
+        rows=rows,
+        empty=is_empty(summary),
+        preheader=preheader,
+        text_table=text_table(rows, bars, formats),
+        unsubscribe_url=_link(unsubscribe_url),
     )
 
 
@@ -133,8 +142,8 @@ def chart(categories: Sequence[CategoryTotal], formats: Formats) -> tuple[Bar, .
     spent = [c for c in categories if c.total_cents > 0]
     if not spent:
         return ()
-    shown = spent[:CHART_BARS] if len(spent) <= CHART_BARS else spent[:CHART_BARS - 1]
-    others = spent[len(shown):]
+    shown = spent[:CHART_BARS] if len(spent) <= CHART_BARS else spent[: CHART_BARS - 1]
+    others = spent[len(shown) :]
     items = [(shorten(c.category), c.total_cents) for c in shown]
     if others:
         items.append((f"{len(others)} other categories", sum(c.total_cents for c in others)))
@@ -156,19 +165,24 @@ def shares(amounts: Sequence[int]) -> list[int]:
         return [0] * len(amounts)
     floors = [a * 100 // total for a in amounts]
     order = sorted(range(len(amounts)), key=lambda i: (-(amounts[i] * 100 % total), i))
-    for i in order[:100 - sum(floors)]:
+    for i in order[: 100 - sum(floors)]:
         floors[i] += 1
     return floors
 
 
 def table(categories: Sequence[CategoryTotal], formats: Formats) -> tuple[Row, ...]:
     """The category table's rows, largest first; past :data:`TABLE_ROWS`, the rest as one row."""
-    shown = categories if len(categories) <= TABLE_ROWS else categories[:TABLE_ROWS - 1]
+    shown = categories if len(categories) <= TABLE_ROWS else categories[: TABLE_ROWS - 1]
     rows = [Row(shorten(c.category), formats.count(c.count), formats.money(c.total_cents)) for c in shown]
-    rest = categories[len(shown):]
+    rest = categories[len(shown) :]
     if rest:
-        rows.append(Row(f"{len(rest)} other categories", formats.count(sum(c.count for c in rest)),
-                        formats.money(sum(c.total_cents for c in rest))))
+        rows.append(
+            Row(
+                f"{len(rest)} other categories",
+                formats.count(sum(c.count for c in rest)),
+                formats.money(sum(c.total_cents for c in rest)),
+            )
+        )
     return tuple(rows)
 
 
@@ -217,7 +231,7 @@ def pad(text: str, width: int, *, right: bool = False) -> str:
 def shorten(text: str) -> str:
     """``text`` on one line, cut to :data:`MAX_LABEL_CHARS` characters with an ellipsis."""
     line = " ".join(text.split())
-    return line if len(line) <= MAX_LABEL_CHARS else line[:MAX_LABEL_CHARS - 1].rstrip() + "…"
+    return line if len(line) <= MAX_LABEL_CHARS else line[: MAX_LABEL_CHARS - 1].rstrip() + "…"
 
 
 def _share(width: int, cents: int, formats: Formats) -> str:

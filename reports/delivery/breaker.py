@@ -17,8 +17,8 @@ breaker promises:
   (at most ``state_cache_ms``) of the breaker opening in another process, in a process that read
   "closed" just before. That process learns of the opening at once from its own first failure
   (``record_failure`` answers "open" and refreshes its cache), so while the provider is down the
-  extra sends are also at most one per worker thread of that process. The process whose failure opened the breaker asks no more of the
-  provider after it, as before.
+  extra sends are also at most one per worker thread of that process. The process whose failure
+  opened the breaker asks no more of the provider after it, as before.
 * **Exactly one probe in half-open**, unchanged: the cache only ever answers "closed, go" or
   "open, wait ``until - now``"; once a cached cool-down has passed, or the cache is stale, or the
   state is half-open, the caller asks the Lua script, which alone hands out the probe.
@@ -64,6 +64,7 @@ def state_of(client: redis.Redis, name: str) -> State:
     """The breaker's state as Redis holds it (an open breaker past its cool-down still reads open)."""
     raw = cast(bytes | None, client.hget(f"{name}:state", "state"))
     return State(raw.decode()) if raw else State.CLOSED
+
 
 #: How long a process trusts the breaker state it last read from Redis, in milliseconds.
 #: Bounds how late another process's opening is seen; 0 asks Redis on every ``allow``.
@@ -196,7 +197,8 @@ class CircuitBreaker:
     def _ask(self, now_ms: int) -> Permit:
         asked_at = self._clock()
         allowed, wait_ms, state, changed, until_ms = self._allow(
-            keys=[self._state_key], args=[now_ms, self.probe_timeout_ms])
+            keys=[self._state_key], args=[now_ms, self.probe_timeout_ms]
+        )
         after = State(state.decode())
         self._remember(after, int(until_ms), asked_at)
         if changed:
@@ -242,7 +244,12 @@ class CircuitBreaker:
                 self._reading = _Reading(state, until_ms, asked_at)
 
     def _log(self, before: State, after: State) -> None:
-        logger.warning("Circuit breaker %s: %s -> %s.", self.name, before, after,
-                       extra={"breaker": self.name, "from_state": str(before), "to_state": str(after)})
+        logger.warning(
+            "Circuit breaker %s: %s -> %s.",
+            self.name,
+            before,
+            after,
+            extra={"breaker": self.name, "from_state": str(before), "to_state": str(after)},
+        )
         if self._on_change is not None:
             self._on_change(before, after)

@@ -58,37 +58,70 @@ def take(
 
     Raises :class:`ClaimHeld` while another copy's lease is still running.
     """
-    return _take(session, Claim(period, user_id, new_token()), message_id=message_id,
-                 lease_seconds=lease_seconds, now=now)
+    return _take(
+        session, Claim(period, user_id, new_token()), message_id=message_id, lease_seconds=lease_seconds, now=now
+    )
 
 
 def record_request(
-    session: Session, request_id: str, period: Period, user_id: int, *, message_id: str, template_version: str,
+    session: Session,
+    request_id: str,
+    period: Period,
+    user_id: int,
+    *,
+    message_id: str,
+    template_version: str,
     now: datetime,
 ) -> None:
     """Write a ``send-now`` request when it is made, before its message exists: if the message is
     lost, reconcile finds the request and sends it again."""
     session.execute(
         insert_ignoring_conflicts(session, Resend.__table__).values(
-            request_id=request_id, period=str(period), user_id=user_id, requested_at=now, updated_at=now,
-            template_version=template_version, state=DeliveryState.REQUESTED, message_id=message_id,
-            claim_token="", lease_expires_at=now, claims=0, claimed_at=now,
+            request_id=request_id,
+            period=str(period),
+            user_id=user_id,
+            requested_at=now,
+            updated_at=now,
+            template_version=template_version,
+            state=DeliveryState.REQUESTED,
+            message_id=message_id,
+            claim_token="",
+            lease_expires_at=now,
+            claims=0,
+            claimed_at=now,
         )
     )
 
 
 def take_request(
-    session: Session, request_id: str, period: Period, user_id: int, *, message_id: str, template_version: str,
-    lease_seconds: float, now: datetime,
+    session: Session,
+    request_id: str,
+    period: Period,
+    user_id: int,
+    *,
+    message_id: str,
+    template_version: str,
+    lease_seconds: float,
+    now: datetime,
 ) -> Claim | None:
     """Claim the right to send for one ``send-now`` request; ``None`` when that request was served."""
-    return _take(session, Claim(period, user_id, new_token(), request_id), message_id=message_id,
-                 lease_seconds=lease_seconds, now=now,
-                 extra={"requested_at": now, "updated_at": now, "template_version": template_version})
+    return _take(
+        session,
+        Claim(period, user_id, new_token(), request_id),
+        message_id=message_id,
+        lease_seconds=lease_seconds,
+        now=now,
+        extra={"requested_at": now, "updated_at": now, "template_version": template_version},
+    )
 
 
 def _take(
-    session: Executor, claim: Claim, *, message_id: str, lease_seconds: float, now: datetime,
+    session: Executor,
+    claim: Claim,
+    *,
+    message_id: str,
+    lease_seconds: float,
+    now: datetime,
     extra: dict[str, Any] | None = None,
 ) -> Claim | None:
     model = claim._model
@@ -97,24 +130,44 @@ def _take(
     if claim.request_id is not None:
         key_values["request_id"] = claim.request_id
     # RETURNING, not rowcount: drivers disagree on rowcount for ON CONFLICT DO NOTHING.
-    inserted = session.execute(
-        insert_ignoring_conflicts(session, model.__table__)
-        .values(
-            **key_values, **(extra or {}), state=DeliveryState.CLAIMED, message_id=message_id,
-            claim_token=claim.token, lease_expires_at=lease_expires_at, claims=1, claimed_at=now,
-        )
-        .returning(model.__table__.c.user_id)
-    ).first() is not None
+    inserted = (
+        session.execute(
+            insert_ignoring_conflicts(session, model.__table__)
+            .values(
+                **key_values,
+                **(extra or {}),
+                state=DeliveryState.CLAIMED,
+                message_id=message_id,
+                claim_token=claim.token,
+                lease_expires_at=lease_expires_at,
+                claims=1,
+                claimed_at=now,
+            )
+            .returning(model.__table__.c.user_id)
+        ).first()
+        is not None
+    )
     if not inserted:
         # A recorded request, or a claim whose holder's lease ran out: take it over.
         touched = {"updated_at": now} if model is Resend else {}
-        inserted = 0 < rowcount(session.execute(
-            update(model)
-            .where(*claim._key(), model.state.in_(TAKEABLE), model.lease_expires_at <= now)
-            .values(state=DeliveryState.CLAIMED, claim_token=claim.token, lease_expires_at=lease_expires_at,
-                    claims=model.claims + 1, claimed_at=now, **touched)
-            .execution_options(synchronize_session=False)
-        ))
+        inserted = (
+            rowcount(
+                session.execute(
+                    update(model)
+                    .where(*claim._key(), model.state.in_(TAKEABLE), model.lease_expires_at <= now)
+                    .values(
+                        state=DeliveryState.CLAIMED,
+                        claim_token=claim.token,
+                        lease_expires_at=lease_expires_at,
+                        claims=model.claims + 1,
+                        claimed_at=now,
+                        **touched,
+                    )
+                    .execution_options(synchronize_session=False)
+                )
+            )
+            > 0
+        )
     if inserted:
         return claim
     state, expires = session.execute(select(model.state, model.lease_expires_at).where(*claim._key())).one()
@@ -125,21 +178,24 @@ def _take(
 
 def is_sent(session: Session, period: Period, user_id: int) -> bool:
     """Whether the monthly email of (period, user) went out."""
-    return session.scalar(
-        select(Delivery.state).where(Delivery.period == str(period), Delivery.user_id == user_id)
-    ) == DeliveryState.SENT
+    return (
+        session.scalar(select(Delivery.state).where(Delivery.period == str(period), Delivery.user_id == user_id))
+        == DeliveryState.SENT
+    )
 
 
 def complete(session: Executor, claim: Claim, *, now: datetime) -> bool:
     """Record the send; ``False`` if this claim had been taken over meanwhile (its lease ran out)."""
     model = claim._model
     return bool(
-        rowcount(session.execute(
-            update(model)
-            .where(*claim._key(), model.claim_token == claim.token)
-            .values(state=DeliveryState.SENT, sent_at=now)
-            .execution_options(synchronize_session=False)
-        ))
+        rowcount(
+            session.execute(
+                update(model)
+                .where(*claim._key(), model.claim_token == claim.token)
+                .values(state=DeliveryState.SENT, sent_at=now)
+                .execution_options(synchronize_session=False)
+            )
+        )
     )
 
 

@@ -141,8 +141,11 @@ def send_now(ctx: Context, job: SendNowJob) -> Outcome:
     return _deliver(ctx, lambda session: _prepare_now(ctx, session, job), ctx.sessions.begin)
 
 
-def _deliver(ctx: Context, prepare: Callable[[Any], _Prepared | Outcome],
-             transaction: Callable[[], AbstractContextManager[Executor]]) -> Outcome:
+def _deliver(
+    ctx: Context,
+    prepare: Callable[[Any], _Prepared | Outcome],
+    transaction: Callable[[], AbstractContextManager[Executor]],
+) -> Outcome:
     with transaction() as db:
         prepared = prepare(db)
     if not isinstance(prepared, _Prepared):
@@ -162,8 +165,12 @@ def _deliver(ctx: Context, prepare: Callable[[Any], _Prepared | Outcome],
     return Outcome.DELIVERED
 
 
-def _send(ctx: Context, prepared: _Prepared, permit: Permit | None,
-          transaction: Callable[[], AbstractContextManager[Executor]]) -> None:
+def _send(
+    ctx: Context,
+    prepared: _Prepared,
+    permit: Permit | None,
+    transaction: Callable[[], AbstractContextManager[Executor]],
+) -> None:
     try:
         ctx.mailer.send(prepared.email, recipient=prepared.address)
     except Exception as error:
@@ -180,8 +187,13 @@ def _send(ctx: Context, prepared: _Prepared, permit: Permit | None,
             logger.warning("Could not tell the breaker its probe succeeded: Redis unreachable.")
 
 
-def _release(ctx: Context, prepared: _Prepared, transaction: Callable[[], AbstractContextManager[Executor]], *,
-             bounced: MailRejected | None = None) -> None:
+def _release(
+    ctx: Context,
+    prepared: _Prepared,
+    transaction: Callable[[], AbstractContextManager[Executor]],
+    *,
+    bounced: MailRejected | None = None,
+) -> None:
     """End the claims' leases early, so the next attempt need not wait them out; on a hard bounce
     also put the user on the suppression list, so no later month mails a refused address."""
     try:
@@ -190,8 +202,9 @@ def _release(ctx: Context, prepared: _Prepared, transaction: Callable[[], Abstra
             for claim in prepared.claims:
                 claims.release(db, claim, now=now)
             if bounced is not None:
-                suppressions.add(db, prepared.claims[0].user_id, SuppressionReason.BOUNCED, now=now,
-                                 source=f"smtp {bounced.code}")
+                suppressions.add(
+                    db, prepared.claims[0].user_id, SuppressionReason.BOUNCED, now=now, source=f"smtp {bounced.code}"
+                )
     except sqlalchemy.exc.SQLAlchemyError:
         logger.warning("Could not release a delivery claim (or record a bounce); the claim ends with its lease.")
 
@@ -222,8 +235,9 @@ def _millis(moment: datetime) -> int:
     return int(moment.replace(tzinfo=UTC).timestamp() * 1000)
 
 
-def _record_sent(ctx: Context, prepared: _Prepared,
-                 transaction: Callable[[], AbstractContextManager[Executor]]) -> None:
+def _record_sent(
+    ctx: Context, prepared: _Prepared, transaction: Callable[[], AbstractContextManager[Executor]]
+) -> None:
     """Record a send that happened, trying until the claim's lease is nearly spent: failing here
     is what lets a later copy send the email again."""
     pause = 0.05
@@ -244,9 +258,11 @@ def _record_sent(ctx: Context, prepared: _Prepared,
             return
         except sqlalchemy.exc.DBAPIError as error:
             if prepared.lease_left() < pause:
-                logger.error("Could not record a send before its claim's lease ran out (%s); a later copy "
-                             "may send it again.", type(error.orig).__name__,
-                             extra={"user_id": prepared.claims[0].user_id})
+                logger.error(
+                    "Could not record a send before its claim's lease ran out (%s); a later copy may send it again.",
+                    type(error.orig).__name__,
+                    extra={"user_id": prepared.claims[0].user_id},
+                )
                 raise
             time.sleep(pause)
             pause = min(pause * 2, RECORD_SENT_PAUSE_CAP_SECONDS)
@@ -282,28 +298,53 @@ def _prepare(ctx: Context, session: Executor, job: ReportJob) -> _Prepared | Out
         # The item stays pending; `trigger` re-enqueues it when the period is resumed.
         return Outcome.CANCELLED
     # Suppressed after the coordinator planned the user (or before, by an older release): skipped.
-    if (inputs.email is None or not inputs.active or inputs.suppressed is not None
-            or not should_send(inputs.summary, empty_month=ctx.settings.report_empty_month)):
+    if (
+        inputs.email is None
+        or not inputs.active
+        or inputs.suppressed is not None
+        or not should_send(inputs.summary, empty_month=ctx.settings.report_empty_month)
+    ):
         items.touch(session, job.period, job.user_id, now=now)
         items.finish(session, job.period, job.user_id, ItemState.SKIPPED, now=now)
         return Outcome.SKIPPED
 
     to = recipient(inputs.email, inputs.name)
     unsubscribe_url = ctx.unsubscribe_url(job.user_id)
-    rendered = render(ctx.settings.templates_dir, job.template_version, name=inputs.name, summary=inputs.summary,
-                      look=ctx.look, unsubscribe_url=unsubscribe_url)
+    rendered = render(
+        ctx.settings.templates_dir,
+        job.template_version,
+        name=inputs.name,
+        summary=inputs.summary,
+        look=ctx.look,
+        unsubscribe_url=unsubscribe_url,
+    )
     stable_id = message_id(job.period, job.user_id, ctx.settings.mail_domain)
     claimed_at, lease_ends = _claim_time(ctx)
     claim = statements.store_and_claim(
-        session, job.period, job.user_id, template_version=job.template_version, rendered=rendered,
-        message_id=stable_id, lease_seconds=ctx.settings.claim_lease_seconds, now=now, claimed_at=claimed_at,
+        session,
+        job.period,
+        job.user_id,
+        template_version=job.template_version,
+        rendered=rendered,
+        message_id=stable_id,
+        lease_seconds=ctx.settings.claim_lease_seconds,
+        now=now,
+        claimed_at=claimed_at,
     )
     if claim is None:
         # The email already went out; make the item say so.
         items.finish(session, job.period, job.user_id, ItemState.DELIVERED, now=now)
         return Outcome.ALREADY_DONE
-    email = compose(rendered, to=to, mail_from=ctx.settings.mail_from, period=job.period, user_id=job.user_id,
-                    date=now, message_id=stable_id, unsubscribe_url=unsubscribe_url)
+    email = compose(
+        rendered,
+        to=to,
+        mail_from=ctx.settings.mail_from,
+        period=job.period,
+        user_id=job.user_id,
+        date=now,
+        message_id=stable_id,
+        unsubscribe_url=unsubscribe_url,
+    )
     return _Prepared(claims=[claim], email=email, address=to.addr_spec, lease_ends=lease_ends)
 
 
@@ -325,19 +366,34 @@ def _prepare_now(ctx: Context, session: Session, job: SendNowJob) -> _Prepared |
     request_id = message_id(job.period, user.id, ctx.settings.mail_domain, request_id=job.request_id)
     lease = ctx.settings.claim_lease_seconds
     claimed_at, lease_ends = _claim_time(ctx)
-    request = claims.take_request(session, job.request_id, job.period, user.id, message_id=request_id,
-                                    template_version=job.template_version, lease_seconds=lease, now=claimed_at)
+    request = claims.take_request(
+        session,
+        job.request_id,
+        job.period,
+        user.id,
+        message_id=request_id,
+        template_version=job.template_version,
+        lease_seconds=lease,
+        now=claimed_at,
+    )
     if request is None:
         return Outcome.ALREADY_DONE
     held, chosen_id = [request], request_id
     if not claims.is_sent(session, job.period, user.id):
         monthly_id = message_id(job.period, user.id, ctx.settings.mail_domain)
-        monthly = claims.take(session, job.period, user.id, message_id=monthly_id, lease_seconds=lease,
-                                now=claimed_at)
+        monthly = claims.take(session, job.period, user.id, message_id=monthly_id, lease_seconds=lease, now=claimed_at)
         if monthly is not None:
             held, chosen_id = [monthly, request], monthly_id
-    email = compose(rendered, to=to, mail_from=ctx.settings.mail_from, period=job.period, user_id=user.id,
-                    date=now, message_id=chosen_id, unsubscribe_url=ctx.unsubscribe_url(user.id))
+    email = compose(
+        rendered,
+        to=to,
+        mail_from=ctx.settings.mail_from,
+        period=job.period,
+        user_id=user.id,
+        date=now,
+        message_id=chosen_id,
+        unsubscribe_url=ctx.unsubscribe_url(user.id),
+    )
     return _Prepared(claims=held, email=email, address=to.addr_spec, lease_ends=lease_ends)
 
 
@@ -346,11 +402,28 @@ def _render_and_store(
 ) -> tuple[Address, RenderedReport]:
     """Read the user's activity, render the report, and store it as it is about to be sent."""
     to = recipient(user.email, user.name)
-    rendered = render(ctx.settings.templates_dir, template_version, name=user.name,
-                      summary=load_summary(session, user.id, period), look=ctx.look,
-                      unsubscribe_url=ctx.unsubscribe_url(user.id))
-    session.execute(upsert(session, Report.__table__, {
-        "period": str(period), "user_id": user.id, "template_version": template_version,
-        "subject": rendered.subject, "body_text": rendered.text, "body_html": rendered.html, "rendered_at": now,
-    }, key=["period", "user_id"]))
+    rendered = render(
+        ctx.settings.templates_dir,
+        template_version,
+        name=user.name,
+        summary=load_summary(session, user.id, period),
+        look=ctx.look,
+        unsubscribe_url=ctx.unsubscribe_url(user.id),
+    )
+    session.execute(
+        upsert(
+            session,
+            Report.__table__,
+            {
+                "period": str(period),
+                "user_id": user.id,
+                "template_version": template_version,
+                "subject": rendered.subject,
+                "body_text": rendered.text,
+                "body_html": rendered.html,
+                "rendered_at": now,
+            },
+            key=["period", "user_id"],
+        )
+    )
     return to, rendered

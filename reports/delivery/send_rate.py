@@ -81,8 +81,7 @@ class Throttled(Deferred):
     """The fleet is at its send rate: this send goes later, without spending a retry."""
 
     def __init__(self, retry_after_seconds: float) -> None:
-        super().__init__(retry_after_seconds,
-                         f"Send rate reached: this send may go in {retry_after_seconds:.2f}s.")
+        super().__init__(retry_after_seconds, f"Send rate reached: this send may go in {retry_after_seconds:.2f}s.")
 
 
 @dataclass(frozen=True)
@@ -116,13 +115,19 @@ class SendRate:
         :param max_wait_ms: longest wait this caller reserves a slot for (it will wait that
             long); a longer wait is only reported, and the caller defers. Default: any wait.
         """
-        reserved, wait_ms = cast(list[bytes], self._acquire(keys=self._keys, args=[
-            f"{now_ms:.3f}", repr(self.interval_ms), self.burst, f"{max_wait_ms:.3f}", WAITED, DEFERRED]))
+        reserved, wait_ms = cast(
+            list[bytes],
+            self._acquire(
+                keys=self._keys,
+                args=[f"{now_ms:.3f}", repr(self.interval_ms), self.burst, f"{max_wait_ms:.3f}", WAITED, DEFERRED],
+            ),
+        )
         return Permit(wait_ms=max(float(wait_ms), 0.0), reserved=bool(int(reserved)))
 
 
-def pace(limiter: SendRate | None, now_ms: float, *, max_sleep_ms: float = MAX_SLEEP_MS,
-         sleep: Callable[[float], None]) -> None:
+def pace(
+    limiter: SendRate | None, now_ms: float, *, max_sleep_ms: float = MAX_SLEEP_MS, sleep: Callable[[float], None]
+) -> None:
     """Hold this send to the fleet's rate: return when it may go, after sleeping for its slot if
     that is at most ``max_sleep_ms`` away, or raise :class:`Throttled` (a deferral, which spends
     no retry) when it is further. ``None`` (no ``SEND_RATE_PER_SECOND``) returns at once.

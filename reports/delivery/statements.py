@@ -69,31 +69,53 @@ def read(session: Executor, period: Period, user_id: int) -> Inputs:
     """Lock the item (serializing copies of the message) and read everything the report needs."""
     if _is_sqlite(session):
         return _read_each(session, period, user_id)
-    rows = session.execute(_READ, {
-        "period": str(period), "user_id": user_id, "start": period.start, "previous": period.previous().start,
-        "end": period.end,
-    }).all()
+    rows = session.execute(
+        _READ,
+        {
+            "period": str(period),
+            "user_id": user_id,
+            "start": period.start,
+            "previous": period.previous().start,
+            "end": period.end,
+        },
+    ).all()
     first = rows[0]
     summary = summarize(period, ((bool(r[7]), r[8], r[9], r[10]) for r in rows if r[8] is not None))
-    return Inputs(item_state=first[0], run_state=first[1], planned=bool(first[2]), cursor=first[3] or 0,
-                  email=first[4], name=first[5], active=bool(first[6]), summary=summary, suppressed=first[11])
+    return Inputs(
+        item_state=first[0],
+        run_state=first[1],
+        planned=bool(first[2]),
+        cursor=first[3] or 0,
+        email=first[4],
+        name=first[5],
+        active=bool(first[6]),
+        summary=summary,
+        suppressed=first[11],
+    )
 
 
 def _read_each(session: Executor, period: Period, user_id: int) -> Inputs:
     # SQLite has no row locks: its write-intent transaction (BEGIN IMMEDIATE) serializes the copies.
     item_state = session.scalar(
-        select(ReportItem.state).where(ReportItem.period == str(period), ReportItem.user_id == user_id))
+        select(ReportItem.state).where(ReportItem.period == str(period), ReportItem.user_id == user_id)
+    )
     run = session.execute(
         select(PeriodRun.state, PeriodRun.planned, PeriodRun.cursor).where(PeriodRun.period == str(period))
     ).one_or_none()
     user = session.execute(
         select(User.email, User.name, User.active, Suppression.reason)
-        .outerjoin(Suppression, Suppression.user_id == User.id).where(User.id == user_id)
+        .outerjoin(Suppression, Suppression.user_id == User.id)
+        .where(User.id == user_id)
     ).one_or_none()
     return Inputs(
-        item_state=item_state, run_state=run.state if run else None, planned=bool(run and run.planned),
-        cursor=run.cursor if run else 0, email=user.email if user else None, name=user.name if user else None,
-        active=bool(user and user.active), summary=load_summary(session, user_id, period),
+        item_state=item_state,
+        run_state=run.state if run else None,
+        planned=bool(run and run.planned),
+        cursor=run.cursor if run else 0,
+        email=user.email if user else None,
+        name=user.name if user else None,
+        active=bool(user and user.active),
+        summary=load_summary(session, user_id, period),
         suppressed=user.reason if user else None,
     )
 
@@ -123,8 +145,16 @@ FROM (SELECT 1) AS one LEFT JOIN deliveries d ON d.period = :period AND d.user_i
 
 
 def store_and_claim(
-    session: Executor, period: Period, user_id: int, *, template_version: str, rendered: RenderedReport,
-    message_id: str, lease_seconds: float, now: datetime, claimed_at: datetime,
+    session: Executor,
+    period: Period,
+    user_id: int,
+    *,
+    template_version: str,
+    rendered: RenderedReport,
+    message_id: str,
+    lease_seconds: float,
+    now: datetime,
+    claimed_at: datetime,
 ) -> claims.Claim | None:
     """Store the report as it is about to be sent, count the attempt, and claim the monthly email.
 
@@ -133,15 +163,24 @@ def store_and_claim(
     """
     if _is_sqlite(session):
         _store_each(session, period, user_id, template_version=template_version, rendered=rendered, now=now)
-        return claims.take(session, period, user_id, message_id=message_id, lease_seconds=lease_seconds,
-                             now=claimed_at)
+        return claims.take(session, period, user_id, message_id=message_id, lease_seconds=lease_seconds, now=claimed_at)
     claim = claims.Claim(period, user_id, claims.new_token())
-    taken, state, expires = session.execute(_STORE_AND_CLAIM, {
-        "period": str(period), "user_id": user_id, "template_version": template_version,
-        "subject": rendered.subject, "body_text": rendered.text, "body_html": rendered.html, "now": now,
-        "message_id": message_id, "token": claim.token, "claimed_at": claimed_at,
-        "lease_expires_at": claims.lease_end(claimed_at, lease_seconds),
-    }).one()
+    taken, state, expires = session.execute(
+        _STORE_AND_CLAIM,
+        {
+            "period": str(period),
+            "user_id": user_id,
+            "template_version": template_version,
+            "subject": rendered.subject,
+            "body_text": rendered.text,
+            "body_html": rendered.html,
+            "now": now,
+            "message_id": message_id,
+            "token": claim.token,
+            "claimed_at": claimed_at,
+            "lease_expires_at": claims.lease_end(claimed_at, lease_seconds),
+        },
+    ).one()
     if taken:
         return claim
     # The statement's snapshot shows the claim as it was: someone else's.
@@ -150,12 +189,25 @@ def store_and_claim(
     raise ClaimHeld(retry_after_seconds=max((expires - claimed_at).total_seconds(), 0.0))
 
 
-def _store_each(session: Executor, period: Period, user_id: int, *, template_version: str,
-                rendered: RenderedReport, now: datetime) -> None:
-    session.execute(upsert(session, Report.__table__, {
-        "period": str(period), "user_id": user_id, "template_version": template_version,
-        "subject": rendered.subject, "body_text": rendered.text, "body_html": rendered.html, "rendered_at": now,
-    }, key=["period", "user_id"]))
+def _store_each(
+    session: Executor, period: Period, user_id: int, *, template_version: str, rendered: RenderedReport, now: datetime
+) -> None:
+    session.execute(
+        upsert(
+            session,
+            Report.__table__,
+            {
+                "period": str(period),
+                "user_id": user_id,
+                "template_version": template_version,
+                "subject": rendered.subject,
+                "body_text": rendered.text,
+                "body_html": rendered.html,
+                "rendered_at": now,
+            },
+            key=["period", "user_id"],
+        )
+    )
     items.touch(session, period, user_id, now=now)
 
 
@@ -181,11 +233,19 @@ def record_sent(session: Executor, claim: claims.Claim, *, now: datetime) -> boo
         # Item first, then delivery: the lock order of reading, so copies cannot deadlock.
         items.finish(session, claim.period, claim.user_id, ItemState.DELIVERED, now=now)
         return claims.complete(session, claim, now=now)
-    return session.execute(_RECORD_SENT, {
-        "period": str(claim.period), "user_id": claim.user_id, "token": claim.token, "now": now,
-    }).first() is not None
+    return (
+        session.execute(
+            _RECORD_SENT,
+            {
+                "period": str(claim.period),
+                "user_id": claim.user_id,
+                "token": claim.token,
+                "now": now,
+            },
+        ).first()
+        is not None
+    )
 
 
 def _is_sqlite(db: Executor) -> bool:
     return dialect_name(db) == "sqlite"
-

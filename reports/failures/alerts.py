@@ -101,7 +101,7 @@ class WebhookAlerts:
         reasons = {flat_reasons[i].decode(): int(flat_reasons[i + 1]) for i in range(0, len(flat_reasons), 2)}
         body = {
             "text": f"{count} report message(s) dead-lettered in the last {self.window_seconds:g}s "
-                    f"(`reports dlq list` to see them).",
+            f"(`reports dlq list` to see them).",
             "dead_letters": int(count),
             "by_reason": reasons,
             "sample_message_ids": [m.decode() for m in sample],

@@ -38,7 +38,8 @@ def _from_ms(ms: int) -> datetime:
 
 
 _PARSERS: dict[str, Callable[[Sequence[Any], dict[str, Any]], ReportJob | PlanJob | SendNowJob]] = {
-    BUILD_REPORT.name: ReportJob.parse, SEND_NOW.name: SendNowJob.parse,
+    BUILD_REPORT.name: ReportJob.parse,
+    SEND_NOW.name: SendNowJob.parse,
 }
 
 
@@ -64,18 +65,31 @@ def record(session: Session, dead: DeadMessage) -> bool:
     stored = session.execute(
         insert_ignoring_conflicts(session, DeadLetter.__table__)
         .values(
-            message_id=dead.message_id, actor=dead.actor, queue=dead.queue,
+            message_id=dead.message_id,
+            actor=dead.actor,
+            queue=dead.queue,
             payload=json.dumps({"args": list(dead.args), "kwargs": dead.kwargs}, default=repr),
-            period=str(job.period) if job else None, user_id=None if job is None or isinstance(job, PlanJob) else job.user_id,
-            attempts=dead.attempts, reason=dead.reason,
-            error_class=dead.error_class, error_message=dead.error_message[:4000], traceback=dead.traceback,
-            first_failed_at=_from_ms(dead.first_failed_ms), died_at=_from_ms(dead.died_ms),
+            period=str(job.period) if job else None,
+            user_id=None if job is None or isinstance(job, PlanJob) else job.user_id,
+            attempts=dead.attempts,
+            reason=dead.reason,
+            error_class=dead.error_class,
+            error_message=dead.error_message[:4000],
+            traceback=dead.traceback,
+            first_failed_at=_from_ms(dead.first_failed_ms),
+            died_at=_from_ms(dead.died_ms),
         )
         .returning(DeadLetter.__table__.c.id)
     ).first()
     if isinstance(job, ReportJob):
-        items.finish(session, job.period, job.user_id, ItemState.DEAD, now=_from_ms(dead.died_ms),
-                     error=f"{dead.error_class}: {dead.error_message}")
+        items.finish(
+            session,
+            job.period,
+            job.user_id,
+            ItemState.DEAD,
+            now=_from_ms(dead.died_ms),
+            error=f"{dead.error_class}: {dead.error_message}",
+        )
     elif isinstance(job, SendNowJob):
         # Dead, so reconcile does not send it again; a replay makes it requested once more.
         _set_request_state(session, job.request_id, DeliveryState.DEAD, unless=DeliveryState.SENT)
@@ -83,10 +97,14 @@ def record(session: Session, dead: DeadMessage) -> bool:
 
 
 def _set_request_state(session: Session, request_id: str, state: DeliveryState, *, unless: DeliveryState) -> int:
-    return rowcount(session.execute(
-        update(Resend).where(Resend.request_id == request_id, Resend.state != unless).values(state=state)
-        .execution_options(synchronize_session=False)
-    ))
+    return rowcount(
+        session.execute(
+            update(Resend)
+            .where(Resend.request_id == request_id, Resend.state != unless)
+            .values(state=state)
+            .execution_options(synchronize_session=False)
+        )
+    )
 
 
 @dataclass(frozen=True)
@@ -107,8 +125,14 @@ class Filter:
             clauses.append(DeadLetter.id.in_(self.ids))
         if self.reason:
             pattern = f"%{self.reason.lower()}%"
-            clauses.append(or_(*(func.lower(c).like(pattern) for c in
-                                 (DeadLetter.reason, DeadLetter.error_class, DeadLetter.error_message))))
+            clauses.append(
+                or_(
+                    *(
+                        func.lower(c).like(pattern)
+                        for c in (DeadLetter.reason, DeadLetter.error_class, DeadLetter.error_message)
+                    )
+                )
+            )
         return clauses
 
 
@@ -127,9 +151,7 @@ class Replayed:
     items_reset: int = 0
 
 
-def replay(
-    sessions: sessionmaker[Session], broker: Broker, where: Filter, *, now: datetime, dry_run: bool
-) -> Replayed:
+def replay(sessions: sessionmaker[Session], broker: Broker, where: Filter, *, now: datetime, dry_run: bool) -> Replayed:
     """Enqueue each matching dead letter again, once, as a fresh message (attempts start over).
 
     The snapshot is bounded by the highest id when the replay starts: a message that dies again
@@ -164,12 +186,14 @@ def _chunks(sessions: sessionmaker[Session], where: Filter, ceiling: int) -> Ite
     after = 0
     while True:
         with sessions.begin() as session:
-            ids = list(session.scalars(
-                select(DeadLetter.id)
-                .where(*where.clauses(), DeadLetter.id > after, DeadLetter.id <= ceiling)
-                .order_by(DeadLetter.id)
-                .limit(REPLAY_CHUNK)
-            ))
+            ids = list(
+                session.scalars(
+                    select(DeadLetter.id)
+                    .where(*where.clauses(), DeadLetter.id > after, DeadLetter.id <= ceiling)
+                    .order_by(DeadLetter.id)
+                    .limit(REPLAY_CHUNK)
+                )
+            )
         if not ids:
             return
         yield ids
@@ -184,17 +208,24 @@ def _reset_item(session: Session, letter: DeadLetter, now: datetime) -> int:
         return 0
     if letter.actor != BUILD_REPORT.name or letter.period is None or letter.user_id is None:
         return 0
-    return rowcount(session.execute(
-        update(ReportItem)
-        .where(ReportItem.period == letter.period, ReportItem.user_id == letter.user_id,
-               ReportItem.state == ItemState.DEAD)
-        .values(state=ItemState.PENDING, attempts=0, finished_at=None, last_error=None, updated_at=now)
-        .execution_options(synchronize_session=False)
-    ))
+    return rowcount(
+        session.execute(
+            update(ReportItem)
+            .where(
+                ReportItem.period == letter.period,
+                ReportItem.user_id == letter.user_id,
+                ReportItem.state == ItemState.DEAD,
+            )
+            .values(state=ItemState.PENDING, attempts=0, finished_at=None, last_error=None, updated_at=now)
+            .execution_options(synchronize_session=False)
+        )
+    )
 
 
 def purge(session: Session, *, older_than: timedelta, now: datetime) -> int:
     """Delete dead letters that died before ``now - older_than``; returns how many."""
-    return rowcount(session.execute(
-        delete(DeadLetter).where(DeadLetter.died_at < now - older_than).execution_options(synchronize_session=False)
-    ))
+    return rowcount(
+        session.execute(
+            delete(DeadLetter).where(DeadLetter.died_at < now - older_than).execution_options(synchronize_session=False)
+        )
+    )

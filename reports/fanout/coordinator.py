@@ -149,21 +149,31 @@ def _record_page(
             # The walk is over: hand out whatever was recorded but never handed out (a crash
             # between a page's commit and its send). Once per period; reconcile covers a crash here.
             run.planned, run.planned_at = True, now
-            return _Page(_never_handed_out(session, period, before=now - HANDOFF_GRACE), run.template_version,
-                         planned=True)
+            return _Page(
+                _never_handed_out(session, period, before=now - HANDOFF_GRACE), run.template_version, planned=True
+            )
         recorded = dialect_insert(session, ReportItem.__table__).from_select(
             ["period", "user_id", "state", "attempts", "created_at", "updated_at"],
-            select(literal(str(period)), User.id, literal(ItemState.PENDING.value), literal(0),
-                   *[literal(now, DateTime())] * 2)
-            .where(User.active, User.id > run.cursor, User.id <= last,
-                   # Suppressed users get no item: inside this statement, so no statement is added.
-                   ~exists().where(Suppression.user_id == User.id)),
+            select(
+                literal(str(period)),
+                User.id,
+                literal(ItemState.PENDING.value),
+                literal(0),
+                *[literal(now, DateTime())] * 2,
+            ).where(
+                User.active,
+                User.id > run.cursor,
+                User.id <= last,
+                # Suppressed users get no item: inside this statement, so no statement is added.
+                ~exists().where(Suppression.user_id == User.id),
+            ),
         )
         items = ReportItem.__table__.c
         user_ids = session.scalars(
             # An item already there is handed out again only if it never was.
             recorded.on_conflict_do_update(
-                index_elements=["period", "user_id"], set_={"updated_at": now},
+                index_elements=["period", "user_id"],
+                set_={"updated_at": now},
                 where=items.enqueued_at.is_(None) & (items.state == ItemState.PENDING),
             ).returning(items.user_id)
         ).all()
@@ -172,16 +182,23 @@ def _record_page(
 
 
 def _never_handed_out(session: Session, period: Period, *, before: datetime) -> list[int]:
-    return list(session.scalars(
-        select(ReportItem.user_id)
-        .where(ReportItem.period == str(period), ReportItem.state == ItemState.PENDING,
-               ReportItem.enqueued_at.is_(None), ReportItem.updated_at < before)
-        .order_by(ReportItem.user_id)
-    ))
+    return list(
+        session.scalars(
+            select(ReportItem.user_id)
+            .where(
+                ReportItem.period == str(period),
+                ReportItem.state == ItemState.PENDING,
+                ReportItem.enqueued_at.is_(None),
+                ReportItem.updated_at < before,
+            )
+            .order_by(ReportItem.user_id)
+        )
+    )
 
 
-def _hand_out(sessions: sessionmaker[Session], period: Period, page: _Page, send_jobs: SendJobs,
-              outcome: SliceOutcome) -> None:
+def _hand_out(
+    sessions: sessionmaker[Session], period: Period, page: _Page, send_jobs: SendJobs, outcome: SliceOutcome
+) -> None:
     outcome.pages += 1
     if not page.user_ids:
         return
@@ -196,8 +213,9 @@ def stamp_handed_out(session: Session, period: Period, first: int, last: int, *,
     """Mark the items from ``first`` to ``last`` as having a message out there."""
     session.execute(
         update(ReportItem)
-        .where(ReportItem.period == str(period), ReportItem.user_id.between(first, last),
-               ReportItem.enqueued_at.is_(None))
+        .where(
+            ReportItem.period == str(period), ReportItem.user_id.between(first, last), ReportItem.enqueued_at.is_(None)
+        )
         .values(enqueued_at=now)
         .execution_options(synchronize_session=False)
     )

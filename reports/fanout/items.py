@@ -29,20 +29,27 @@ def finish(
     leaves = (ItemState.PENDING, ItemState.DEAD) if state == ItemState.DELIVERED else (ItemState.PENDING,)
     conditions: list[ColumnElement[bool]] = [ReportItem.state.in_(leaves)]
     if state == ItemState.DEAD:
-        conditions.append(~exists().where(Delivery.period == ReportItem.period, Delivery.user_id == ReportItem.user_id,
-                                          Delivery.state == DeliveryState.SENT))
-    return bool(
-        rowcount(session.execute(
-            update(ReportItem)
-            .where(ReportItem.period == str(period), ReportItem.user_id == user_id, *conditions)
-            .values(
-                state=state,
-                finished_at=now,
-                updated_at=now,
-                last_error=error[:ERROR_TEXT_LIMIT] if error else None,
+        conditions.append(
+            ~exists().where(
+                Delivery.period == ReportItem.period,
+                Delivery.user_id == ReportItem.user_id,
+                Delivery.state == DeliveryState.SENT,
             )
-            .execution_options(synchronize_session=False)
-        ))
+        )
+    return bool(
+        rowcount(
+            session.execute(
+                update(ReportItem)
+                .where(ReportItem.period == str(period), ReportItem.user_id == user_id, *conditions)
+                .values(
+                    state=state,
+                    finished_at=now,
+                    updated_at=now,
+                    last_error=error[:ERROR_TEXT_LIMIT] if error else None,
+                )
+                .execution_options(synchronize_session=False)
+            )
+        )
     )
 
 
@@ -51,7 +58,8 @@ def touch(session: Executor, period: Period, user_id: int, *, now: datetime) -> 
     session.execute(
         update(ReportItem)
         .where(ReportItem.period == str(period), ReportItem.user_id == user_id)
-        .values(attempts=ReportItem.attempts + 1, updated_at=now,
-                enqueued_at=func.coalesce(ReportItem.enqueued_at, now))
+        .values(
+            attempts=ReportItem.attempts + 1, updated_at=now, enqueued_at=func.coalesce(ReportItem.enqueued_at, now)
+        )
         .execution_options(synchronize_session=False)
     )

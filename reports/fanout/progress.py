@@ -53,7 +53,8 @@ def count(session: Session, period: Period) -> Progress:
 def items_by_state(session: Session, periods: list[str] | None = None) -> dict[str, dict[str, int]]:
     """Items by period and state, for ``periods`` (every period when ``None``)."""
     statement = select(ItemCount.period, ItemCount.counter, func.sum(ItemCount.n)).group_by(
-        ItemCount.period, ItemCount.counter)
+        ItemCount.period, ItemCount.counter
+    )
     if periods is not None:
         statement = statement.where(ItemCount.period.in_(periods))
     counters: dict[str, dict[str, int]] = {}
@@ -84,8 +85,11 @@ class PeriodSummary:
         return "complete" if self.state == RunState.ACTIVE and self.progress.complete else self.state
 
     def as_dict(self) -> dict[str, Any]:
-        return {**self.progress.as_dict(), "state": self.state,
-                "triggered_at": self.triggered_at.isoformat(timespec="seconds") + "Z"}
+        return {
+            **self.progress.as_dict(),
+            "state": self.state,
+            "triggered_at": self.triggered_at.isoformat(timespec="seconds") + "Z",
+        }
 
 
 def every_period(session: Session) -> list[PeriodSummary]:
@@ -94,9 +98,13 @@ def every_period(session: Session) -> list[PeriodSummary]:
     summaries = []
     for run in session.scalars(select(PeriodRun).order_by(PeriodRun.period.desc())):
         by_state = counts.get(run.period, {})
-        summaries.append(PeriodSummary(
-            progress=_progress(run.period, run.planned, by_state), state=run.state, triggered_at=run.triggered_at,
-        ))
+        summaries.append(
+            PeriodSummary(
+                progress=_progress(run.period, run.planned, by_state),
+                state=run.state,
+                triggered_at=run.triggered_at,
+            )
+        )
     return summaries
 
 

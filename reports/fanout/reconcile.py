@@ -100,14 +100,19 @@ def reconcile(
         assert run is not None
         template_version = run.template_version
         active = session.scalar(select(func.count()).select_from(User).where(User.active)) or 0
-        without_item = session.scalar(
-            select(func.count()).select_from(User).where(
-                User.active,
-                ~exists().where(ReportItem.period == str(period), ReportItem.user_id == User.id),
-                # Not planned on purpose: the coordinator leaves suppressed users out.
-                ~exists().where(Suppression.user_id == User.id),
+        without_item = (
+            session.scalar(
+                select(func.count())
+                .select_from(User)
+                .where(
+                    User.active,
+                    ~exists().where(ReportItem.period == str(period), ReportItem.user_id == User.id),
+                    # Not planned on purpose: the coordinator leaves suppressed users out.
+                    ~exists().where(Suppression.user_id == User.id),
+                )
             )
-        ) or 0
+            or 0
+        )
         walk_paused = not counts.planned and run.paused_at is not None and run.paused_at >= untouched_since
         coordinator_enqueued = not counts.planned and (resume or run.updated_at < untouched_since)
         if coordinator_enqueued:
@@ -117,28 +122,51 @@ def reconcile(
 
     may_be_waiting = not resume and (facts.breaker_open() or facts.backlog(BULK_QUEUE) > 0)
     lost = _lost(period, untouched_since, now, handed_out_too=not may_be_waiting)
-    requeued = _requeue(sessions, period, lost, now, lambda user_ids: send_jobs(
-        ReportJob(period, user_id, template_version).payload() for user_id in user_ids))
+    requeued = _requeue(
+        sessions,
+        period,
+        lost,
+        now,
+        lambda user_ids: send_jobs(ReportJob(period, user_id, template_version).payload() for user_id in user_ids),
+    )
     waiting = 0
     if may_be_waiting:
         with sessions.begin() as session:
-            waiting = session.scalar(select(func.count()).select_from(ReportItem).where(
-                *_lost(period, untouched_since, now, handed_out_too=True))) or 0
+            waiting = (
+                session.scalar(
+                    select(func.count())
+                    .select_from(ReportItem)
+                    .where(*_lost(period, untouched_since, now, handed_out_too=True))
+                )
+                or 0
+            )
 
     requests_requeued = 0
     if send_requests is not None and not facts.breaker_open() and facts.backlog(CRITICAL_QUEUE) == 0:
-        requests_requeued = reconcile_requests(sessions, send_requests, period=period,
-                                               untouched_since=untouched_since, now=now)
+        requests_requeued = reconcile_requests(
+            sessions, send_requests, period=period, untouched_since=untouched_since, now=now
+        )
     return Reconciliation(
-        period=str(period), planned=counts.planned, active_users=active, items=counts.total,
-        active_without_item=without_item, finished=counts.finished, pending=counts.pending,
-        requeued=requeued, waiting=waiting, coordinator_enqueued=coordinator_enqueued, walk_paused=walk_paused,
+        period=str(period),
+        planned=counts.planned,
+        active_users=active,
+        items=counts.total,
+        active_without_item=without_item,
+        finished=counts.finished,
+        pending=counts.pending,
+        requeued=requeued,
+        waiting=waiting,
+        coordinator_enqueued=coordinator_enqueued,
+        walk_paused=walk_paused,
         requests_requeued=requests_requeued,
     )
 
 
 def _requeue(
-    sessions: sessionmaker[Session], period: Period, where: list[Any], now: datetime,
+    sessions: sessionmaker[Session],
+    period: Period,
+    where: list[Any],
+    now: datetime,
     send: Callable[[list[int]], int],
 ) -> int:
     """Stamp and send the items matching ``where``, a chunk per transaction, each once."""
@@ -147,13 +175,16 @@ def _requeue(
         with sessions.begin() as session:
             user_ids = session.scalars(
                 update(ReportItem)
-                .where(*where, ReportItem.user_id.in_(
-                    select(ReportItem.user_id)
-                    .where(*where, ReportItem.user_id > after)
-                    .order_by(ReportItem.user_id)
-                    .limit(CHUNK)
-                    .scalar_subquery()
-                ))
+                .where(
+                    *where,
+                    ReportItem.user_id.in_(
+                        select(ReportItem.user_id)
+                        .where(*where, ReportItem.user_id > after)
+                        .order_by(ReportItem.user_id)
+                        .limit(CHUNK)
+                        .scalar_subquery()
+                    ),
+                )
                 .values(updated_at=now, enqueued_at=now)
                 .returning(ReportItem.user_id)
                 .execution_options(synchronize_session=False)
@@ -180,8 +211,12 @@ def _lost(period: Period, untouched_since: datetime, now: datetime, *, handed_ou
 
 
 def reconcile_requests(
-    sessions: sessionmaker[Session], send_requests: SendJobs, *, period: Period | None,
-    untouched_since: datetime, now: datetime,
+    sessions: sessionmaker[Session],
+    send_requests: SendJobs,
+    *,
+    period: Period | None,
+    untouched_since: datetime,
+    now: datetime,
 ) -> int:
     """Re-enqueue send-now requests (of ``period``, or all) that never finished and were lost.
 

@@ -46,8 +46,13 @@ def trigger(
     inserted = session.execute(
         insert_ignoring_conflicts(session, PeriodRun.__table__)
         .values(
-            period=str(period), state=RunState.ACTIVE, template_version=template_version, cursor=0,
-            planned=False, triggered_at=now, updated_at=now,
+            period=str(period),
+            state=RunState.ACTIVE,
+            template_version=template_version,
+            cursor=0,
+            planned=False,
+            triggered_at=now,
+            updated_at=now,
         )
         .returning(PeriodRun.__table__.c.period)
     ).first()
@@ -86,10 +91,13 @@ def trigger_and_enqueue(
         # Messages consumed while cancelled left their items pending: send every pending item
         # not claimed by a live sender, and the coordinator if the walk is unfinished.
         reconcile(
-            sessions, period,
+            sessions,
+            period,
             send_jobs=lambda payloads: send_many(broker, BUILD_REPORT, payloads),
             send_coordinator=lambda walker, payload: send_coordinator(broker, walker, payload),
-            stuck_after=timedelta(0), now=now, resume=True,
+            stuck_after=timedelta(0),
+            now=now,
+            resume=True,
         )
     elif triggered.needs_coordinator:
         assert triggered.run.walker is not None
@@ -113,30 +121,47 @@ def unfinished(session: Session) -> list[Period]:
 
 
 def reconcile_through(
-    sessions: sessionmaker[Session], broker: Broker, period: Period, *, namespace: str,
-    stuck_after: timedelta, now: datetime,
+    sessions: sessionmaker[Session],
+    broker: Broker,
+    period: Period,
+    *,
+    namespace: str,
+    stuck_after: timedelta,
+    now: datetime,
 ) -> Reconciliation:
     """Reconcile ``period`` against the live broker: its queues and the mail breaker tell what may
     still be on its way (see :mod:`reports.fanout.reconcile`)."""
     return reconcile(
-        sessions, period,
+        sessions,
+        period,
         send_jobs=lambda payloads: send_many(broker, BUILD_REPORT, payloads),
         send_coordinator=lambda walker, payload: send_coordinator(broker, walker, payload),
         send_requests=lambda payloads: send_many(broker, SEND_NOW, payloads),
-        in_flight=_in_flight(broker, namespace), stuck_after=stuck_after, now=now,
+        in_flight=_in_flight(broker, namespace),
+        stuck_after=stuck_after,
+        now=now,
     )
 
 
 def reconcile_every_request(
-    sessions: sessionmaker[Session], broker: Broker, *, namespace: str, stuck_after: timedelta,
+    sessions: sessionmaker[Session],
+    broker: Broker,
+    *,
+    namespace: str,
+    stuck_after: timedelta,
     now: datetime,
 ) -> int:
     """Re-enqueue lost send-now requests of every period (one never triggered too); returns how many."""
     facts = _in_flight(broker, namespace)
     if facts.breaker_open() or facts.backlog(SEND_NOW.queue) > 0:
         return 0
-    return reconcile_requests(sessions, lambda payloads: send_many(broker, SEND_NOW, payloads), period=None,
-                              untouched_since=now - stuck_after, now=now)
+    return reconcile_requests(
+        sessions,
+        lambda payloads: send_many(broker, SEND_NOW, payloads),
+        period=None,
+        untouched_since=now - stuck_after,
+        now=now,
+    )
 
 
 def _in_flight(broker: Broker, namespace: str) -> InFlight:

@@ -54,8 +54,17 @@ class ChildExited(ReportsError):
     """A process the demo serves with exited; see its log under VAR_DIR."""
 
 
-def run_demo(settings: Settings, *, users: int | None, processes: int, threads: int, fresh: bool = False,
-             serve: bool = False, web: bool = False, console: Console) -> None:
+def run_demo(
+    settings: Settings,
+    *,
+    users: int | None,
+    processes: int,
+    threads: int,
+    fresh: bool = False,
+    serve: bool = False,
+    web: bool = False,
+    console: Console,
+) -> None:
     """Run last month's reports end to end; ``users`` is ``None`` when the operator did not choose.
 
     :param fresh: delete the demo's own files under ``VAR_DIR`` first (refused for a database elsewhere).
@@ -77,7 +86,8 @@ def run_demo(settings: Settings, *, users: int | None, processes: int, threads: 
             settings = replace(settings, broker_url=stack.enter_context(embedded_redis(settings.var_dir)))
             log_path = settings.var_dir / "workers.log"
             workers = stack.enter_context(
-                child(worker_command(processes=processes, threads=threads), settings, log_path=log_path))
+                child(worker_command(processes=processes, threads=threads), settings, log_path=log_path)
+            )
             final = _run_period(sessions, settings, period, workers, console)
             if not serve:
                 stack.close()
@@ -86,7 +96,9 @@ def run_demo(settings: Settings, *, users: int | None, processes: int, threads: 
                 return
             served = [workers]
             if web:
-                served.append(stack.enter_context(child(web_command(), settings, log_path=settings.var_dir / "web.log")))
+                served.append(
+                    stack.enter_context(child(web_command(), settings, log_path=settings.var_dir / "web.log"))
+                )
             print_summary(console, settings, final, inactive=_inactive(sessions), log_path=log_path, serving=True)
             print_serving(console, settings, period=period, user_id=_first_active(sessions), web=web)
             _serve(served)
@@ -106,41 +118,60 @@ def _anchored(settings: Settings) -> Settings:
 def _check_fresh(settings: Settings) -> None:
     database = sqlite_file(settings.database_url)
     if database is None or not database.is_relative_to(settings.var_dir):
-        raise BadInput(f"--fresh deletes only the demo's own files under {settings.var_dir}, and DATABASE_URL "
-                       "points elsewhere: empty that database yourself, or unset DATABASE_URL.")
+        raise BadInput(
+            f"--fresh deletes only the demo's own files under {settings.var_dir}, and DATABASE_URL "
+            "points elsewhere: empty that database yourself, or unset DATABASE_URL."
+        )
 
 
 def _start_over(settings: Settings, console: Console) -> None:
     database = sqlite_file(settings.database_url)
     assert database is not None  # _check_fresh refused anything else
     # The queues go too: redis.db holds the previous run's messages.
-    for path in (database, *(database.with_name(database.name + suffix) for suffix in ("-wal", "-shm", "-journal")),
-                 settings.var_dir / "redis.db", settings.var_dir / "redis.db.settings",
-                 settings.var_dir / "workers.log", settings.var_dir / "web.log"):
+    for path in (
+        database,
+        *(database.with_name(database.name + suffix) for suffix in ("-wal", "-shm", "-journal")),
+        settings.var_dir / "redis.db",
+        settings.var_dir / "redis.db.settings",
+        settings.var_dir / "workers.log",
+        settings.var_dir / "web.log",
+    ):
         path.unlink(missing_ok=True)
     shutil.rmtree(settings.outbox_dir, ignore_errors=True)
-    console.print(f"Starting over: deleted the previous demo's database, queues, outbox and logs in {settings.var_dir}.",
-                  soft_wrap=True)
+    console.print(
+        f"Starting over: deleted the previous demo's database, queues, outbox and logs in {settings.var_dir}.",
+        soft_wrap=True,
+    )
 
 
-def _seed_or_reuse(sessions: sessionmaker[Session], settings: Settings, *, users: int | None, period: Period,
-                   console: Console) -> None:
+def _seed_or_reuse(
+    sessions: sessionmaker[Session], settings: Settings, *, users: int | None, period: Period, console: Console
+) -> None:
     with sessions.begin() as session:
         existing = session.scalar(select(func.count()).select_from(User)) or 0
         if not existing:
             seeded = seed(session, users=users or DEFAULT_USERS, period=period)
-            console.print(f"Seeded {seeded.users:,} users ({seeded.inactive:,} inactive), "
-                          f"{seeded.activities:,} activities.")
+            console.print(
+                f"Seeded {seeded.users:,} users ({seeded.inactive:,} inactive), {seeded.activities:,} activities."
+            )
             return
         inactive = session.scalar(select(func.count()).select_from(User).where(User.active.is_(False))) or 0
     ignored = f" (--users {users:,} is ignored)" if users is not None and users != existing else ""
     # At the top, before the run: a newcomer who asked for more users must not wait to find out.
-    console.print(f"Reusing the {existing:,} users ({inactive:,} inactive) already in {settings.var_dir}{ignored}; "
-                  "`reports demo --fresh` starts over.", soft_wrap=True)
+    console.print(
+        f"Reusing the {existing:,} users ({inactive:,} inactive) already in {settings.var_dir}{ignored}; "
+        "`reports demo --fresh` starts over.",
+        soft_wrap=True,
+    )
 
 
-def _run_period(sessions: sessionmaker[Session], settings: Settings, period: Period, workers: subprocess.Popen[bytes],
-                console: Console) -> progress.Progress:
+def _run_period(
+    sessions: sessionmaker[Session],
+    settings: Settings,
+    period: Period,
+    workers: subprocess.Popen[bytes],
+    console: Console,
+) -> progress.Progress:
     triggered = runs.trigger_and_enqueue(
         sessions, build_broker(settings), period, template_version=settings.template_version, now=utcnow()
     )
@@ -174,4 +205,3 @@ def _inactive(sessions: sessionmaker[Session]) -> int:
 def _first_active(sessions: sessionmaker[Session]) -> int | None:
     with sessions() as session:
         return session.scalar(select(func.min(User.id)).where(User.active.is_(True)))
-

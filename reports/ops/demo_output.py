@@ -26,8 +26,15 @@ def reports_command() -> str:
     return str(script) if script.exists() else f"{sys.executable} -m reports"
 
 
-def print_summary(console: Console, settings: Settings, final: progress.Progress, *, inactive: int,
-                  log_path: Path, serving: bool = False) -> None:
+def print_summary(
+    console: Console,
+    settings: Settings,
+    final: progress.Progress,
+    *,
+    inactive: int,
+    log_path: Path,
+    serving: bool = False,
+) -> None:
     outbox = settings.outbox_dir / "new"
     mails = sum(1 for _ in outbox.iterdir()) if outbox.is_dir() else 0
     table = Table(title=f"Monthly reports for {final.period}", show_header=False)
@@ -49,12 +56,18 @@ def print_summary(console: Console, settings: Settings, final: progress.Progress
     console.print(f"Reports: table `reports` in {redact_url(settings.database_url)}", soft_wrap=True)
     console.print(f"Worker log: {log_path}", soft_wrap=True)
     if not settings.unsubscribe_secret:
-        console.print(f"Unsubscribe links point at {settings.public_base_url} (`reports web`) and are signed with "
-                      "the built-in development secret; a real deployment sets UNSUBSCRIBE_SECRET.", soft_wrap=True)
+        console.print(
+            f"Unsubscribe links point at {settings.public_base_url} (`reports web`) and are signed with "
+            "the built-in development secret; a real deployment sets UNSUBSCRIBE_SECRET.",
+            soft_wrap=True,
+        )
     if not serving:
         reports = reports_command()
-        _plain(console, f"Look around: {reports} periods, {reports} dlq list "
-                        "(`source .venv/bin/activate` puts `reports` on the PATH).")
+        _plain(
+            console,
+            f"Look around: {reports} periods, {reports} dlq list "
+            "(`source .venv/bin/activate` puts `reports` on the PATH).",
+        )
         _plain(console, f"To try trigger, send-now and dlq replay on this data: {reports} demo --serve.")
 
 

@@ -55,6 +55,7 @@ def stop_signals_as_interrupt() -> Iterator[None]:
     SIGINT too, explicitly: a shell starts a background job (``reports demo --serve &``) with
     SIGINT ignored, and Python then leaves it ignored, so ``kill -INT`` would do nothing.
     """
+
     def _interrupt(signum: int, _frame: FrameType | None) -> None:
         raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
 
@@ -101,9 +102,16 @@ def embedded_redis(var_dir: Path) -> Iterator[str]:
 
 def worker_command(*, processes: int, threads: int) -> list[str]:
     return [
-        sys.executable, "-m", "dramatiq", "actors",
-        "--processes", str(processes), "--threads", str(threads),
-        "--worker-shutdown-timeout", str(WORKER_SHUTDOWN_TIMEOUT_MS),
+        sys.executable,
+        "-m",
+        "dramatiq",
+        "actors",
+        "--processes",
+        str(processes),
+        "--threads",
+        str(threads),
+        "--worker-shutdown-timeout",
+        str(WORKER_SHUTDOWN_TIMEOUT_MS),
     ]
 
 
@@ -120,7 +128,10 @@ def child(command: list[str], settings: Settings, *, log_path: Path) -> Iterator
     """
     with log_path.open("ab") as log:
         process = subprocess.Popen(
-            command, env={**os.environ, **settings.as_environ()}, stdout=log, stderr=subprocess.STDOUT,
+            command,
+            env={**os.environ, **settings.as_environ()},
+            stdout=log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
     try:

@@ -48,8 +48,9 @@ class CachedCollector(Collector):
     :param clock: seconds from an arbitrary start (``time.monotonic``).
     """
 
-    def __init__(self, collector: Collector, *, max_age_seconds: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, collector: Collector, *, max_age_seconds: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.collector = collector
         self.max_age_seconds = max_age_seconds
         self.clock = clock
@@ -68,7 +69,12 @@ class CachedCollector(Collector):
 
 class ReportsCollector(Collector):
     def __init__(
-        self, client: redis.Redis, *, namespace: str, sessions: sessionmaker[Session], queues: Iterable[str],
+        self,
+        client: redis.Redis,
+        *,
+        namespace: str,
+        sessions: sessionmaker[Session],
+        queues: Iterable[str],
         breaker_name: str,
     ) -> None:
         self.client = client
@@ -86,10 +92,12 @@ class ReportsCollector(Collector):
         yield from self._scheduler()
 
     def _queues(self) -> Iterator[Metric]:
-        depth = GaugeMetricFamily("reports_queue_messages", "Messages in a queue, by state.",
-                                  labels=["queue", "state"])
-        oldest = GaugeMetricFamily("reports_queue_oldest_message_age_seconds",
-                                   "Age of the oldest ready message in a queue (0 when empty).", labels=["queue"])
+        depth = GaugeMetricFamily("reports_queue_messages", "Messages in a queue, by state.", labels=["queue", "state"])
+        oldest = GaugeMetricFamily(
+            "reports_queue_oldest_message_age_seconds",
+            "Age of the oldest ready message in a queue (0 when empty).",
+            labels=["queue"],
+        )
         now = time.time()
         for queue in self.queues:
             key = f"{self.namespace}:{queue}"
@@ -122,27 +130,37 @@ class ReportsCollector(Collector):
         return max(now - json.loads(raw)["message_timestamp"] / 1000, 0.0)
 
     def _counters(self) -> Iterator[Metric]:
-        dead = CounterMetricFamily("reports_dead_letters", "Messages that died, by queue, actor and reason.",
-                                   labels=["queue", "actor", "reason"])
+        dead = CounterMetricFamily(
+            "reports_dead_letters",
+            "Messages that died, by queue, actor and reason.",
+            labels=["queue", "actor", "reason"],
+        )
         # Every known series from 0, so the first dead letter is an increase Prometheus can see.
-        counts = {SEP.join((spec.queue, spec.name, reason)): 0.0 for spec in (PLAN_PERIOD, BUILD_REPORT, SEND_NOW)
-                  for reason in DEAD_REASONS}
+        counts = {
+            SEP.join((spec.queue, spec.name, reason)): 0.0
+            for spec in (PLAN_PERIOD, BUILD_REPORT, SEND_NOW)
+            for reason in DEAD_REASONS
+        }
         counts.update({SEP.join(labels): value for labels, value in self._hash("dead_letters")})
         for key, value in sorted(counts.items()):
             dead.add_metric(key.split(SEP), value)
         yield dead
-        transitions = CounterMetricFamily("reports_breaker_transitions",
-                                          "Circuit breaker state changes, by the state entered.",
-                                          labels=["breaker", "state"])
+        transitions = CounterMetricFamily(
+            "reports_breaker_transitions",
+            "Circuit breaker state changes, by the state entered.",
+            labels=["breaker", "state"],
+        )
         for labels, value in self._hash("breaker_transitions"):
             transitions.add_metric(labels, value)
         yield transitions
         yield self._throttled()
 
     def _throttled(self) -> Metric:
-        throttled = CounterMetricFamily("reports_send_throttled",
-                                        "Sends held back by the fleet's send rate: waited for a slot, or deferred.",
-                                        labels=["outcome"])
+        throttled = CounterMetricFamily(
+            "reports_send_throttled",
+            "Sends held back by the fleet's send rate: waited for a slot, or deferred.",
+            labels=["outcome"],
+        )
         counts = {send_rate.WAITED: 0.0, send_rate.DEFERRED: 0.0}
         counts.update({labels[0]: value for labels, value in self._hash(send_rate.THROTTLED_COUNTER)})
         for outcome, value in sorted(counts.items()):
@@ -150,8 +168,9 @@ class ReportsCollector(Collector):
         return throttled
 
     def _actors(self) -> Iterator[Metric]:
-        outcomes = CounterMetricFamily("reports_actor_outcomes", "Messages processed, by actor and outcome.",
-                                       labels=["actor", "outcome"])
+        outcomes = CounterMetricFamily(
+            "reports_actor_outcomes", "Messages processed, by actor and outcome.", labels=["actor", "outcome"]
+        )
         for labels, value in self._hash("actor_outcomes"):
             outcomes.add_metric(labels, value)
         yield outcomes
@@ -159,8 +178,9 @@ class ReportsCollector(Collector):
         for (actor, le), value in self._hash("actor_duration_buckets"):
             per_bucket.setdefault(actor, {})[le] = value
         sums = {labels[0]: value for labels, value in self._hash("actor_duration_sum")}
-        durations = HistogramMetricFamily("reports_actor_duration_seconds", "Time to process a message, by actor.",
-                                          labels=["actor"])
+        durations = HistogramMetricFamily(
+            "reports_actor_duration_seconds", "Time to process a message, by actor.", labels=["actor"]
+        )
         for actor, counts in sorted(per_bucket.items()):
             cumulative, buckets = 0.0, []
             for le in [*map(repr, DURATION_BUCKETS), "+Inf"]:
@@ -177,31 +197,42 @@ class ReportsCollector(Collector):
     def _breaker(self) -> Iterator[Metric]:
         raw = cast(bytes | None, self.client.hget(f"{self.breaker_name}:state", "state"))
         state = State(raw.decode()) if raw else State.CLOSED
-        gauge = GaugeMetricFamily("reports_breaker_state", "Circuit breaker state: 0 closed, 1 half-open, 2 open.",
-                                  labels=["breaker"])
+        gauge = GaugeMetricFamily(
+            "reports_breaker_state", "Circuit breaker state: 0 closed, 1 half-open, 2 open.", labels=["breaker"]
+        )
         gauge.add_metric(["mail"], STATE_VALUES[state])
         yield gauge
 
     def _database(self) -> Iterator[Metric]:
-        items = GaugeMetricFamily("reports_period_items", "Report items of a period, by state.",
-                                  labels=["period", "state"])
-        planned = GaugeMetricFamily("reports_period_planned", "1 once the coordinator has walked every user.",
-                                    labels=["period"])
+        items = GaugeMetricFamily(
+            "reports_period_items", "Report items of a period, by state.", labels=["period", "state"]
+        )
+        planned = GaugeMetricFamily(
+            "reports_period_planned", "1 once the coordinator has walked every user.", labels=["period"]
+        )
         total = GaugeMetricFamily("reports_period_total", "Report items recorded for a period.", labels=["period"])
-        cancelled = GaugeMetricFamily("reports_period_cancelled", "1 while an operator has the period cancelled.",
-                                      labels=["period"])
-        triggered = GaugeMetricFamily("reports_period_triggered_timestamp_seconds",
-                                      "When a period was first triggered (Unix time).", labels=["period"])
-        stored = GaugeMetricFamily("reports_dead_letters_stored", "Dead letters in the store, by replayed.",
-                                   labels=["replayed"])
+        cancelled = GaugeMetricFamily(
+            "reports_period_cancelled", "1 while an operator has the period cancelled.", labels=["period"]
+        )
+        triggered = GaugeMetricFamily(
+            "reports_period_triggered_timestamp_seconds",
+            "When a period was first triggered (Unix time).",
+            labels=["period"],
+        )
+        stored = GaugeMetricFamily(
+            "reports_dead_letters_stored", "Dead letters in the store, by replayed.", labels=["replayed"]
+        )
         with self.sessions.begin() as session:
             runs = session.execute(
                 select(PeriodRun.period, PeriodRun.planned, PeriodRun.triggered_at, PeriodRun.state)
-                .order_by(PeriodRun.period.desc()).limit(PERIODS_EXPORTED)
+                .order_by(PeriodRun.period.desc())
+                .limit(PERIODS_EXPORTED)
             ).all()
             counts = progress.items_by_state(session, [period for period, _, _, _ in runs])
             was_replayed = DeadLetter.replayed_at.is_not(None)
-            letters = {bool(k): n for k, n in session.execute(select(was_replayed, func.count()).group_by(was_replayed))}
+            letters = {
+                bool(k): n for k, n in session.execute(select(was_replayed, func.count()).group_by(was_replayed))
+            }
             suppressed = suppressions.count_by_reason(session)
         for period, is_planned, triggered_at, state in runs:
             by_state = counts.get(period, {})
@@ -223,16 +254,19 @@ class ReportsCollector(Collector):
 
     @staticmethod
     def _suppressions(counts: dict[str, int]) -> Metric:
-        gauge = GaugeMetricFamily("reports_suppressions", "Users on the suppression list, by reason.",
-                                  labels=["reason"])
+        gauge = GaugeMetricFamily(
+            "reports_suppressions", "Users on the suppression list, by reason.", labels=["reason"]
+        )
         for reason, n in counts.items():
             gauge.add_metric([reason], n)
         return gauge
 
     def _scheduler(self) -> Iterator[Metric]:
         raw = cast(bytes | None, self.client.get(f"{self.namespace}:scheduler:last_trigger"))
-        gauge = GaugeMetricFamily("reports_scheduler_last_trigger_timestamp_seconds",
-                                  "When the scheduler last triggered a period (Unix time).")
+        gauge = GaugeMetricFamily(
+            "reports_scheduler_last_trigger_timestamp_seconds",
+            "When the scheduler last triggered a period (Unix time).",
+        )
         if raw is not None:
             last: dict[str, Any] = json.loads(raw)
             gauge.add_metric([], float(last["at"]))

@@ -84,15 +84,17 @@ class Pruned:
 
 
 def _unreplayed_letter(table: Table) -> Exists:
-    return exists().where(DeadLetter.period == table.c.period, DeadLetter.user_id == table.c.user_id,
-                          DeadLetter.replayed_at.is_(None))
+    return exists().where(
+        DeadLetter.period == table.c.period, DeadLetter.user_id == table.c.user_id, DeadLetter.replayed_at.is_(None)
+    )
 
 
 def unfinished_periods(session: Session) -> set[str]:
     """Periods whose run is not done, active or cancelled: their rows are still a work list."""
     pending = exists().where(ReportItem.period == PeriodRun.period, ReportItem.state == ItemState.PENDING)
     requested = exists().where(
-        Resend.period == PeriodRun.period, Resend.state.in_((DeliveryState.REQUESTED, DeliveryState.CLAIMED)))
+        Resend.period == PeriodRun.period, Resend.state.in_((DeliveryState.REQUESTED, DeliveryState.CLAIMED))
+    )
     return set(session.scalars(select(PeriodRun.period).where(or_(PeriodRun.planned.is_(False), pending, requested))))
 
 
@@ -104,16 +106,25 @@ def old_periods(session: Session, before: Period) -> list[str]:
     found: set[str] = set()
     for table, _name in _PER_USER:
         last = ""
-        while (period := session.scalar(select(func.min(table.c.period)).where(
-                table.c.period > last, table.c.period < str(before)))) is not None:
+        while (
+            period := session.scalar(
+                select(func.min(table.c.period)).where(table.c.period > last, table.c.period < str(before))
+            )
+        ) is not None:
             found.add(period)
             last = period
     found.update(session.scalars(select(Resend.period).where(Resend.period < str(before)).distinct()))
     return sorted(found)
 
 
-def prune(sessions: sessionmaker[Session], *, before: Period, batch_size: int = BATCH_SIZE, dry_run: bool = False,
-          should_stop: Callable[[], bool] = lambda: False) -> Pruned:
+def prune(
+    sessions: sessionmaker[Session],
+    *,
+    before: Period,
+    batch_size: int = BATCH_SIZE,
+    dry_run: bool = False,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> Pruned:
     """Delete the per-user rows of periods before ``before`` (see the module's docstring).
 
     :param dry_run: count what would go; change nothing.
@@ -141,20 +152,31 @@ def prune(sessions: sessionmaker[Session], *, before: Period, batch_size: int = 
                     return result
         with sessions.begin() as session:
             pruned.deleted["send-now requests"], pruned.deleted["replayed dead letters"] = _small_tables(
-                session, period, dry_run=dry_run)
+                session, period, dry_run=dry_run
+            )
             if not dry_run:
                 session.execute(delete(ItemCount).where(ItemCount.period == period, ItemCount.n == 0))
     return result
 
 
 def _kept(session: Session, period: str) -> int:
-    return session.scalar(select(func.count(func.distinct(DeadLetter.user_id))).where(
-        DeadLetter.period == period, DeadLetter.user_id.is_not(None), DeadLetter.replayed_at.is_(None))) or 0
+    return (
+        session.scalar(
+            select(func.count(func.distinct(DeadLetter.user_id))).where(
+                DeadLetter.period == period, DeadLetter.user_id.is_not(None), DeadLetter.replayed_at.is_(None)
+            )
+        )
+        or 0
+    )
 
 
 def _count(session: Session, table: Table, period: str) -> int:
-    return session.scalar(select(func.count()).select_from(table).where(
-        table.c.period == period, ~_unreplayed_letter(table))) or 0
+    return (
+        session.scalar(
+            select(func.count()).select_from(table).where(table.c.period == period, ~_unreplayed_letter(table))
+        )
+        or 0
+    )
 
 
 def _delete_in_batches(sessions: sessionmaker[Session], table: Table, period: str, batch_size: int) -> Iterator[int]:
@@ -162,26 +184,46 @@ def _delete_in_batches(sessions: sessionmaker[Session], table: Table, period: st
     after = 0
     while True:
         with sessions.begin() as session:
-            page = (select(table.c.user_id).where(table.c.period == period, table.c.user_id > after)
-                    .order_by(table.c.user_id).limit(batch_size).subquery())
+            page = (
+                select(table.c.user_id)
+                .where(table.c.period == period, table.c.user_id > after)
+                .order_by(table.c.user_id)
+                .limit(batch_size)
+                .subquery()
+            )
             upto = session.scalar(select(func.max(page.c.user_id)))
             if upto is None:
                 return
-            deleted = rowcount(session.execute(delete(table).where(
-                table.c.period == period, table.c.user_id > after, table.c.user_id <= upto,
-                ~_unreplayed_letter(table))))
+            deleted = rowcount(
+                session.execute(
+                    delete(table).where(
+                        table.c.period == period,
+                        table.c.user_id > after,
+                        table.c.user_id <= upto,
+                        ~_unreplayed_letter(table),
+                    )
+                )
+            )
         after = upto
         yield deleted
 
 
 def _small_tables(session: Session, period: str, *, dry_run: bool) -> tuple[int, int]:
     """Finished send-now requests and replayed dead letters of ``period``: few rows, one statement each."""
-    finished_requests = and_(Resend.period == period, Resend.state.in_((DeliveryState.SENT, DeliveryState.DEAD)),
-                             ~exists().where(DeadLetter.period == period, DeadLetter.user_id == Resend.user_id,
-                                             DeadLetter.replayed_at.is_(None)))
+    finished_requests = and_(
+        Resend.period == period,
+        Resend.state.in_((DeliveryState.SENT, DeliveryState.DEAD)),
+        ~exists().where(
+            DeadLetter.period == period, DeadLetter.user_id == Resend.user_id, DeadLetter.replayed_at.is_(None)
+        ),
+    )
     replayed = and_(DeadLetter.period == period, DeadLetter.replayed_at.is_not(None))
     if dry_run:
-        return (session.scalar(select(func.count()).select_from(Resend).where(finished_requests)) or 0,
-                session.scalar(select(func.count()).select_from(DeadLetter).where(replayed)) or 0)
-    return (rowcount(session.execute(delete(Resend).where(finished_requests))),
-            rowcount(session.execute(delete(DeadLetter).where(replayed))))
+        return (
+            session.scalar(select(func.count()).select_from(Resend).where(finished_requests)) or 0,
+            session.scalar(select(func.count()).select_from(DeadLetter).where(replayed)) or 0,
+        )
+    return (
+        rowcount(session.execute(delete(Resend).where(finished_requests))),
+        rowcount(session.execute(delete(DeadLetter).where(replayed))),
+    )

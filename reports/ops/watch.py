@@ -11,9 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from reports.fanout.progress import Progress as PeriodProgress
 
 
-def watch(
-    read: Callable[[], PeriodProgress], *, interval_seconds: float, console: Console
-) -> PeriodProgress:
+def watch(read: Callable[[], PeriodProgress], *, interval_seconds: float, console: Console) -> PeriodProgress:
     """Redraw until the period is complete; returns the last reading."""
     columns = (
         TextColumn("[bold]{task.description}"),
@@ -25,12 +23,18 @@ def watch(
     )
     current = read()
     with Progress(*columns, console=console, transient=False) as bar:
-        task = bar.add_task(current.period, total=current.total or None, completed=current.finished,
-                            rate=0.0, dead=current.dead)
+        task = bar.add_task(
+            current.period, total=current.total or None, completed=current.finished, rate=0.0, dead=current.dead
+        )
         while not current.complete:
             time.sleep(interval_seconds)
             current = read()
-            bar.update(task, total=current.total or None, completed=current.finished,
-                       rate=bar.tasks[0].speed or 0.0, dead=current.dead)
+            bar.update(
+                task,
+                total=current.total or None,
+                completed=current.finished,
+                rate=bar.tasks[0].speed or 0.0,
+                dead=current.dead,
+            )
         bar.update(task, total=current.total, completed=current.finished)
     return current

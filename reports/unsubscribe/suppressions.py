@@ -25,12 +25,17 @@ def add(session: Executor, user_id: int, reason: SuppressionReason, *, now: date
     unsubscribe that the user could lift by resubscribing).
     """
     added = session.execute(
-        insert_ignoring_conflicts(session, Suppression.__table__).from_select(
+        insert_ignoring_conflicts(session, Suppression.__table__)
+        .from_select(
             ["user_id", "reason", "created_at", "source"],
-            select(User.id, literal(reason.value), literal(now, Suppression.created_at.type),
-                   literal(source[:SOURCE_LIMIT] if source else None, Suppression.source.type))
-            .where(User.id == user_id),
-        ).returning(Suppression.__table__.c.user_id)
+            select(
+                User.id,
+                literal(reason.value),
+                literal(now, Suppression.created_at.type),
+                literal(source[:SOURCE_LIMIT] if source else None, Suppression.source.type),
+            ).where(User.id == user_id),
+        )
+        .returning(Suppression.__table__.c.user_id)
     ).first()
     # RETURNING, not the row count: psycopg reports -1 for an INSERT … SELECT … ON CONFLICT.
     return added is not None

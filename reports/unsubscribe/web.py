@@ -48,12 +48,14 @@ SECURITY_HEADERS = {
     "X-Robots-Tag": "noindex, nofollow",
     "X-Content-Type-Options": "nosniff",
     "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; "
-                               "frame-ancestors 'none'",
+    "frame-ancestors 'none'",
 }
 
-_STYLE = ("body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:32rem;margin:4rem auto;"
-          "padding:0 1rem;color:#111;line-height:1.5}button{font:inherit;padding:.6rem 1.2rem;border:0;"
-          "border-radius:.4rem;background:#1d4ed8;color:#fff;cursor:pointer}")
+_STYLE = (
+    "body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:32rem;margin:4rem auto;"
+    "padding:0 1rem;color:#111;line-height:1.5}button{font:inherit;padding:.6rem 1.2rem;border:0;"
+    "border-radius:.4rem;background:#1d4ed8;color:#fff;cursor:pointer}"
+)
 
 
 def build_app(sessions: sessionmaker[Session], signer: Signer, *, product_name: str) -> Starlette:
@@ -74,8 +76,13 @@ def build_app(sessions: sessionmaker[Session], signer: Signer, *, product_name: 
             return _not_found()
         if not await _is_one_click(request):
             return _plain("Bad request.", 400)
-        await run_in_threadpool(_in_transaction, sessions, lambda session: suppressions.add(
-            session, user_id, SuppressionReason.UNSUBSCRIBED, now=utcnow(), source="web"))
+        await run_in_threadpool(
+            _in_transaction,
+            sessions,
+            lambda session: suppressions.add(
+                session, user_id, SuppressionReason.UNSUBSCRIBED, now=utcnow(), source="web"
+            ),
+        )
         logger.info("Unsubscribed by its link.", extra={"user_id": user_id})
         return pages.done(request.path_params["token"])
 
@@ -99,12 +106,14 @@ def build_app(sessions: sessionmaker[Session], signer: Signer, *, product_name: 
             return _plain("database unavailable", 503)
         return _plain("ok", 200)
 
-    return Starlette(routes=[
-        Route("/u/{token}", show, methods=["GET"]),
-        Route("/u/{token}", unsubscribe, methods=["POST"]),
-        Route("/u/{token}/resubscribe", resubscribe, methods=["POST"]),
-        Route("/healthz", healthz, methods=["GET"]),
-    ])
+    return Starlette(
+        routes=[
+            Route("/u/{token}", show, methods=["GET"]),
+            Route("/u/{token}", unsubscribe, methods=["POST"]),
+            Route("/u/{token}/resubscribe", resubscribe, methods=["POST"]),
+            Route("/healthz", healthz, methods=["GET"]),
+        ]
+    )
 
 
 def _in_transaction(sessions: sessionmaker[Session], work: Callable[[Session], Any]) -> Any:
@@ -137,35 +146,50 @@ class _Pages:
         self.product = html.escape(product_name)
 
     def confirm(self) -> Response:
-        return self._page("Unsubscribe", f"<h1>Unsubscribe from {self.product}?</h1>"
-                          "<p>You will no longer receive the monthly report by email.</p>"
-                          f"{_form('', 'Unsubscribe', one_click=True)}")
+        return self._page(
+            "Unsubscribe",
+            f"<h1>Unsubscribe from {self.product}?</h1>"
+            "<p>You will no longer receive the monthly report by email.</p>"
+            f"{_form('', 'Unsubscribe', one_click=True)}",
+        )
 
     def done(self, token: str) -> Response:
-        return self._page("Unsubscribed", "<h1>You are unsubscribed</h1>"
-                          f"<p>You will receive no more monthly reports from {self.product}.</p>"
-                          "<p>Changed your mind?</p>"
-                          f"{_form(f'{token}/resubscribe', 'Resubscribe')}")
+        return self._page(
+            "Unsubscribed",
+            "<h1>You are unsubscribed</h1>"
+            f"<p>You will receive no more monthly reports from {self.product}.</p>"
+            "<p>Changed your mind?</p>"
+            f"{_form(f'{token}/resubscribe', 'Resubscribe')}",
+        )
 
     def resubscribed(self, token: str, *, lifted: bool) -> Response:
         if not lifted:
-            return self._page("Still paused", "<h1>Your reports stay paused</h1>"
-                              "<p>Your mail provider refused our reports, or a complaint was recorded. "
-                              "Please contact us to have them restored.</p>")
-        return self._page("Subscribed again", "<h1>You are subscribed again</h1>"
-                          f"<p>You will receive the monthly report from {self.product} again.</p>"
-                          f"{_form(f'../{token}', 'Unsubscribe', one_click=True)}")
+            return self._page(
+                "Still paused",
+                "<h1>Your reports stay paused</h1>"
+                "<p>Your mail provider refused our reports, or a complaint was recorded. "
+                "Please contact us to have them restored.</p>",
+            )
+        return self._page(
+            "Subscribed again",
+            "<h1>You are subscribed again</h1>"
+            f"<p>You will receive the monthly report from {self.product} again.</p>"
+            f"{_form(f'../{token}', 'Unsubscribe', one_click=True)}",
+        )
 
     def _page(self, title: str, body: str) -> Response:
-        document = (f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
-                    f'<meta name="viewport" content="width=device-width,initial-scale=1">'
-                    f"<title>{title} · {self.product}</title><style>{_STYLE}</style></head>"
-                    f"<body><main>{body}</main></body></html>")
+        document = (
+            f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
+            f'<meta name="viewport" content="width=device-width,initial-scale=1">'
+            f"<title>{title} · {self.product}</title><style>{_STYLE}</style></head>"
+            f"<body><main>{body}</main></body></html>"
+        )
         return HTMLResponse(document, headers=SECURITY_HEADERS)
 
 
 def _form(action: str, label: str, *, one_click: bool = False) -> str:
     # A relative action: the page works under whatever PUBLIC_BASE_URL (and proxy path) serves it.
-    field = (f'<input type="hidden" name="{ONE_CLICK[0]}" value="{ONE_CLICK[1]}">' if one_click else "")
-    return (f'<form method="post" action="{html.escape(action or "")}">{field}'
-            f'<button type="submit">{label}</button></form>')
+    field = f'<input type="hidden" name="{ONE_CLICK[0]}" value="{ONE_CLICK[1]}">' if one_click else ""
+    return (
+        f'<form method="post" action="{html.escape(action or "")}">{field}<button type="submit">{label}</button></form>'
+    )

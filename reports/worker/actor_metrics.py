@@ -97,8 +97,9 @@ class ActorMetrics(Middleware):
     :param flush_interval_seconds: how often the counts go to Redis (:data:`FLUSH_INTERVAL_SECONDS`).
     """
 
-    def __init__(self, client: redis.Redis, *, namespace: str,
-                 flush_interval_seconds: float = FLUSH_INTERVAL_SECONDS) -> None:
+    def __init__(
+        self, client: redis.Redis, *, namespace: str, flush_interval_seconds: float = FLUSH_INTERVAL_SECONDS
+    ) -> None:
         self.client = client
         self.namespace = namespace
         self.flush_interval_seconds = flush_interval_seconds
@@ -124,7 +125,11 @@ class ActorMetrics(Middleware):
         self._started.at = time.perf_counter()
 
     def after_process_message(
-        self, broker: dramatiq.Broker, message: MessageProxy, *, result: Any = None,
+        self,
+        broker: dramatiq.Broker,
+        message: MessageProxy,
+        *,
+        result: Any = None,
         exception: BaseException | None = None,
     ) -> None:
         started = getattr(self._started, "at", None)
@@ -170,8 +175,7 @@ class ActorMetrics(Middleware):
                 return
             if self._flusher_pid is not None:
                 self._tally, self._stop = _Tally(), threading.Event()
-            self._flusher = threading.Thread(target=self._flush_every_interval, name="actor-metrics",
-                                             daemon=True)
+            self._flusher = threading.Thread(target=self._flush_every_interval, name="actor-metrics", daemon=True)
             self._flusher.start()
             self._flusher_pid = os.getpid()
 

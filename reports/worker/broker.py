@@ -61,8 +61,9 @@ def message_for(
 
 def enqueue_again(broker: Broker, *, queue: str, actor: str, args: list[Any], kwargs: dict[str, Any]) -> str:
     """Enqueue a stored message's arguments as a fresh message (its attempts start over); its id."""
-    message: dramatiq.Message[Any] = dramatiq.Message(queue_name=queue, actor_name=actor, args=tuple(args),
-                                                      kwargs=kwargs, options={})
+    message: dramatiq.Message[Any] = dramatiq.Message(
+        queue_name=queue, actor_name=actor, args=tuple(args), kwargs=kwargs, options={}
+    )
     broker.enqueue(message)
     return message.message_id
 
@@ -73,14 +74,21 @@ def send_coordinator(broker: dramatiq.Broker, walker: str, payload: Mapping[str,
 
 
 def send(
-    broker: dramatiq.Broker, spec: ActorSpec, payload: Mapping[str, Any], *, delay_ms: int | None = None,
+    broker: dramatiq.Broker,
+    spec: ActorSpec,
+    payload: Mapping[str, Any],
+    *,
+    delay_ms: int | None = None,
     options: dict[str, Any] | None = None,
 ) -> None:
     broker.enqueue(message_for(spec, payload, options=options), delay=delay_ms)
 
 
 def enqueue_until_sent(
-    broker: dramatiq.Broker, message: dramatiq.Message[Any], *, delay_ms: int | None,
+    broker: dramatiq.Broker,
+    message: dramatiq.Message[Any],
+    *,
+    delay_ms: int | None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> None:
     """Enqueue ``message``, trying again for as long as the broker cannot be reached.
@@ -96,8 +104,12 @@ def enqueue_until_sent(
             broker.enqueue(message, delay=delay_ms)
             return
         except (redis.ConnectionError, redis.TimeoutError, dramatiq.errors.BrokerConnectionError) as error:
-            logger.warning("Could not enqueue message %s (%s); trying again in %.2fs.",
-                           message.message_id, type(error).__name__, pause)
+            logger.warning(
+                "Could not enqueue message %s (%s); trying again in %.2fs.",
+                message.message_id,
+                type(error).__name__,
+                pause,
+            )
             sleep(pause)
             pause = min(pause * 2, ENQUEUE_RETRY_PAUSE_CAP_SECONDS)
 

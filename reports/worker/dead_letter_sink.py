@@ -1,8 +1,9 @@
 """Where dead messages go: the durable store, one ERROR line, and the rate-limited alert.
 
 Also a Dramatiq middleware for the messages Dramatiq dead-letters by itself (an actor no worker
-declares, a message that cannot be decoded, or the retry middleware's last resort): they are moved from the broker's ``.XQ`` keys
-into the same store, when they are rejected and again whenever a worker boots.
+declares, a message that cannot be decoded, or the retry middleware's last resort): they are
+moved from the broker's ``.XQ`` keys into the same store, when they are rejected and again
+whenever a worker boots.
 """
 
 from __future__ import annotations
@@ -29,7 +30,10 @@ class DeadLetterSink:
     """Called by the retry middleware with every message that died."""
 
     def __init__(
-        self, sessions: sessionmaker[Session], *, alerts: WebhookAlerts | None,
+        self,
+        sessions: sessionmaker[Session],
+        *,
+        alerts: WebhookAlerts | None,
         on_stored: Callable[[DeadMessage], None] | None = None,
     ) -> None:
         self.sessions = sessions
@@ -47,11 +51,22 @@ class DeadLetterSink:
         subject = " ".join(f"{k}={v}" for k, v in about.items())
         logger.error(
             "Dead letter: message %s of %s on %s (%s), %s after %d attempt(s): %s.",
-            dead.message_id, dead.actor, dead.queue, subject or "no ids", dead.reason, dead.attempts,
+            dead.message_id,
+            dead.actor,
+            dead.queue,
+            subject or "no ids",
+            dead.reason,
+            dead.attempts,
             dead.error_class,
-            extra={"message_id": dead.message_id, "actor": dead.actor, "queue": dead.queue,
-                   "reason": dead.reason, "attempts": dead.attempts, "error_class": dead.error_class,
-                   **about},
+            extra={
+                "message_id": dead.message_id,
+                "actor": dead.actor,
+                "queue": dead.queue,
+                "reason": dead.reason,
+                "attempts": dead.attempts,
+                "error_class": dead.error_class,
+                **about,
+            },
         )
         if self.alerts is not None:
             try:
@@ -127,13 +142,18 @@ def _broker_dead_message(raw: bytes, redis_id: str, queue: str, died_ms: int) ->
     except dramatiq.DecodeError as error:
         return _undecodable(raw, redis_id, queue, died_ms, error)
     return DeadMessage(
-        message_id=message.message_id, actor=message.actor_name, queue=queue,
-        args=tuple(message.args), kwargs=dict(message.kwargs),
-        attempts=int(message.options.get("retries", 0)) + 1, reason="broker",
+        message_id=message.message_id,
+        actor=message.actor_name,
+        queue=queue,
+        args=tuple(message.args),
+        kwargs=dict(message.kwargs),
+        attempts=int(message.options.get("retries", 0)) + 1,
+        reason="broker",
         error_class="BrokerDeadLetter",
         error_message="Dead-lettered by Dramatiq itself (for example: no worker declares this actor).",
         traceback=message.options.get("traceback") or "",
-        first_failed_ms=int(message.options.get("first_failed_ms", died_ms)), died_ms=died_ms,
+        first_failed_ms=int(message.options.get("first_failed_ms", died_ms)),
+        died_ms=died_ms,
     )
 
 
@@ -141,7 +161,16 @@ def _undecodable(raw: bytes, redis_id: str, queue: str, died_ms: int, error: dra
     """What is known of a message that never decoded: its queue, its broker id and its bytes."""
     text = raw.decode("utf-8", errors="replace")[:UNDECODABLE_TEXT_KEPT]
     return DeadMessage(
-        message_id=redis_id, actor="", queue=queue, args=(), kwargs={}, attempts=1, reason=dead_letters.UNDECODABLE,
-        error_class=type(error.error).__name__, error_message=f"The message could not be decoded: {text}",
-        traceback="", first_failed_ms=died_ms, died_ms=died_ms,
+        message_id=redis_id,
+        actor="",
+        queue=queue,
+        args=(),
+        kwargs={},
+        attempts=1,
+        reason=dead_letters.UNDECODABLE,
+        error_class=type(error.error).__name__,
+        error_message=f"The message could not be decoded: {text}",
+        traceback="",
+        first_failed_ms=died_ms,
+        died_ms=died_ms,
     )

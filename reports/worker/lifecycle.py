@@ -68,7 +68,9 @@ class DrainOnce(Middleware):
 
 
 def coalesce_term_signals(
-    original: Callable[[int, FrameType | None], Any], *, window_seconds: float,
+    original: Callable[[int, FrameType | None], Any],
+    *,
+    window_seconds: float,
     clock: Callable[[], float] = time.monotonic,
 ) -> Callable[[int, FrameType | None], Any]:
     first_at: float | None = None

@@ -83,7 +83,11 @@ class JitteredRetries(Middleware):
         return int(message.options.get(name, actor_options.get(name, default)))
 
     def after_process_message(
-        self, broker: dramatiq.Broker, message: MessageProxy, *, result: Any = None,
+        self,
+        broker: dramatiq.Broker,
+        message: MessageProxy,
+        *,
+        result: Any = None,
         exception: BaseException | None = None,
     ) -> None:
         if exception is None:
@@ -104,7 +108,10 @@ class JitteredRetries(Middleware):
             rng=self.rng,
         )
         logger.info(
-            "Retrying message %s (%s) in %d ms after %s.", message.message_id, message.actor_name, delay,
+            "Retrying message %s (%s) in %d ms after %s.",
+            message.message_id,
+            message.actor_name,
+            delay,
             type(exception).__name__,
         )
         # Dramatiq's own Retries enqueues the proxy the same way: it copies what it enqueues.
@@ -133,6 +140,7 @@ class JitteredRetries(Middleware):
         except Exception:
             logger.critical(
                 "Could not store dead letter for message %s; leaving it in the broker's dead-letter queue.",
-                message.message_id, exc_info=True,
+                message.message_id,
+                exc_info=True,
             )
             message.fail()

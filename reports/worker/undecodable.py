@@ -52,8 +52,12 @@ class _Consumer(_RedisConsumer):
             logger.error("An undecodable message on %s vanished before it could be dead-lettered.", self.queue_name)
             return
         self.broker.do_nack(self.queue_name, redis_id)
-        logger.error("Undecodable message %s on %s moved to the dead letters.", redis_id, self.queue_name,
-                     extra={"message_id": redis_id, "queue": self.queue_name})
+        logger.error(
+            "Undecodable message %s on %s moved to the dead letters.",
+            redis_id,
+            self.queue_name,
+            extra={"message_id": redis_id, "queue": self.queue_name},
+        )
         for middleware in self.broker.middleware:
             hook = getattr(middleware, HOOK, None)
             if hook is not None:

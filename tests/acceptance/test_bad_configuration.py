@@ -25,8 +25,13 @@ def start(command: list[str], tmp_path: Path, variable: str, value: str) -> subp
     # Nothing is reached before the configuration is read: no database or broker is needed.
     settings = Settings(var_dir=tmp_path / "var", broker_url="redis://127.0.0.1:1/0")
     return subprocess.run(
-        command, env={**os.environ, **settings.as_environ(), variable: value}, cwd=REPO, capture_output=True,
-        text=True, timeout=60, check=False,
+        command,
+        env={**os.environ, **settings.as_environ(), variable: value},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
 
 
@@ -51,11 +56,15 @@ def test_the_scheduler_exits_at_start_with_one_line_naming_the_variable(tmp_path
     assert len(result.stderr.splitlines()) == 1, result.stderr
 
 
-@pytest.mark.parametrize("command", [
-    [sys.executable, "-m", "dramatiq", "actors", "--processes", "1", "--threads", "1"],
-    [sys.executable, "-m", "scheduler"],
-    [sys.executable, "-m", "reports", "web", "--port", "1"],
-], ids=["workers", "scheduler", "web"])
+@pytest.mark.parametrize(
+    "command",
+    [
+        [sys.executable, "-m", "dramatiq", "actors", "--processes", "1", "--threads", "1"],
+        [sys.executable, "-m", "scheduler"],
+        [sys.executable, "-m", "reports", "web", "--port", "1"],
+    ],
+    ids=["workers", "scheduler", "web"],
+)
 def test_a_production_process_without_an_unsubscribe_secret_refuses_to_start(tmp_path, command):
     """Only links served from this machine (the demo, a laptop) may use the built-in secret."""
     result = start(command, tmp_path, "PUBLIC_BASE_URL", "https://reports.example.com")

@@ -38,8 +38,6 @@ SECRET = "s3cretpw"
 PROGRESS_KEYS = {"period", "total", "planned", "delivered", "skipped", "dead", "pending", "complete"}
 
 
-
-
 CURRENT_MONTH = month_from_now(0)
 NEXT_MONTH = month_from_now(1)
 NEXT_YEAR = month_from_now(12)
@@ -76,10 +74,6 @@ def assert_rejected(result: subprocess.CompletedProcess[str]) -> str:
 def count_rows(sessions: sessionmaker[Session], table: str) -> int:
     with sessions() as session:
         return session.execute(text(f"SELECT count(*) FROM {table}")).scalar_one()
-
-
-
-
 
 
 def assert_nothing_changed(settings: Settings, sessions: sessionmaker[Session]) -> None:
@@ -181,15 +175,17 @@ def test_triggering_twice_keeps_one_run_and_the_output_matches_what_is_queued(se
 
 
 def test_progress_reports_a_completed_period_as_json_as_text_and_while_watching(
-        settings, sessions, smtp_server, start_workers):
+    settings, sessions, smtp_server, start_workers
+):
     settings = replace(settings, smtp_url=smtp_server.url)
     population = load_users(sessions, count=20, period=LAST_MONTH, inactive_every=5)
     start_workers(settings, processes=1, threads=4)
     triggered = run_cli(settings, "trigger", LAST_MONTH)
     assert triggered.returncode == 0, triggered.stderr
 
-    final = wait_until(lambda: (p := progress_json(settings, LAST_MONTH))["complete"] and p, timeout=60,
-                       what="the period to complete")
+    final = wait_until(
+        lambda: (p := progress_json(settings, LAST_MONTH))["complete"] and p, timeout=60, what="the period to complete"
+    )
     assert set(final) == PROGRESS_KEYS
     assert final["period"] == LAST_MONTH
     assert final["delivered"] + final["skipped"] + final["dead"] + final["pending"] == final["total"]
@@ -200,8 +196,15 @@ def test_progress_reports_a_completed_period_as_json_as_text_and_while_watching(
     human = run_cli(settings, "progress", LAST_MONTH)
     assert human.returncode == 0, human.stderr
     total = len(population.active)
-    for fragment in (LAST_MONTH, f"{total}/{total}", f"delivered {total}", "skipped 0", "dead 0", "pending 0",
-                     "complete=true"):
+    for fragment in (
+        LAST_MONTH,
+        f"{total}/{total}",
+        f"delivered {total}",
+        "skipped 0",
+        "dead 0",
+        "pending 0",
+        "complete=true",
+    ):
         assert fragment in human.stdout, (fragment, human.stdout)
 
     watched = run_cli(settings, "progress", LAST_MONTH, "--watch", "--json", timeout=30)
@@ -290,8 +293,10 @@ def test_dlq_purge_rejects_an_age_whose_date_overflows(settings, sessions):
 
 def test_seed_rejects_users_past_the_32_bit_id_range_and_inserts_nothing(settings, sessions):
     with sessions.begin() as session:
-        session.execute(text("INSERT INTO users (id, email, name, active) VALUES (:id, 'last@example.test', 'L', true)"),
-                        {"id": MAX_USER_ID - 2})
+        session.execute(
+            text("INSERT INTO users (id, email, name, active) VALUES (:id, 'last@example.test', 'L', true)"),
+            {"id": MAX_USER_ID - 2},
+        )
     before = snapshot(settings, sessions)
     line = assert_rejected(run_cli(settings, "seed", "--users", "5"))
     assert f"{MAX_USER_ID:,}" in line, line
@@ -308,27 +313,42 @@ def test_the_exporter_rejects_an_unknown_host_and_a_port_in_use_in_one_line(sett
     assert str(port) in line, line
 
 
-@pytest.mark.parametrize("command", [("progress", LAST_MONTH), ("progress", LAST_MONTH, "--json"), ("periods",),
-                                     ("dlq", "list"), ("dlq", "show", "1")])
-def test_a_read_only_command_on_a_mistyped_sqlite_path_creates_no_database(tmp_path, broker_namespace, redis_url,
-                                                                           command):
+@pytest.mark.parametrize(
+    "command",
+    [("progress", LAST_MONTH), ("progress", LAST_MONTH, "--json"), ("periods",), ("dlq", "list"), ("dlq", "show", "1")],
+)
+def test_a_read_only_command_on_a_mistyped_sqlite_path_creates_no_database(
+    tmp_path, broker_namespace, redis_url, command
+):
     typo = tmp_path / "vra" / "reports.db"
-    settings = Settings(var_dir=tmp_path / "var", database_url=f"sqlite:///{typo}", broker_url=redis_url,
-                        broker_namespace=broker_namespace)
+    settings = Settings(
+        var_dir=tmp_path / "var",
+        database_url=f"sqlite:///{typo}",
+        broker_url=redis_url,
+        broker_namespace=broker_namespace,
+    )
     # Exit 1 like an unreachable database: the command line itself was fine.
     line = assert_one_error_line(run_cli(settings, *command), code=1)
     assert str(typo) in line, line
     assert not typo.parent.exists(), list(tmp_path.rglob("*"))
 
 
-@pytest.mark.parametrize("command", [("trigger", LAST_MONTH), ("seed", "--users", "5"), ("send-now", "1", LAST_MONTH),
-                                     ("periods",)])
+@pytest.mark.parametrize(
+    "command", [("trigger", LAST_MONTH), ("seed", "--users", "5"), ("send-now", "1", LAST_MONTH), ("periods",)]
+)
 def test_a_command_run_from_another_folder_says_where_it_looked_and_creates_nothing(tmp_path, command):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = {name: value for name, value in os.environ.items() if name not in ("DATABASE_URL", "VAR_DIR")}
-    result = subprocess.run([sys.executable, "-m", "reports", *command], cwd=elsewhere, env=env, capture_output=True,
-                            text=True, timeout=60, check=False)
+    result = subprocess.run(
+        [sys.executable, "-m", "reports", *command],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     line = assert_one_error_line(result, code=1)
     # The whole path, so the operator sees which folder the default ./var was read from.
     assert f"No database at {elsewhere / 'var' / 'reports.db'}" in line, line
@@ -337,11 +357,22 @@ def test_a_command_run_from_another_folder_says_where_it_looked_and_creates_noth
 
 
 def test_bare_reports_prints_its_usage_and_h_is_help(tmp_path):
-    for args, usage in (((), "reports [OPTIONS] COMMAND"), (("-h",), "reports [OPTIONS] COMMAND"),
-                        (("--help",), "reports [OPTIONS] COMMAND"), (("dlq",), "reports dlq [OPTIONS] COMMAND"),
-                        (("dlq", "-h"), "reports dlq [OPTIONS] COMMAND"), (("trigger", "-h"), "reports trigger")):
-        result = subprocess.run([sys.executable, "-m", "reports", *args], cwd=tmp_path, capture_output=True,
-                                text=True, timeout=60, check=False)
+    for args, usage in (
+        ((), "reports [OPTIONS] COMMAND"),
+        (("-h",), "reports [OPTIONS] COMMAND"),
+        (("--help",), "reports [OPTIONS] COMMAND"),
+        (("dlq",), "reports dlq [OPTIONS] COMMAND"),
+        (("dlq", "-h"), "reports dlq [OPTIONS] COMMAND"),
+        (("trigger", "-h"), "reports trigger"),
+    ):
+        result = subprocess.run(
+            [sys.executable, "-m", "reports", *args],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         assert (result.returncode, result.stderr) == (0, ""), (args, result)
         assert result.stdout.startswith(f"Usage: {usage}"), (args, result.stdout)
     assert list(tmp_path.iterdir()) == []
@@ -350,8 +381,13 @@ def test_bare_reports_prints_its_usage_and_h_is_help(tmp_path):
 def run_cli_with(settings: Settings, environ: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     """Run ``reports`` with ``environ`` over the test's settings: for values Settings itself refuses."""
     return subprocess.run(
-        [sys.executable, "-m", "reports", *args], env={**os.environ, **settings.as_environ(), **environ},
-        cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
+        [sys.executable, "-m", "reports", *args],
+        env={**os.environ, **settings.as_environ(), **environ},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
 
 

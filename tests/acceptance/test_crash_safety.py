@@ -24,8 +24,9 @@ PERIOD = "2026-10"
 @pytest.fixture
 def crash_settings(settings, smtp_server):
     """Short heartbeat so a dead worker's messages come back within the test's patience."""
-    return replace(settings, smtp_url=smtp_server.url, heartbeat_timeout_ms=3000, claim_lease_seconds=20,
-                   plan_page_size=50)
+    return replace(
+        settings, smtp_url=smtp_server.url, heartbeat_timeout_ms=3000, claim_lease_seconds=20, plan_page_size=50
+    )
 
 
 def progress_of(sessions):
@@ -34,8 +35,12 @@ def progress_of(sessions):
 
 
 def wait_for_delivered(sessions, at_least: int, timeout: float = 60):
-    wait_until(lambda: progress_of(sessions).delivered >= at_least, timeout=timeout, interval=0.05,
-               what=f"{at_least} deliveries")
+    wait_until(
+        lambda: progress_of(sessions).delivered >= at_least,
+        timeout=timeout,
+        interval=0.05,
+        what=f"{at_least} deliveries",
+    )
 
 
 def wait_for_completion(sessions, timeout: float = 120):
@@ -60,8 +65,7 @@ def assert_each_mailed_once(smtp_server, active: list[int], *, kills: int = 0, t
 
 
 @pytest.mark.parametrize("signalled", ["whole group", "first process only"])
-def test_sigterm_drains_in_flight_work_and_exits_zero(crash_settings, sessions, smtp_server, start_workers,
-                                                     signalled):
+def test_sigterm_drains_in_flight_work_and_exits_zero(crash_settings, sessions, smtp_server, start_workers, signalled):
     population = load_users(sessions, count=160, inactive_every=1000)
     smtp_server.handler.delay_seconds = 0.05
     group = start_workers(crash_settings, processes=2, threads=4)
@@ -141,9 +145,7 @@ def test_the_coordinator_killed_mid_walk_resumes_from_its_checkpoint(
 
     def cursor() -> tuple[int, bool]:
         with sessions.begin() as session:
-            return session.execute(
-                select(PeriodRun.cursor, PeriodRun.planned).where(PeriodRun.period == PERIOD)
-            ).one()
+            return session.execute(select(PeriodRun.cursor, PeriodRun.planned).where(PeriodRun.period == PERIOD)).one()
 
     wait_until(lambda: cursor()[0] > 0, timeout=30, interval=0.01, what="the walk to start")
     planner.kill()
@@ -158,8 +160,7 @@ def test_the_coordinator_killed_mid_walk_resumes_from_its_checkpoint(
     assert 0 < at_kill < population.active[-1]
 
 
-def test_redis_flushed_mid_run_is_repaired_by_reconcile(settings, sessions, smtp_server, start_workers,
-                                                       private_redis):
+def test_redis_flushed_mid_run_is_repaired_by_reconcile(settings, sessions, smtp_server, start_workers, private_redis):
     import redis
 
     settings = replace(settings, smtp_url=smtp_server.url, broker_url=private_redis, heartbeat_timeout_ms=3000)
@@ -171,6 +172,7 @@ def test_redis_flushed_mid_run_is_repaired_by_reconcile(settings, sessions, smtp
     wait_for_delivered(sessions, 60)
 
     redis.Redis.from_url(private_redis).flushall()
+
     # The broker lost every queued message: delivery stops short of the total.
     def stalled() -> bool:
         before = progress_of(sessions).delivered

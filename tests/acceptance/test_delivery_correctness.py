@@ -66,7 +66,11 @@ def test_with_commits_slowed_to_150_ms_no_message_reaches_a_worker_before_its_it
     assert_each_mailed_once(smtp_server, population.active)
     final = progress_json(settings)
     assert (final["delivered"], final["dead"], final["pending"], final["complete"]) == (
-        len(population.active), 0, 0, True)
+        len(population.active),
+        0,
+        0,
+        True,
+    )
 
 
 def test_a_send_now_request_whose_message_redis_lost_is_sent_once_by_reconcile(
@@ -95,8 +99,9 @@ def test_a_send_now_request_whose_message_redis_lost_is_sent_once_by_reconcile(
     time.sleep(1)
     ids = sorted(m["Message-ID"].strip() for m in smtp_server.by_user()[2])
     assert ids == sorted([f"<report.{PERIOD}.2@reports.test>", f"<report.{PERIOD}.2.{request_id}@reports.test>"])
-    assert {u: len(ms) for u, ms in smtp_server.by_user().items() if u != 2} == {u: 1 for u in population.active
-                                                                                 if u != 2}
+    assert {u: len(ms) for u, ms in smtp_server.by_user().items() if u != 2} == {
+        u: 1 for u in population.active if u != 2
+    }
 
 
 def test_an_outage_and_a_slow_drain_longer_than_the_stuck_threshold_send_everyone_once_with_one_chain(
@@ -105,8 +110,14 @@ def test_an_outage_and_a_slow_drain_longer_than_the_stuck_threshold_send_everyon
     """Time compressed: reconcile every half second with a 2 s threshold, through a 6 s outage and
     a drain of several seconds, behind a 10-message high-water mark the walk keeps pausing on."""
     settings = replace(
-        settings, smtp_url=smtp_server.url, reconcile_stuck_after_seconds=2, plan_page_size=7, plan_high_water=10,
-        plan_pause_seconds=0.5, breaker_failure_threshold=2, breaker_cooldown_seconds=1,
+        settings,
+        smtp_url=smtp_server.url,
+        reconcile_stuck_after_seconds=2,
+        plan_page_size=7,
+        plan_high_water=10,
+        plan_pause_seconds=0.5,
+        breaker_failure_threshold=2,
+        breaker_cooldown_seconds=1,
     )
     population = load_users(sessions, count=40, inactive_every=1000)
     smtp_server.stop()
@@ -119,9 +130,16 @@ def test_an_outage_and_a_slow_drain_longer_than_the_stuck_threshold_send_everyon
     def reconcile_all_along() -> None:
         broker = build_broker(settings)
         while not done.is_set():
-            found.append(runs.reconcile_through(sessions, broker, Period.parse(PERIOD),
-                                                namespace=settings.broker_namespace,
-                                                stuck_after=timedelta(seconds=2), now=utcnow()))
+            found.append(
+                runs.reconcile_through(
+                    sessions,
+                    broker,
+                    Period.parse(PERIOD),
+                    namespace=settings.broker_namespace,
+                    stuck_after=timedelta(seconds=2),
+                    now=utcnow(),
+                )
+            )
             time.sleep(0.5)
 
     reconciler = threading.Thread(target=reconcile_all_along, daemon=True)
@@ -147,8 +165,7 @@ def test_an_outage_and_a_slow_drain_longer_than_the_stuck_threshold_send_everyon
 def test_a_walk_cancelled_mid_way_is_finished_when_the_period_is_resumed(
     settings, sessions, smtp_server, start_workers
 ):
-    settings = replace(settings, smtp_url=smtp_server.url, plan_page_size=7, plan_high_water=5,
-                       plan_pause_seconds=0.5)
+    settings = replace(settings, smtp_url=smtp_server.url, plan_page_size=7, plan_high_water=5, plan_pause_seconds=0.5)
     population = load_users(sessions, count=60, inactive_every=1000)
     smtp_server.handler.delay_seconds = 0.1
     start_workers(settings, processes=1, threads=2)

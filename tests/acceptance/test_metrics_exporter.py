@@ -35,13 +35,18 @@ Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 @contextmanager
-def running_exporter(settings, *args: str, **environ: str) -> Iterator[tuple[subprocess.Popen[str], Callable[[], Samples]]]:
+def running_exporter(
+    settings, *args: str, **environ: str
+) -> Iterator[tuple[subprocess.Popen[str], Callable[[], Samples]]]:
     """``reports exporter`` on a free port (``--port``, plus ``args``), with ``environ`` over the settings."""
     port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "reports", "exporter", "--port", str(port), *args],
-        env={**os.environ, **settings.as_environ(), **environ}, cwd=REPO, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True,
+        env={**os.environ, **settings.as_environ(), **environ},
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
     def scrape() -> Samples:
@@ -49,7 +54,8 @@ def running_exporter(settings, *args: str, **environ: str) -> Iterator[tuple[sub
             text = response.read().decode()
         return {
             (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-            for family in text_string_to_metric_families(text) for sample in family.samples
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
         }
 
     def up() -> bool:
@@ -90,8 +96,9 @@ def test_the_exporter_serves_queue_depths_dead_letters_breaker_state_and_period_
     with sessions.begin() as session:
         runs.trigger(session, period, template_version="v1", now=utcnow())
     broker = build_broker(settings)
-    coordinator.plan_slice(sessions, period, lambda payloads: send_many(broker, BUILD_REPORT, payloads),
-                        page_size=50, budget_seconds=60)
+    coordinator.plan_slice(
+        sessions, period, lambda payloads: send_many(broker, BUILD_REPORT, payloads), page_size=50, budget_seconds=60
+    )
 
     # Before any worker: every message waits in the bulk queue, the oldest for a while now.
     time.sleep(1.1)
@@ -127,19 +134,27 @@ def test_the_exporter_serves_queue_depths_dead_letters_breaker_state_and_period_
     assert value(after, "reports_period_triggered_timestamp_seconds", period=PERIOD) > time.time() - 600
     # Every message counted once with its outcome, and timed.
     assert value(after, "reports_actor_outcomes_total", actor="build_report", outcome="success") == (
-        len(population.active) - 1)
+        len(population.active) - 1
+    )
     assert value(after, "reports_actor_outcomes_total", actor="build_report", outcome="dead") == 1
     assert value(after, "reports_actor_duration_seconds_count", actor="build_report") == len(population.active)
     assert value(after, "reports_actor_duration_seconds_bucket", actor="build_report", le="+Inf") == (
-        len(population.active))
+        len(population.active)
+    )
     assert 0 < value(after, "reports_actor_duration_seconds_sum", actor="build_report") < 60
 
     # The breaker as the workers' runtime builds it: its transitions are counted fleet-wide.
     client = redis.Redis.from_url(settings.broker_url)
     breaker = CircuitBreaker(
-        client, name=f"{settings.broker_namespace}:breaker:mail", failure_threshold=1, window_ms=10_000,
-        cooldown_ms=60_000, probe_timeout_ms=1_000,
-        on_change=lambda _b, a: counters.count(client, settings.broker_namespace, "breaker_transitions", "mail", str(a)),
+        client,
+        name=f"{settings.broker_namespace}:breaker:mail",
+        failure_threshold=1,
+        window_ms=10_000,
+        cooldown_ms=60_000,
+        probe_timeout_ms=1_000,
+        on_change=lambda _b, a: counters.count(
+            client, settings.broker_namespace, "breaker_transitions", "mail", str(a)
+        ),
     )
     breaker.record_failure(int(time.time() * 1000), token="t")
     opened = scrape()

@@ -38,8 +38,10 @@ def templated(settings, tmp_path: Path):
 def snapshot(sessions, settings) -> tuple[dict[str, int], list[bytes]]:
     """Rows of every table, and the Redis keys of the test's namespace."""
     with sessions() as session:
-        rows = {table.name: session.scalar(select(func.count()).select_from(table)) or 0
-                for table in Base.metadata.sorted_tables}
+        rows = {
+            table.name: session.scalar(select(func.count()).select_from(table)) or 0
+            for table in Base.metadata.sorted_tables
+        }
     keys = sorted(redis.Redis.from_url(settings.broker_url).scan_iter(match=f"{settings.broker_namespace}:*"))
     return rows, keys
 
@@ -79,8 +81,9 @@ def test_the_period_s_pinned_template_is_used_unless_another_is_named(templated,
     before = snapshot(sessions, templated)
 
     pinned = run_cli(templated, "preview", PERIOD, "--user", "2", "--out", str(tmp_path / "pinned"))
-    named = run_cli(templated, "preview", PERIOD, "--user", "2", "--template-version", "v1",
-                    "--out", str(tmp_path / "named"))
+    named = run_cli(
+        templated, "preview", PERIOD, "--user", "2", "--template-version", "v1", "--out", str(tmp_path / "named")
+    )
 
     assert pinned.returncode == 0 and named.returncode == 0, (pinned.stderr, named.stderr)
     assert read_eml(tmp_path / "pinned" / f"{PERIOD}-2.eml")["Subject"] == "NEW TEMPLATE October 2026"
@@ -90,8 +93,17 @@ def test_the_period_s_pinned_template_is_used_unless_another_is_named(templated,
 
 def test_a_never_triggered_period_previews_the_template_a_trigger_would_pin(templated, sessions, tmp_path):
     load_users(sessions, count=3, period=PERIOD)
-    result = run_cli(replace(templated, template_version="v2"), "preview", PERIOD, "--user", "1", "--user", "3",
-                     "--out", str(tmp_path / "out"))
+    result = run_cli(
+        replace(templated, template_version="v2"),
+        "preview",
+        PERIOD,
+        "--user",
+        "1",
+        "--user",
+        "3",
+        "--out",
+        str(tmp_path / "out"),
+    )
     assert result.returncode == 0, result.stderr
     assert len(result.stdout.splitlines()) == 4
     assert read_eml(tmp_path / "out" / f"{PERIOD}-3.eml")["Subject"] == "NEW TEMPLATE October 2026"

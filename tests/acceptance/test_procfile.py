@@ -9,6 +9,7 @@ a fresh database. A ``scheduler`` line, when there is one, stays up and exits 0 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -102,7 +103,7 @@ def option_values(argv: list[str], *names: str) -> list[str]:
         if equals:
             values.append(inline)
             continue
-        for value in argv[i + 1:]:
+        for value in argv[i + 1 :]:
             if value.startswith("-"):
                 break
             values.append(value)
@@ -145,10 +146,8 @@ class LineProcess:
     def terminate(self) -> None:
         """SIGTERM to the whole process group, as a platform does: every process at once."""
         if self.process.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
 
     def kill(self) -> None:
         kill_group(self.process)
@@ -177,13 +176,22 @@ def run_line(tmp_path: Path) -> Iterator[Callable[..., LineProcess]]:
     def start(name: str, argv: list[str], settings: Settings, *, ready_processes: int | None = None) -> LineProcess:
         log_path = tmp_path / f"{name}-{len(started)}.log"
         with log_path.open("wb") as log:
-            popen = subprocess.Popen(argv, cwd=REPO, env=line_environment(settings), stdout=log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+            popen = subprocess.Popen(
+                argv,
+                cwd=REPO,
+                env=line_environment(settings),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         process = LineProcess(name, popen, log_path)
         started.append(process)
         if ready_processes:
-            wait_until(lambda: process.log().count("Worker process is ready") >= ready_processes
-                       or popen.poll() is not None, timeout=30, what=f"{name} to boot")
+            wait_until(
+                lambda: process.log().count("Worker process is ready") >= ready_processes or popen.poll() is not None,
+                timeout=30,
+                what=f"{name} to boot",
+            )
             assert popen.poll() is None, f"{name} exited at start:\n{process.log()}"
         return process
 
@@ -199,8 +207,7 @@ def waiting_in(settings: Settings, queue: str) -> int:
 
 
 def assert_quiet(process: LineProcess) -> None:
-    noisy = [line for line in process.log().splitlines()
-             if re.search(r"\[(WARNING|ERROR|CRITICAL)\]|Traceback", line)]
+    noisy = [line for line in process.log().splitlines() if re.search(r"\[(WARNING|ERROR|CRITICAL)\]|Traceback", line)]
     assert noisy == [], f"{process.name} logged:\n" + "\n".join(noisy)
 
 
@@ -210,16 +217,26 @@ def assert_quiet(process: LineProcess) -> None:
 def test_each_worker_line_names_declared_queues_and_sets_processes_threads_and_a_shutdown_timeout(settings):
     entries = read_procfile()
     workers = worker_lines(entries)
-    declared = subprocess.run([sys.executable, "-c", DECLARED], cwd=REPO, env=line_environment(settings),
-                              capture_output=True, text=True, timeout=60, check=False)
+    declared = subprocess.run(
+        [sys.executable, "-c", DECLARED],
+        cwd=REPO,
+        env=line_environment(settings),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert declared.returncode == 0, declared.stderr
     found = json.loads(declared.stdout)
     actor_queues = set(found["actors"].values())
     # Every actor is on one of the three priority queues, and each queue has an actor.
     assert actor_queues == set(QUEUES), found
     assert {found["actors"][spec.name] for spec in (SEND_NOW, PLAN_PERIOD, BUILD_REPORT)} == set(QUEUES)
-    assert (found["actors"][SEND_NOW.name], found["actors"][PLAN_PERIOD.name],
-            found["actors"][BUILD_REPORT.name]) == (CRITICAL_QUEUE, DEFAULT_QUEUE, BULK_QUEUE)
+    assert (found["actors"][SEND_NOW.name], found["actors"][PLAN_PERIOD.name], found["actors"][BUILD_REPORT.name]) == (
+        CRITICAL_QUEUE,
+        DEFAULT_QUEUE,
+        BULK_QUEUE,
+    )
 
     assert workers, f"no worker-* lines in {PROCFILE}"
     for name, argv in workers.items():
@@ -245,8 +262,9 @@ def test_the_release_line_as_written_migrates_a_fresh_database(settings):
     argv = shlex.split(entries["release"])
     assert argv == ["reports", "db", "upgrade"], argv
     for _ in range(2):  # and again on the next release: nothing to do
-        result = subprocess.run(argv, cwd=REPO, env=line_environment(settings), capture_output=True, text=True,
-                                timeout=120, check=False)
+        result = subprocess.run(
+            argv, cwd=REPO, env=line_environment(settings), capture_output=True, text=True, timeout=120, check=False
+        )
         assert result.returncode == 0, result.stderr
     engine = create_db_engine(settings.database_url)
     try:
@@ -257,7 +275,8 @@ def test_the_release_line_as_written_migrates_a_fresh_database(settings):
 
 
 def test_each_worker_line_as_written_consumes_its_own_queue_and_no_other(
-        settings, sessions: sessionmaker[Session], smtp_server, run_line):
+    settings, sessions: sessionmaker[Session], smtp_server, run_line
+):
     settings = replace(settings, smtp_url=smtp_server.url)
     entries = read_procfile()
     population = load_users(sessions, count=3, inactive_every=1000)
@@ -274,8 +293,9 @@ def test_each_worker_line_as_written_consumes_its_own_queue_and_no_other(
     # bulk: September planned here, its build_report messages waiting.
     with sessions.begin() as session:
         runs.trigger(session, september, template_version=settings.template_version, now=utcnow())
-    coordinator.plan_slice(sessions, september, lambda payloads: send_many(broker, BUILD_REPORT, payloads),
-                        page_size=7, budget_seconds=60)
+    coordinator.plan_slice(
+        sessions, september, lambda payloads: send_many(broker, BUILD_REPORT, payloads), page_size=7, budget_seconds=60
+    )
     # default: October triggered, its coordinator waiting.
     runs.trigger_and_enqueue(sessions, broker, october, template_version=settings.template_version, now=utcnow())
     # critical: user 1's October report, asked for now.
@@ -295,14 +315,20 @@ def test_each_worker_line_as_written_consumes_its_own_queue_and_no_other(
             assert message["Message-ID"].strip() == f"<report.2026-10.1@{DOMAIN}>"
             assert {q: waiting(q) for q in QUEUES} == {CRITICAL_QUEUE: 0, DEFAULT_QUEUE: 1, BULK_QUEUE: 3}
         elif queue == DEFAULT_QUEUE:
-            wait_until(lambda: waiting(DEFAULT_QUEUE) == 0 and waiting(BULK_QUEUE) == 6, timeout=30,
-                       what="the default pool to plan October")
+            wait_until(
+                lambda: waiting(DEFAULT_QUEUE) == 0 and waiting(BULK_QUEUE) == 6,
+                timeout=30,
+                what="the default pool to plan October",
+            )
             time.sleep(1)
             assert {q: waiting(q) for q in QUEUES} == {CRITICAL_QUEUE: 0, DEFAULT_QUEUE: 0, BULK_QUEUE: 6}
             assert len(smtp_server.messages) == 1, "a pool other than bulk sent monthly emails"
         else:
-            wait_until(lambda: complete(september) and complete(october), timeout=60,
-                       what="the bulk pool to finish both periods")
+            wait_until(
+                lambda: complete(september) and complete(october),
+                timeout=60,
+                what="the bulk pool to finish both periods",
+            )
 
     sent = sorted((m["X-Report-Period"], int(m["X-Report-User-Id"])) for m in smtp_server.messages)
     assert sent == sorted((p, u) for p in ("2026-09", "2026-10") for u in population.active)
@@ -322,18 +348,22 @@ def test_each_worker_line_as_written_consumes_its_own_queue_and_no_other(
 
 
 def test_a_worker_on_a_misspelled_queue_consumes_nothing_and_says_nothing(
-        settings, sessions: sessionmaker[Session], smtp_server, run_line):
+    settings, sessions: sessionmaker[Session], smtp_server, run_line
+):
     """The trap the Procfile checks guard against: Dramatiq accepts any queue name in silence."""
     settings = replace(settings, smtp_url=smtp_server.url)
     load_users(sessions, count=1, inactive_every=1000)
     _, argv = pool_for(read_procfile(), CRITICAL_QUEUE)
     at = argv.index(next(a for a in argv if a in ("--queues", "-Q")))
-    misspelled = [*argv[:at + 1], "no-such-queue", *argv[at + 2:]]
+    misspelled = [*argv[: at + 1], "no-such-queue", *argv[at + 2 :]]
     assert line_queues(misspelled) == ["no-such-queue"]
 
     broker = build_broker(settings)
-    send(broker, SEND_NOW, SendNowJob(Period(2026, 10), 1, "0b9a8c7d-6e5f-4a3b-9c2d-1e0f9a8b7c6d",
-                                      settings.template_version).payload())
+    send(
+        broker,
+        SEND_NOW,
+        SendNowJob(Period(2026, 10), 1, "0b9a8c7d-6e5f-4a3b-9c2d-1e0f9a8b7c6d", settings.template_version).payload(),
+    )
     broker.close()
     worker = run_line("misspelled", misspelled, settings, ready_processes=one_int(argv, "--processes", "-p"))
     time.sleep(3)
@@ -355,12 +385,23 @@ def test_a_worker_on_a_misspelled_queue_consumes_nothing_and_says_nothing(
 )
 @pytest.mark.parametrize(
     ("variable", "value"),
-    [("DATABASE_URL", "postgresql+psycopg://app:s3cretpw@db:notaport/reports"),
-     ("BROKER_URL", "redis://:s3cretpw@127.0.0.1:6379/notadb")],
+    [
+        ("DATABASE_URL", "postgresql+psycopg://app:s3cretpw@db:notaport/reports"),
+        ("BROKER_URL", "redis://:s3cretpw@127.0.0.1:6379/notadb"),
+    ],
 )
-def test_a_process_with_a_malformed_url_exits_2_with_one_line_a_process_and_no_password(settings, command, variable, value):
-    result = subprocess.run(command, env={**os.environ, **settings.as_environ(), variable: value}, cwd=REPO,
-                            capture_output=True, text=True, timeout=60, check=False)
+def test_a_process_with_a_malformed_url_exits_2_with_one_line_a_process_and_no_password(
+    settings, command, variable, value
+):
+    result = subprocess.run(
+        command,
+        env={**os.environ, **settings.as_environ(), variable: value},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
     described = f"exit {result.returncode}\nstdout: {result.stdout!r}\nstderr: {result.stderr!r}"
     assert result.returncode == 2, described
@@ -380,8 +421,14 @@ def test_the_web_line_as_written_serves_healthz_on_port_and_exits_0_on_sigterm(s
     with log_path.open("wb") as log:
         # PORT is the platform's, not a setting; expanded as the platform's shell does, then exec'd.
         argv = [word.replace("$PORT", str(port)) for word in shlex.split(command)]
-        popen = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                 env={**line_environment(settings), "PORT": str(port)})
+        popen = subprocess.Popen(
+            argv,
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**line_environment(settings), "PORT": str(port)},
+        )
     process = LineProcess("web", popen, log_path)
 
     def healthy() -> bool:

@@ -96,8 +96,9 @@ def alert_expressions() -> list[tuple[str, str]]:
             assert name is not None, f"an expr before any rule name at line {i + 1}"
             if value[:1] in ("|", ">"):
                 block = []
-                while i + 1 < len(lines) and (not lines[i + 1].strip()
-                                              or len(lines[i + 1]) - len(lines[i + 1].lstrip()) > indent):
+                while i + 1 < len(lines) and (
+                    not lines[i + 1].strip() or len(lines[i + 1]) - len(lines[i + 1].lstrip()) > indent
+                ):
                     i += 1
                     block.append(lines[i].strip())
                 value = "\n".join(part for part in block if part)
@@ -127,21 +128,28 @@ def test_the_expression_sources_are_complete_and_the_panels_use_the_datasource_v
 
 
 def test_promtool_checks_the_alert_rules():
-    result = subprocess.run([binary("promtool"), "check", "rules", str(ALERTS)], capture_output=True, text=True,
-                            timeout=60, check=False)
+    result = subprocess.run(
+        [binary("promtool"), "check", "rules", str(ALERTS)], capture_output=True, text=True, timeout=60, check=False
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS: 7 rules found" in result.stdout
 
 
 def test_promtool_accepts_the_example_configuration():
-    result = subprocess.run([binary("promtool"), "check", "config", str(EXAMPLE_CONFIG)], capture_output=True,
-                            text=True, timeout=60, check=False)
+    result = subprocess.run(
+        [binary("promtool"), "check", "config", str(EXAMPLE_CONFIG)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_promtool_unit_tests_every_alert():
-    result = subprocess.run([binary("promtool"), "test", "rules", str(ALERTS_TEST)], capture_output=True,
-                            text=True, timeout=60, check=False)
+    result = subprocess.run(
+        [binary("promtool"), "test", "rules", str(ALERTS_TEST)], capture_output=True, text=True, timeout=60, check=False
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     tested = set(re.findall(r"alertname:\s*(\S+)", ALERTS_TEST.read_text()))
     assert tested == {name for name, _ in alert_expressions()}
@@ -226,24 +234,36 @@ def test_a_real_prometheus_answers_every_dashboard_and_alert_expression_during_a
         "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
         f"rule_files:\n  - {json.dumps(str(ALERTS))}\n"
         "scrape_configs:\n  - job_name: reports\n    scrape_interval: 1s\n    scrape_timeout: 1s\n"
-        f"    static_configs:\n      - targets: [\"127.0.0.1:{exporter_port}\"]\n"
+        f'    static_configs:\n      - targets: ["127.0.0.1:{exporter_port}"]\n'
     )
     with contextlib.ExitStack() as stack:
-        stack.enter_context(running(
-            [sys.executable, "-m", "reports", "exporter", "--host", "127.0.0.1", "--port", str(exporter_port)],
-            # Figures as they are at each 1 s scrape, as the test's timing assumes.
-            tmp_path / "exporter.log", env={**os.environ, **settings.as_environ(), "EXPORTER_CACHE_SECONDS": "0"},
-        ))
+        stack.enter_context(
+            running(
+                [sys.executable, "-m", "reports", "exporter", "--host", "127.0.0.1", "--port", str(exporter_port)],
+                # Figures as they are at each 1 s scrape, as the test's timing assumes.
+                tmp_path / "exporter.log",
+                env={**os.environ, **settings.as_environ(), "EXPORTER_CACHE_SECONDS": "0"},
+            )
+        )
         log_path = tmp_path / "prometheus.log"
-        process = stack.enter_context(running(
-            [prometheus_binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
-             f"--web.listen-address=127.0.0.1:{prometheus_port}"],
-            log_path,
-        ))
+        process = stack.enter_context(
+            running(
+                [
+                    prometheus_binary,
+                    f"--config.file={config}",
+                    f"--storage.tsdb.path={tmp_path / 'data'}",
+                    f"--web.listen-address=127.0.0.1:{prometheus_port}",
+                ],
+                log_path,
+            )
+        )
         prometheus = Prometheus(prometheus_port, process, log_path)
         wait_until(prometheus.ready, timeout=30, what="Prometheus to be ready")
-        wait_until(lambda: prometheus.vector('up{job="reports"} == 1'), timeout=30,
-                   what=f"Prometheus to scrape the exporter:\n{(tmp_path / 'exporter.log').read_text()}")
+        wait_until(
+            lambda: prometheus.vector('up{job="reports"} == 1'),
+            timeout=30,
+            what=f"Prometheus to scrape the exporter:\n{(tmp_path / 'exporter.log').read_text()}",
+        )
 
         start_workers(settings, processes=1, threads=4)
         triggered = run_cli(settings, "trigger", PERIOD)
@@ -257,11 +277,17 @@ def test_a_real_prometheus_answers_every_dashboard_and_alert_expression_during_a
 
         # Prometheus has the final figures, then a few scrapes more (so rates have samples after the end).
         def scraped_complete() -> bool:
-            items = {dict(labels)["state"]: value for labels, value in
-                     prometheus.vector(f'reports_period_items{{period="{PERIOD}"}}').items()}
+            items = {
+                dict(labels)["state"]: value
+                for labels, value in prometheus.vector(f'reports_period_items{{period="{PERIOD}"}}').items()
+            }
             planned = prometheus.vector(f'reports_period_planned{{period="{PERIOD}"}}')
             return list(planned.values()) == [1.0] and items == {
-                "pending": 0, "delivered": USERS - len(REFUSED), "skipped": 0, "dead": len(REFUSED)}
+                "pending": 0,
+                "delivered": USERS - len(REFUSED),
+                "skipped": 0,
+                "dead": len(REFUSED),
+            }
 
         wait_until(scraped_complete, timeout=15, what="Prometheus to scrape the completed period")
         after = prometheus.scrapes()
@@ -275,8 +301,10 @@ def test_a_real_prometheus_answers_every_dashboard_and_alert_expression_during_a
             assert rule["health"] == "ok", f"{name}: {rule.get('lastError')}"
 
         failures = []
-        expressions = [(source, expr, not any(metric in expr for metric in NO_DATA_IN_THIS_RUN))
-                       for source, expr in dashboard_expressions()]
+        expressions = [
+            (source, expr, not any(metric in expr for metric in NO_DATA_IN_THIS_RUN))
+            for source, expr in dashboard_expressions()
+        ]
         # The alert conditions (bar the failure rate: 3 of 40 died) do not hold in this healthy run,
         # so their expressions may rightly return nothing.
         expressions += [(f"alert {name}", expr, False) for name, expr in alert_expressions()]
@@ -284,8 +312,10 @@ def test_a_real_prometheus_answers_every_dashboard_and_alert_expression_during_a
             answer = prometheus.query(expr)
             data = answer.get("data", {})
             result = data.get("result") or []
-            print(f"{answer['status']:<8} {data.get('resultType', '-'):<7} {len(result):>3} series  "
-                  f"{source}: {' '.join(expr.split())}")
+            print(
+                f"{answer['status']:<8} {data.get('resultType', '-'):<7} {len(result):>3} series  "
+                f"{source}: {' '.join(expr.split())}"
+            )
             if answer["status"] != "success" or data["resultType"] not in ("vector", "scalar"):
                 failures.append(f"{source}: {answer}")
             elif needs_data and not result:

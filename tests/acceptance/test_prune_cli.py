@@ -25,8 +25,16 @@ def filled(sessions):
     return sessions
 
 
-@pytest.mark.parametrize("arguments", [(), ("--older-than-months", "0"), ("--older-than-months", "1201"),
-                                       ("--older-than-months", "a year"), ("--older-than-months", "12", "--force")])
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        (),
+        ("--older-than-months", "0"),
+        ("--older-than-months", "1201"),
+        ("--older-than-months", "a year"),
+        ("--older-than-months", "12", "--force"),
+    ],
+)
 def test_bad_input_is_one_line_exit_2_and_deletes_nothing(settings, filled, arguments):
     before = everything(filled)
     result = run_cli(settings, "prune", *arguments)

@@ -23,15 +23,23 @@ pytestmark = pytest.mark.acceptance
 
 PERIOD = "2026-10"
 NEVER_TRIGGERED = "2026-09"
-KEYS = {"period", "planned", "active_users", "items", "active_without_item", "finished", "pending", "requeued",
-        "waiting", "coordinator_enqueued", "walk_paused", "requests_requeued"}
+KEYS = {
+    "period",
+    "planned",
+    "active_users",
+    "items",
+    "active_without_item",
+    "finished",
+    "pending",
+    "requeued",
+    "waiting",
+    "coordinator_enqueued",
+    "walk_paused",
+    "requests_requeued",
+}
 
 
 # --- helpers ---------------------------------------------------------------------------------
-
-
-
-
 
 
 def trigger(sessions: sessionmaker[Session], settings: Settings) -> None:
@@ -41,8 +49,13 @@ def trigger(sessions: sessionmaker[Session], settings: Settings) -> None:
 
 def walk(sessions: sessionmaker[Session], *, budget_seconds: float = 60, page_size: int = 50) -> bool:
     """Walk the period with a broker that loses every message; returns whether the walk finished."""
-    return plan_slice(sessions, Period.parse(PERIOD), lambda payloads: len(list(payloads)),
-                      page_size=page_size, budget_seconds=budget_seconds).planned
+    return plan_slice(
+        sessions,
+        Period.parse(PERIOD),
+        lambda payloads: len(list(payloads)),
+        page_size=page_size,
+        budget_seconds=budget_seconds,
+    ).planned
 
 
 def age_items(sessions: sessionmaker[Session], *, minutes: float = 60) -> None:
@@ -52,9 +65,18 @@ def age_items(sessions: sessionmaker[Session], *, minutes: float = 60) -> None:
 
 def items_snapshot(sessions: sessionmaker[Session]) -> list[tuple]:
     with sessions() as session:
-        return [tuple(row) for row in session.execute(
-            select(ReportItem.period, ReportItem.user_id, ReportItem.state, ReportItem.enqueued_at,
-                   ReportItem.updated_at).order_by(ReportItem.period, ReportItem.user_id))]
+        return [
+            tuple(row)
+            for row in session.execute(
+                select(
+                    ReportItem.period,
+                    ReportItem.user_id,
+                    ReportItem.state,
+                    ReportItem.enqueued_at,
+                    ReportItem.updated_at,
+                ).order_by(ReportItem.period, ReportItem.user_id)
+            )
+        ]
 
 
 def assert_rejected(result: subprocess.CompletedProcess[str]) -> str:
@@ -83,9 +105,18 @@ def test_reconcile_json_prints_one_object_with_every_count(settings, sessions):
     assert set(found) == KEYS
     active = len(population.active)
     assert found == {
-        "period": PERIOD, "planned": True, "active_users": active, "items": active, "active_without_item": 0,
-        "finished": 0, "pending": active, "requeued": active, "waiting": 0, "coordinator_enqueued": False,
-        "walk_paused": False, "requests_requeued": 0,
+        "period": PERIOD,
+        "planned": True,
+        "active_users": active,
+        "items": active,
+        "active_without_item": 0,
+        "finished": 0,
+        "pending": active,
+        "requeued": active,
+        "waiting": 0,
+        "coordinator_enqueued": False,
+        "walk_paused": False,
+        "requests_requeued": 0,
     }
     assert queue_counts(settings) == {"default": 0, "bulk": active}
     sent = sorted(job.user_id for job in jobs_in_queue(settings, "bulk", ReportJob))

@@ -62,8 +62,12 @@ def start_scheduler(tmp_path: Path) -> Iterator[Callable[[Settings], SchedulerPr
         log_path = tmp_path / f"scheduler-{len(started)}.log"
         with log_path.open("wb") as log:
             process = subprocess.Popen(
-                [sys.executable, "-m", "scheduler"], env={**os.environ, **settings.as_environ()}, cwd=REPO,
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                [sys.executable, "-m", "scheduler"],
+                env={**os.environ, **settings.as_environ()},
+                cwd=REPO,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         started.append(SchedulerProcess(process, log_path))
         return started[-1]
@@ -74,8 +78,11 @@ def start_scheduler(tmp_path: Path) -> Iterator[Callable[[Settings], SchedulerPr
 
 
 def wait_for_log(scheduler: SchedulerProcess, text: str, *, timeout: float = 20) -> None:
-    wait_until(lambda: text in scheduler.log() or scheduler.process.poll() is not None,
-               timeout=timeout, what=f"{text!r} in the scheduler's log")
+    wait_until(
+        lambda: text in scheduler.log() or scheduler.process.poll() is not None,
+        timeout=timeout,
+        what=f"{text!r} in the scheduler's log",
+    )
     assert text in scheduler.log(), f"scheduler exited {scheduler.process.returncode}:\n{scheduler.log()}"
 
 
@@ -142,7 +149,10 @@ def test_a_signal_stops_the_scheduler_cleanly_within_seconds(settings, sessions,
 
 def test_the_reconcile_tick_re_enqueues_a_lost_coordinator(settings, sessions, start_scheduler):
     settings = dataclasses.replace(
-        settings, schedule_time="00:00", schedule_lookback_months=1, schedule_reconcile_interval_seconds=1,
+        settings,
+        schedule_time="00:00",
+        schedule_lookback_months=1,
+        schedule_reconcile_interval_seconds=1,
         reconcile_stuck_after_seconds=0,
     )
     period = previous_month(utcnow())
@@ -157,8 +167,11 @@ def test_the_reconcile_tick_re_enqueues_a_lost_coordinator(settings, sessions, s
     wait_until(lambda: plan_messages(settings), timeout=10, what="a plan_period message from the reconcile tick")
 
     assert set(plan_messages(settings)) == {str(period)}
-    wait_for_log(scheduler, f"Reconciled {period}: 0 pending (0 may still be on their way), 0 re-enqueued, "
-                            "0 send-now request(s) re-enqueued, coordinator re-enqueued")
+    wait_for_log(
+        scheduler,
+        f"Reconciled {period}: 0 pending (0 may still be on their way), 0 re-enqueued, "
+        "0 send-now request(s) re-enqueued, coordinator re-enqueued",
+    )
     assert triggered_periods(sessions) == [str(period)]
     assert scheduler.stop() == 0, scheduler.log()
 
@@ -172,8 +185,13 @@ def test_the_reconcile_tick_re_enqueues_a_lost_coordinator(settings, sessions, s
 )
 def test_bad_schedule_configuration_exits_2_with_one_clear_line(settings, variable, value):
     result = subprocess.run(
-        [sys.executable, "-m", "scheduler"], env={**os.environ, **settings.as_environ(), variable: value}, check=False,
-        cwd=REPO, capture_output=True, text=True, timeout=30,
+        [sys.executable, "-m", "scheduler"],
+        env={**os.environ, **settings.as_environ(), variable: value},
+        check=False,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
 
     described = f"exit {result.returncode}\nstdout: {result.stdout!r}\nstderr: {result.stderr!r}"

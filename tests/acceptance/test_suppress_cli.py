@@ -33,15 +33,18 @@ def test_an_operator_adds_lists_and_removes_a_complaint(settings, sessions):
     assert removed.returncode == 0 and rows(sessions) == {}
 
 
-@pytest.mark.parametrize("args", [
-    ("add", "2"),                              # no reason
-    ("add", "2", "--reason", "spam"),          # not a reason
-    ("add", "0", "--reason", "complained"),
-    ("add", "99999999999", "--reason", "complained"),
-    ("add", "99", "--reason", "complained"),   # no such user
-    ("remove", "x"),
-    ("list", "--reason", "nope"),
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("add", "2"),  # no reason
+        ("add", "2", "--reason", "spam"),  # not a reason
+        ("add", "0", "--reason", "complained"),
+        ("add", "99999999999", "--reason", "complained"),
+        ("add", "99", "--reason", "complained"),  # no such user
+        ("remove", "x"),
+        ("list", "--reason", "nope"),
+    ],
+)
 def test_bad_input_is_one_line_exit_2_and_changes_nothing(settings, sessions, args):
     load_users(sessions, count=3)
     result = run_cli(settings, "suppress", *args)

@@ -70,12 +70,18 @@ def start_web(settings: Settings, sessions, tmp_path: Path) -> Iterator[Callable
         with log_path.open("wb") as log:
             process = subprocess.Popen(
                 [sys.executable, "-m", "reports", "web", "--host", "127.0.0.1", "--port", str(port)],
-                env={**os.environ, **web_settings.as_environ()}, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                env={**os.environ, **web_settings.as_environ()},
+                cwd=REPO,
+                stdout=log,
+                stderr=subprocess.STDOUT,
             )
         web = WebProcess(process, f"http://127.0.0.1:{port}", web_settings, log_path)
         started.append(web)
-        wait_until(lambda: process.poll() is not None or request(f"{web.base_url}/healthz")[0] == 200,
-                   timeout=30, what="reports web to answer /healthz")
+        wait_until(
+            lambda: process.poll() is not None or request(f"{web.base_url}/healthz")[0] == 200,
+            timeout=30,
+            what="reports web to answer /healthz",
+        )
         assert process.poll() is None, log_path.read_text()
         return web
 
@@ -84,8 +90,9 @@ def start_web(settings: Settings, sessions, tmp_path: Path) -> Iterator[Callable
         web.stop()
 
 
-def request(url: str, *, body: bytes | None = None, content_type: str = "application/x-www-form-urlencoded"
-            ) -> tuple[int, str, dict[str, str]]:
+def request(
+    url: str, *, body: bytes | None = None, content_type: str = "application/x-www-form-urlencoded"
+) -> tuple[int, str, dict[str, str]]:
     """(status, body, headers) of a GET, or of a POST when ``body`` is given; (0, '', {}) if refused."""
     headers = {"Content-Type": content_type} if body is not None else {}
     try:
@@ -134,7 +141,7 @@ def test_a_multipart_one_click_post_unsubscribes_too(sessions, start_web):
     """RFC 8058 lets the provider send the body as multipart/form-data."""
     web = start_web()
     load_users(sessions, count=2)
-    body = (b'--b\r\nContent-Disposition: form-data; name="List-Unsubscribe"\r\n\r\nOne-Click\r\n--b--\r\n')
+    body = b'--b\r\nContent-Disposition: form-data; name="List-Unsubscribe"\r\n\r\nOne-Click\r\n--b--\r\n'
     assert request(web.url(1), body=body, content_type="multipart/form-data; boundary=b")[0] == 200
     assert suppressed(sessions) == {1: "unsubscribed"}
 
@@ -165,10 +172,10 @@ def test_forged_or_altered_tokens_answer_404_without_detail_and_change_nothing(s
     token = real.rsplit("/", 1)[1]
     signature = token.rsplit(".", 1)[1]
     forged = [
-        real[:-1] + ("A" if real[-1] != "A" else "B"),                     # one character changed
-        f"{web.base_url}/u/2.{token.split('.', 1)[1]}",                     # user 1's signature on user 2
+        real[:-1] + ("A" if real[-1] != "A" else "B"),  # one character changed
+        f"{web.base_url}/u/2.{token.split('.', 1)[1]}",  # user 1's signature on user 2
         f"{web.base_url}/u/{Signer.from_secrets(('someone-elses-secret-123',)).token(1)}",
-        f"{web.base_url}/u/1.abcd.{signature}",                             # unknown key id
+        f"{web.base_url}/u/1.abcd.{signature}",  # unknown key id
         f"{web.base_url}/u/1",
         f"{web.base_url}/u/%00",
     ]
@@ -231,8 +238,15 @@ def test_a_person_confirms_in_a_browser_sees_it_done_and_resubscribes(sessions, 
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(
             executable_path=CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium"),
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                  "--disable-sync", "--no-first-run", "--disable-quic"],
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+                "--disable-quic",
+            ],
         )
         try:
             page = browser.new_page()

@@ -122,9 +122,7 @@ def count_items(sessions: sessionmaker[Session], *conditions: Any, period: Perio
     with sessions() as session:
         return (
             session.scalar(
-                select(func.count())
-                .select_from(ReportItem)
-                .where(ReportItem.period == str(period), *conditions)
+                select(func.count()).select_from(ReportItem).where(ReportItem.period == str(period), *conditions)
             )
             or 0
         )

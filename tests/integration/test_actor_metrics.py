@@ -74,8 +74,9 @@ def test_a_hundred_messages_through_a_worker_make_at_most_two_round_trips_and_ar
         broker.join("bulk")
         worker.join()
         done = time.monotonic()
-        wait_until(lambda: timed(client, "build_report") == 100, timeout=1.5, interval=0.02,
-                   what="the counts to be flushed")
+        wait_until(
+            lambda: timed(client, "build_report") == 100, timeout=1.5, interval=0.02, what="the counts to be flushed"
+        )
         within = time.monotonic() - done
     finally:
         worker.stop()
@@ -98,8 +99,12 @@ def test_counts_are_written_once_a_second_without_a_flush_being_asked_for(client
         process(metrics, 5)
         assert outcomes(client) == {}  # nothing per message
 
-        wait_until(lambda: outcomes(client) == {f"build_report{SEP}success": 5}, timeout=1.5, interval=0.02,
-                   what="the flusher's first write")
+        wait_until(
+            lambda: outcomes(client) == {f"build_report{SEP}success": 5},
+            timeout=1.5,
+            interval=0.02,
+            what="the flusher's first write",
+        )
     finally:
         metrics.after_worker_shutdown(StubBroker(), None)  # type: ignore[arg-type]
 
@@ -146,8 +151,7 @@ def test_worker_shutdown_writes_what_the_last_interval_counted(client: redis.Red
     assert timed(client, "build_report") == 7
 
 
-def test_a_forked_process_writes_its_own_counts_and_not_its_parents(client: redis.Redis,
-                                                                      private_redis: str) -> None:
+def test_a_forked_process_writes_its_own_counts_and_not_its_parents(client: redis.Redis, private_redis: str) -> None:
     metrics = ActorMetrics(client, namespace=NAMESPACE, flush_interval_seconds=NEVER)
     process(metrics, 10)  # not yet flushed when the worker process forks
 

@@ -108,10 +108,18 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
 def dead_message(*, reason: str = "permanent", error_class: str = "MailRejected", user_id: int = 1) -> DeadMessage:
     now_ms = int(time.time() * 1000)
     return DeadMessage(
-        message_id=uuid.uuid4().hex, actor="build_report", queue="bulk", args=(),
-        kwargs={"period": "2026-10", "user_id": user_id, "template_version": "v1"}, attempts=1, reason=reason,
-        error_class=error_class, error_message="SMTP 550: 5.1.1 No such user", traceback="Traceback ...",
-        first_failed_ms=now_ms, died_ms=now_ms,
+        message_id=uuid.uuid4().hex,
+        actor="build_report",
+        queue="bulk",
+        args=(),
+        kwargs={"period": "2026-10", "user_id": user_id, "template_version": "v1"},
+        attempts=1,
+        reason=reason,
+        error_class=error_class,
+        error_message="SMTP 550: 5.1.1 No such user",
+        traceback="Traceback ...",
+        first_failed_ms=now_ms,
+        died_ms=now_ms,
     )
 
 
@@ -121,16 +129,19 @@ def test_ten_thousand_dead_letters_from_two_processes_are_a_handful_of_posts_and
     per_process = 5_000
     kinds = [("permanent", "MailRejected"), ("retries_exhausted", "MailDeferred")]
     processes = [
-        WebhookAlerts(webhook.url, redis.Redis.from_url(redis_url), namespace=broker_namespace,
-                      window_seconds=WINDOW_SECONDS)
+        WebhookAlerts(
+            webhook.url, redis.Redis.from_url(redis_url), namespace=broker_namespace, window_seconds=WINDOW_SECONDS
+        )
         for _ in range(2)
     ]
     sent_ids: set[str] = set()
     # Both "processes" build their dead letters up front, so the loop is nothing but dead_letter().
     batches = []
     for p in range(2):
-        batch = [dead_message(reason=kinds[i % 2][0], error_class=kinds[i % 2][1], user_id=p * per_process + i + 1)
-                 for i in range(per_process)]
+        batch = [
+            dead_message(reason=kinds[i % 2][0], error_class=kinds[i % 2][1], user_id=p * per_process + i + 1)
+            for i in range(per_process)
+        ]
         sent_ids.update(d.message_id for d in batch)
         batches.append(batch)
     start = threading.Barrier(3)
@@ -254,13 +265,19 @@ def test_the_sample_keeps_the_most_recent_message_ids(
 
 
 def alert_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "reports.failures.alerts" and r.levelno == logging.WARNING]
+    return [
+        r.getMessage() for r in caplog.records if r.name == "reports.failures.alerts" and r.levelno == logging.WARNING
+    ]
 
 
 @pytest.mark.parametrize(("answer", "error"), [("garbage", "BadStatusLine"), ("redirect", "HTTPError")])
 def test_after_a_post_that_failed_the_next_windows_post_still_arrives(
-    webhook: Webhook, redis_client: redis.Redis, broker_namespace: str, caplog: pytest.LogCaptureFixture,
-    answer: str, error: str,
+    webhook: Webhook,
+    redis_client: redis.Redis,
+    broker_namespace: str,
+    caplog: pytest.LogCaptureFixture,
+    answer: str,
+    error: str,
 ) -> None:
     webhook.answers = [answer]
     alerts = WebhookAlerts(webhook.url, redis_client, namespace=broker_namespace, window_seconds=WINDOW_SECONDS)
@@ -295,8 +312,12 @@ def test_a_webhook_url_that_cannot_be_posted_to_is_tried_again_every_window_with
         alerts.dead_letter(dead_message())
         wait_until(lambda: alert_warnings(caplog), timeout=5, interval=0.01, what="the first failure")
         alerts.dead_letter(dead_message())
-        wait_until(lambda: len(alert_warnings(caplog)) >= 2, timeout=3 * WINDOW_SECONDS, interval=0.02,
-                   what="the next window's attempt")
+        wait_until(
+            lambda: len(alert_warnings(caplog)) >= 2,
+            timeout=3 * WINDOW_SECONDS,
+            interval=0.02,
+            what="the next window's attempt",
+        )
 
     assert all(" failed: " in line for line in alert_warnings(caplog))
     assert all("SECRET-TOKEN" not in r.getMessage() for r in caplog.records)

@@ -17,8 +17,13 @@ PERIOD = Period(2026, 10)
 
 def _walk(sessions, broker, *, high_water: int):
     return coordinator.plan_slice(
-        sessions, PERIOD, lambda payloads: send_many(broker, BUILD_REPORT, payloads), page_size=7,
-        budget_seconds=60, backlog=lambda: backlog(broker, BUILD_REPORT.queue), high_water=high_water,
+        sessions,
+        PERIOD,
+        lambda payloads: send_many(broker, BUILD_REPORT, payloads),
+        page_size=7,
+        budget_seconds=60,
+        backlog=lambda: backlog(broker, BUILD_REPORT.queue),
+        high_water=high_water,
     )
 
 

@@ -37,8 +37,13 @@ def new_breaker(redis_url: str, broker_namespace: str) -> Iterator[NewBreaker]:
     def build(*, url: str = redis_url, **overrides: Any) -> CircuitBreaker:
         client = redis.Redis.from_url(url)
         clients.append(client)
-        options = {"failure_threshold": THRESHOLD, "window_ms": WINDOW_MS, "cooldown_ms": COOLDOWN_MS,
-                   "probe_timeout_ms": PROBE_TIMEOUT_MS, **overrides}
+        options = {
+            "failure_threshold": THRESHOLD,
+            "window_ms": WINDOW_MS,
+            "cooldown_ms": COOLDOWN_MS,
+            "probe_timeout_ms": PROBE_TIMEOUT_MS,
+            **overrides,
+        }
         return CircuitBreaker(client, name=name, **options)
 
     yield build
@@ -199,8 +204,7 @@ def test_state_follows_every_transition(new_breaker: NewBreaker) -> None:
     breaker.record_success()
     seen.append(breaker.state())
 
-    assert seen == [State.CLOSED, State.CLOSED, State.OPEN, State.HALF_OPEN, State.OPEN, State.HALF_OPEN,
-                    State.CLOSED]
+    assert seen == [State.CLOSED, State.CLOSED, State.OPEN, State.HALF_OPEN, State.OPEN, State.HALF_OPEN, State.CLOSED]
 
 
 def test_every_transition_is_logged(new_breaker: NewBreaker, caplog: pytest.LogCaptureFixture) -> None:
@@ -237,12 +241,18 @@ def test_two_processes_share_one_breaker(new_breaker: NewBreaker) -> None:
     assert second.allow(T0 + 3 + COOLDOWN_MS) == ALLOWED
 
 
-def test_breakers_with_different_names_do_not_share_state(new_breaker: NewBreaker, redis_url: str,
-                                                          broker_namespace: str) -> None:
+def test_breakers_with_different_names_do_not_share_state(
+    new_breaker: NewBreaker, redis_url: str, broker_namespace: str
+) -> None:
     mail = new_breaker()
-    other = CircuitBreaker(redis.Redis.from_url(redis_url), name=f"{broker_namespace}:breaker:other",
-                           failure_threshold=THRESHOLD, window_ms=WINDOW_MS, cooldown_ms=COOLDOWN_MS,
-                           probe_timeout_ms=PROBE_TIMEOUT_MS)
+    other = CircuitBreaker(
+        redis.Redis.from_url(redis_url),
+        name=f"{broker_namespace}:breaker:other",
+        failure_threshold=THRESHOLD,
+        window_ms=WINDOW_MS,
+        cooldown_ms=COOLDOWN_MS,
+        probe_timeout_ms=PROBE_TIMEOUT_MS,
+    )
     open_breaker(mail, T0)
 
     assert other.state() is State.CLOSED
@@ -336,8 +346,9 @@ def test_the_state_is_cached_for_state_cache_ms_by_default(new_breaker: NewBreak
     assert 0 < STATE_CACHE_MS < 1_000
 
 
-def test_many_calls_within_the_cache_period_make_one_redis_call(new_breaker: NewBreaker, private_redis: str,
-                                                                clock: FakeClock) -> None:
+def test_many_calls_within_the_cache_period_make_one_redis_call(
+    new_breaker: NewBreaker, private_redis: str, clock: FakeClock
+) -> None:
     breaker = new_breaker(url=private_redis, clock=clock)
     new_breaker(url=private_redis, state_cache_ms=0).allow(T0)  # loads the script, as any worker's first call
     breaker.client.ping()  # and opens the connection
@@ -404,8 +415,7 @@ def test_while_open_the_cache_refuses_with_the_remaining_cool_down_without_redis
     counter.close()
 
 
-def test_another_processs_opening_is_seen_within_one_cache_period(new_breaker: NewBreaker,
-                                                                    clock: FakeClock) -> None:
+def test_another_processs_opening_is_seen_within_one_cache_period(new_breaker: NewBreaker, clock: FakeClock) -> None:
     cached, other = new_breaker(clock=clock), new_breaker(state_cache_ms=0)
     assert cached.allow(T0) == ALLOWED  # read "closed" at clock.now
 
@@ -418,8 +428,9 @@ def test_another_processs_opening_is_seen_within_one_cache_period(new_breaker: N
     assert cached.allow(T0 + 3) == denied(COOLDOWN_MS - 2)
 
 
-def test_a_late_failure_from_a_cached_permit_is_told_the_breaker_is_open(new_breaker: NewBreaker,
-                                                                          clock: FakeClock) -> None:
+def test_a_late_failure_from_a_cached_permit_is_told_the_breaker_is_open(
+    new_breaker: NewBreaker, clock: FakeClock
+) -> None:
     cached, other = new_breaker(clock=clock), new_breaker(state_cache_ms=0)
     assert cached.allow(T0) == ALLOWED
     open_breaker(other, T0 + 1)
@@ -429,8 +440,9 @@ def test_a_late_failure_from_a_cached_permit_is_told_the_breaker_is_open(new_bre
     assert cached.allow(T0 + 4) == denied(COOLDOWN_MS - 3)  # from its cache, straight away
 
 
-def test_a_successful_probe_elsewhere_is_seen_within_one_cache_period(new_breaker: NewBreaker,
-                                                                       clock: FakeClock) -> None:
+def test_a_successful_probe_elsewhere_is_seen_within_one_cache_period(
+    new_breaker: NewBreaker, clock: FakeClock
+) -> None:
     cached, prober = new_breaker(clock=clock), new_breaker(state_cache_ms=0)
     open_breaker(prober, T0)
     after = T0 + COOLDOWN_MS

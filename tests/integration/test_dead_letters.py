@@ -34,15 +34,29 @@ DEFERRED = ("MailDeferred", "SMTP 451: 4.3.0 Try again later")
 
 
 def report_dead(
-    user_id: int, *, period: str = str(PERIOD), reason: str = "permanent", error: tuple[str, str] = REJECTED,
-    message_id: str | None = None, attempts: int = 1, died_ms: int = NOW_MS, first_failed_ms: int | None = None,
+    user_id: int,
+    *,
+    period: str = str(PERIOD),
+    reason: str = "permanent",
+    error: tuple[str, str] = REJECTED,
+    message_id: str | None = None,
+    attempts: int = 1,
+    died_ms: int = NOW_MS,
+    first_failed_ms: int | None = None,
 ) -> DeadMessage:
     return DeadMessage(
-        message_id=message_id or f"msg-{period}-{user_id}-{reason}", actor=BUILD_REPORT.name, queue=BUILD_REPORT.queue,
-        args=(), kwargs={"period": period, "user_id": user_id, "template_version": "v1"}, attempts=attempts,
-        reason=reason, error_class=error[0], error_message=error[1],
+        message_id=message_id or f"msg-{period}-{user_id}-{reason}",
+        actor=BUILD_REPORT.name,
+        queue=BUILD_REPORT.queue,
+        args=(),
+        kwargs={"period": period, "user_id": user_id, "template_version": "v1"},
+        attempts=attempts,
+        reason=reason,
+        error_class=error[0],
+        error_message=error[1],
         traceback=f'Traceback (most recent call last):\n  File "smtp.py", line 9\n{error[0]}: {error[1]}\n',
-        first_failed_ms=first_failed_ms if first_failed_ms is not None else died_ms - 1_500, died_ms=died_ms,
+        first_failed_ms=first_failed_ms if first_failed_ms is not None else died_ms - 1_500,
+        died_ms=died_ms,
     )
 
 
@@ -84,8 +98,14 @@ def queued_messages(settings: Settings, queue: str = BUILD_REPORT.queue) -> list
 def test_a_dead_letter_is_stored_with_everything_known_and_only_once(sessions, settings) -> None:
     active = planned(sessions, settings)
     user_id = active[0]
-    dead = report_dead(user_id, attempts=3, reason="retries_exhausted", error=DEFERRED,
-                       first_failed_ms=NOW_MS - 61_234, died_ms=NOW_MS + 789)
+    dead = report_dead(
+        user_id,
+        attempts=3,
+        reason="retries_exhausted",
+        error=DEFERRED,
+        first_failed_ms=NOW_MS - 61_234,
+        died_ms=NOW_MS + 789,
+    )
 
     assert record(sessions, dead) is True
     again = report_dead(user_id, attempts=9, reason="permanent", error=REJECTED, message_id=dead.message_id)
@@ -135,8 +155,11 @@ MALFORMED = {
     "bad-user-id": (BUILD_REPORT.name, (), {"period": "2026-10", "user_id": "four", "template_version": "v1"}),
     "missing-field": (BUILD_REPORT.name, (), {"period": "2026-10", "user_id": 4}),
     "positional": (BUILD_REPORT.name, ("2026-10", 4), {}),
-    "unserialisable-extra": (BUILD_REPORT.name, (),
-                             {"period": "2026-10", "user_id": 4, "template_version": "v1", "extra": object()}),
+    "unserialisable-extra": (
+        BUILD_REPORT.name,
+        (),
+        {"period": "2026-10", "user_id": 4, "template_version": "v1", "extra": object()},
+    ),
     "plan-bad-period": (PLAN_PERIOD.name, (), {"period": ["2026-10"]}),
     "unknown-actor": ("no_such_actor", (), {"anything": 1}),
 }
@@ -147,8 +170,17 @@ def test_a_malformed_payload_is_stored_without_period_or_user(sessions, settings
 
     for name, (actor, args, kwargs) in MALFORMED.items():
         dead = DeadMessage(
-            message_id=name, actor=actor, queue="bulk", args=args, kwargs=kwargs, attempts=1, reason="permanent",
-            error_class="InvalidPayload", error_message="does not parse", traceback="", first_failed_ms=NOW_MS,
+            message_id=name,
+            actor=actor,
+            queue="bulk",
+            args=args,
+            kwargs=kwargs,
+            attempts=1,
+            reason="permanent",
+            error_class="InvalidPayload",
+            error_message="does not parse",
+            traceback="",
+            first_failed_ms=NOW_MS,
             died_ms=NOW_MS,
         )
         assert record(sessions, dead) is True, name
@@ -165,9 +197,18 @@ def test_a_malformed_payload_is_stored_without_period_or_user(sessions, settings
 
 def test_a_dead_plan_job_is_stored_with_its_period_and_no_user(sessions) -> None:
     dead = DeadMessage(
-        message_id="plan-1", actor=PLAN_PERIOD.name, queue=PLAN_PERIOD.queue, args=(), kwargs={"period": "2026-10"},
-        attempts=6, reason="retries_exhausted", error_class="OperationalError", error_message="db down",
-        traceback="", first_failed_ms=NOW_MS, died_ms=NOW_MS,
+        message_id="plan-1",
+        actor=PLAN_PERIOD.name,
+        queue=PLAN_PERIOD.queue,
+        args=(),
+        kwargs={"period": "2026-10"},
+        attempts=6,
+        reason="retries_exhausted",
+        error_class="OperationalError",
+        error_message="db down",
+        traceback="",
+        first_failed_ms=NOW_MS,
+        died_ms=NOW_MS,
     )
 
     assert record(sessions, dead) is True
@@ -178,9 +219,17 @@ def test_a_dead_plan_job_is_stored_with_its_period_and_no_user(sessions) -> None
 def test_a_dead_letter_whose_user_id_parses_but_exceeds_the_column_is_still_stored(sessions) -> None:
     """ReportJob.parse accepts any positive int (2**40 is a valid payload), so its dead letter must store."""
     dead = DeadMessage(
-        message_id="huge-user", actor=BUILD_REPORT.name, queue=BUILD_REPORT.queue, args=(),
-        kwargs={"period": "2026-10", "user_id": 2**40, "template_version": "v1"}, attempts=1, reason="permanent",
-        error_class="UnknownItem", error_message="no such item", traceback="", first_failed_ms=NOW_MS,
+        message_id="huge-user",
+        actor=BUILD_REPORT.name,
+        queue=BUILD_REPORT.queue,
+        args=(),
+        kwargs={"period": "2026-10", "user_id": 2**40, "template_version": "v1"},
+        attempts=1,
+        reason="permanent",
+        error_class="UnknownItem",
+        error_message="no such item",
+        traceback="",
+        first_failed_ms=NOW_MS,
         died_ms=NOW_MS,
     )
 
@@ -201,18 +250,32 @@ def catalogue(sessions) -> dict[str, int]:
         "sep-550": report_dead(3, period="2026-09"),
         "oct-550-replayed": report_dead(4),
         "malformed": DeadMessage(
-            message_id="malformed", actor=BUILD_REPORT.name, queue="bulk", args=(), kwargs={"period": "soon"},
-            attempts=1, reason="permanent", error_class="InvalidPayload", error_message="period is not a period",
-            traceback="", first_failed_ms=NOW_MS, died_ms=NOW_MS,
+            message_id="malformed",
+            actor=BUILD_REPORT.name,
+            queue="bulk",
+            args=(),
+            kwargs={"period": "soon"},
+            attempts=1,
+            reason="permanent",
+            error_class="InvalidPayload",
+            error_message="period is not a period",
+            traceback="",
+            first_failed_ms=NOW_MS,
+            died_ms=NOW_MS,
         ),
     }
     for dead in entries.values():
         assert record(sessions, dead)
     with sessions.begin() as session:
-        ids = {name: session.scalar(select(DeadLetter.id).where(DeadLetter.message_id == dead.message_id))
-               for name, dead in entries.items()}
-        session.execute(update(DeadLetter).where(DeadLetter.id == ids["oct-550-replayed"])
-                        .values(replayed_at=NOW, replay_message_id="new-message"))
+        ids = {
+            name: session.scalar(select(DeadLetter.id).where(DeadLetter.message_id == dead.message_id))
+            for name, dead in entries.items()
+        }
+        session.execute(
+            update(DeadLetter)
+            .where(DeadLetter.id == ids["oct-550-replayed"])
+            .values(replayed_at=NOW, replay_message_id="new-message")
+        )
     return ids  # type: ignore[return-value]
 
 
@@ -339,7 +402,10 @@ def test_replay_by_id_replays_only_those(sessions, settings, broker) -> None:
     assert outcome.replayed == [ids[1]]
     assert queued_user_ids(settings) == {active[1]: 1}
     assert [item(sessions, u).state for u in active[:3]] == [  # type: ignore[union-attr]
-        ItemState.DEAD, ItemState.PENDING, ItemState.DEAD]
+        ItemState.DEAD,
+        ItemState.PENDING,
+        ItemState.DEAD,
+    ]
 
 
 class SessionsWithInterlude:
@@ -394,8 +460,7 @@ def test_replay_takes_a_bounded_snapshot_and_leaves_what_dies_meanwhile_to_the_n
     again_user = died_again[0].kwargs["user_id"]
     assert item(sessions, again_user).state == ItemState.DEAD  # type: ignore[union-attr]
 
-    second = dead_letters.replay(sessions, broker, dead_letters.Filter(), now=NOW + timedelta(hours=1),
-                                 dry_run=False)
+    second = dead_letters.replay(sessions, broker, dead_letters.Filter(), now=NOW + timedelta(hours=1), dry_run=False)
 
     assert second.replayed == [new[0].id]
     assert second.items_reset == 1
@@ -469,14 +534,19 @@ def test_a_message_for_an_undefined_actor_dead_lettered_by_a_real_worker_ends_up
     namespace = settings.broker_namespace
     broker.declare_queue(BUILD_REPORT.queue)
     started = utcnow() - timedelta(milliseconds=1)
-    sent = broker.enqueue(message_for(BUILD_REPORT, {"period": str(PERIOD), "user_id": active[1],
-                                                     "template_version": "v1"}))
+    sent = broker.enqueue(
+        message_for(BUILD_REPORT, {"period": str(PERIOD), "user_id": active[1], "template_version": "v1"})
+    )
     # No actor is declared on this broker: Dramatiq's worker moves the message to its .XQ.
     worker = dramatiq.Worker(broker, worker_timeout=50, worker_threads=1)
     worker.start()
     try:
-        wait_until(lambda: client.zcard(f"{namespace}:bulk.XQ") == 1, timeout=10, interval=0.05,
-                   what="Dramatiq to dead-letter the message")
+        wait_until(
+            lambda: client.zcard(f"{namespace}:bulk.XQ") == 1,
+            timeout=10,
+            interval=0.05,
+            what="Dramatiq to dead-letter the message",
+        )
     finally:
         worker.stop()
     rejected_by = utcnow()
@@ -513,4 +583,3 @@ def test_one_xq_entry_that_cannot_be_stored_does_not_keep_the_others_in_the_xq(
     assert client.zscore(f"{namespace}:bulk.XQ", "r-normal") is None
     assert item(sessions, active[0]).state == ItemState.DEAD  # type: ignore[union-attr]
     client.close()
-

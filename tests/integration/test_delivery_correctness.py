@@ -78,8 +78,14 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
 @pytest.fixture
 def breaker(redis_client: redis.Redis, broker_namespace: str) -> CircuitBreaker:
     """The mail breaker as a worker builds it, on the test's namespace."""
-    return CircuitBreaker(redis_client, name=mail_breaker_name(broker_namespace), failure_threshold=THRESHOLD,
-                          window_ms=10_000, cooldown_ms=COOLDOWN_MS, probe_timeout_ms=5_000)
+    return CircuitBreaker(
+        redis_client,
+        name=mail_breaker_name(broker_namespace),
+        failure_threshold=THRESHOLD,
+        window_ms=10_000,
+        cooldown_ms=COOLDOWN_MS,
+        probe_timeout_ms=5_000,
+    )
 
 
 def millis(moment: datetime) -> int:
@@ -121,10 +127,18 @@ def dead_copy(settings: Settings, user_id: int) -> DeadMessage:
     """A copy of ``build_report`` for (PERIOD, user) that ran out of retries."""
     now_ms = millis(utcnow())
     return DeadMessage(
-        message_id=f"copy-{uuid.uuid4().hex}", actor=BUILD_REPORT.name, queue=BUILD_REPORT.queue,
-        args=BUILD_REPORT.arguments(job(settings, user_id).payload()), kwargs={}, attempts=26,
-        reason="retries_exhausted", error_class="ProviderUnavailable", error_message="SMTP provider unreachable",
-        traceback="", first_failed_ms=now_ms - 60_000, died_ms=now_ms,
+        message_id=f"copy-{uuid.uuid4().hex}",
+        actor=BUILD_REPORT.name,
+        queue=BUILD_REPORT.queue,
+        args=BUILD_REPORT.arguments(job(settings, user_id).payload()),
+        kwargs={},
+        attempts=26,
+        reason="retries_exhausted",
+        error_class="ProviderUnavailable",
+        error_message="SMTP provider unreachable",
+        traceback="",
+        first_failed_ms=now_ms - 60_000,
+        died_ms=now_ms,
     )
 
 
@@ -298,7 +312,8 @@ def test_the_claims_lease_starts_when_the_item_lock_is_granted_not_when_the_job_
     tolerance = timedelta(seconds=0.2)
     delivered = claim(sessions, 7)
     assert delivered.claimed_at >= lock.released_at - tolerance, (
-        f"claimed at {delivered.claimed_at}, the lock was released at {lock.released_at}")
+        f"claimed at {delivered.claimed_at}, the lock was released at {lock.released_at}"
+    )
     lease = timedelta(seconds=settings.claim_lease_seconds)
     assert delivered.lease_expires_at - lease >= lock.released_at - tolerance
     assert len(smtp_server.messages) == 1
@@ -378,12 +393,18 @@ def bulk_broker(redis_url: str, broker_namespace: str, tmp_path: Path) -> Iterat
 
 def bulk_message(user_id: int) -> dramatiq.Message:
     payload = ReportJob(PERIOD, user_id, "v1").payload()
-    return dramatiq.Message(queue_name=BUILD_REPORT.queue, actor_name=BUILD_REPORT.name,
-                            args=BUILD_REPORT.arguments(payload), kwargs={}, options={})
+    return dramatiq.Message(
+        queue_name=BUILD_REPORT.queue,
+        actor_name=BUILD_REPORT.name,
+        args=BUILD_REPORT.arguments(payload),
+        kwargs={},
+        options={},
+    )
 
 
-def fetched_by(client: redis.Redis, namespace: str, worker_id: str, *, heartbeat_ms: int,
-               ready: int, delayed: int) -> None:
+def fetched_by(
+    client: redis.Redis, namespace: str, worker_id: str, *, heartbeat_ms: int, ready: int, delayed: int
+) -> None:
     """A worker that fetched ``ready`` messages of ``bulk`` and ``delayed`` of ``bulk.DQ``, laid out
     as the Redis broker does: its heartbeat, its acks sets, and the messages still in the queues' hashes."""
     queue = BUILD_REPORT.queue
@@ -402,8 +423,9 @@ def test_the_backlog_counts_ready_delayed_and_prefetched_messages(
         bulk_broker.enqueue(bulk_message(user_id))
     for user_id in range(2):
         bulk_broker.enqueue(bulk_message(user_id), delay=60_000)
-    fetched_by(redis_client, broker_namespace, f"worker-{uuid.uuid4()}", heartbeat_ms=millis(utcnow()),
-               ready=3, delayed=1)
+    fetched_by(
+        redis_client, broker_namespace, f"worker-{uuid.uuid4()}", heartbeat_ms=millis(utcnow()), ready=3, delayed=1
+    )
 
     assert backlog(bulk_broker, BUILD_REPORT.queue) == 9
 
@@ -419,8 +441,12 @@ def test_a_dead_workers_messages_count_in_the_backlog_until_swept_and_once_after
     assert backlog(bulk_broker, BUILD_REPORT.queue) == 3
 
     # A broker call that runs maintenance puts them back on the queue: counted once, not lost.
-    sweeping = RedisBroker(url=redis_url, namespace=broker_namespace, heartbeat_timeout=bulk_broker.heartbeat_timeout,
-                           maintenance_chance=1_000_000)
+    sweeping = RedisBroker(
+        url=redis_url,
+        namespace=broker_namespace,
+        heartbeat_timeout=bulk_broker.heartbeat_timeout,
+        maintenance_chance=1_000_000,
+    )
     try:
         sweeping.enqueue(bulk_message(2))
     finally:
@@ -432,9 +458,7 @@ def test_a_dead_workers_messages_count_in_the_backlog_until_swept_and_once_after
 # --- 7. A message whose item is missing ---------------------------------------------------------
 
 
-def test_a_message_for_a_user_the_unfinished_walk_has_not_reached_is_deferred(
-    settings, sessions, context, smtp_server
-):
+def test_a_message_for_a_user_the_unfinished_walk_has_not_reached_is_deferred(settings, sessions, context, smtp_server):
     load_users(sessions, count=10)
     trigger(sessions, settings)
     with sessions.begin() as session:
@@ -480,5 +504,6 @@ def test_a_claim_lease_too_short_for_the_whole_send_is_refused_at_start_up(
     with pytest.raises(ConfigurationError, match="CLAIM_LEASE_SECONDS"):
         Settings(var_dir=tmp_path, smtp_timeout_seconds=timeout, claim_lease_seconds=lease)
     with pytest.raises(ConfigurationError, match="CLAIM_LEASE_SECONDS"):
-        Settings.from_env({"VAR_DIR": str(tmp_path), "SMTP_TIMEOUT_SECONDS": str(timeout),
-                           "CLAIM_LEASE_SECONDS": str(lease)})
+        Settings.from_env(
+            {"VAR_DIR": str(tmp_path), "SMTP_TIMEOUT_SECONDS": str(timeout), "CLAIM_LEASE_SECONDS": str(lease)}
+        )

@@ -58,8 +58,13 @@ def statements(sessions: sessionmaker[Session]) -> Iterator[StatementCount]:
 def scrape(settings: Settings, sessions: sessionmaker[Session]) -> Iterator[Callable[[], float]]:
     """Serve the exporter's registry over HTTP; each call scrapes it and returns the dead-letter count."""
     client = redis.Redis.from_url(settings.broker_url)
-    collector = ReportsCollector(client, namespace=settings.broker_namespace, sessions=sessions,
-                                 queues=(BUILD_REPORT.queue,), breaker_name=f"{settings.broker_namespace}:breaker:mail")
+    collector = ReportsCollector(
+        client,
+        namespace=settings.broker_namespace,
+        sessions=sessions,
+        queues=(BUILD_REPORT.queue,),
+        breaker_name=f"{settings.broker_namespace}:breaker:mail",
+    )
     registry = CollectorRegistry()
     registry.register(CachedCollector(collector, max_age_seconds=WINDOW_SECONDS))
     port = free_port()
@@ -68,8 +73,12 @@ def scrape(settings: Settings, sessions: sessionmaker[Session]) -> Iterator[Call
     def dead_letters() -> float:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
             text = response.read().decode()
-        return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
-                   if sample.name == "reports_dead_letters_total")
+        return sum(
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == "reports_dead_letters_total"
+        )
 
     yield dead_letters
     server.shutdown()
@@ -122,12 +131,19 @@ def test_the_exporter_counts_suppressed_users_by_reason(settings, sessions):
 
     load_users(sessions, count=4)
     with sessions.begin() as session:
-        for user_id, reason in ((1, SuppressionReason.BOUNCED), (2, SuppressionReason.BOUNCED),
-                                (3, SuppressionReason.COMPLAINED)):
+        for user_id, reason in (
+            (1, SuppressionReason.BOUNCED),
+            (2, SuppressionReason.BOUNCED),
+            (3, SuppressionReason.COMPLAINED),
+        ):
             suppressions.add(session, user_id, reason, now=utcnow(), source="test")
-    collector = ReportsCollector(redis.Redis.from_url(settings.broker_url), namespace=settings.broker_namespace,
-                                 sessions=sessions, queues=(BUILD_REPORT.queue,),
-                                 breaker_name=f"{settings.broker_namespace}:breaker:mail")
+    collector = ReportsCollector(
+        redis.Redis.from_url(settings.broker_url),
+        namespace=settings.broker_namespace,
+        sessions=sessions,
+        queues=(BUILD_REPORT.queue,),
+        breaker_name=f"{settings.broker_namespace}:breaker:mail",
+    )
 
     [family] = [f for f in collector.collect() if f.name == "reports_suppressions"]
 

@@ -49,6 +49,6 @@ def test_the_contract_columns_exist_with_their_meaning(settings, sessions):
     assert columns["activities"]["occurred_at"]["nullable"] is False
     assert columns["activities"]["category"]["nullable"] is False
     assert columns["activities"]["amount_cents"]["nullable"] is False
-    assert [
-        (fk["constrained_columns"], fk["referred_table"], fk["referred_columns"]) for fk in foreign_keys
-    ] == [(["user_id"], "users", ["id"])]
+    assert [(fk["constrained_columns"], fk["referred_table"], fk["referred_columns"]) for fk in foreign_keys] == [
+        (["user_id"], "users", ["id"])
+    ]

@@ -142,9 +142,7 @@ def run_concurrently(context: pipeline.Context, report_job: ReportJob, copies: i
 RACED_USERS = (1, 3, 7)
 
 
-def test_the_same_job_run_by_four_workers_at_once_sends_one_email(
-    settings, sessions, context, smtp_server, population
-):
+def test_the_same_job_run_by_four_workers_at_once_sends_one_email(settings, sessions, context, smtp_server, population):
     for user_id in RACED_USERS:
         results = run_concurrently(context, job(settings, user_id), copies=4)
 
@@ -227,9 +225,7 @@ def test_html_in_a_name_is_escaped_in_the_html_part(settings, sessions, context,
     assert "<b>" not in html
 
 
-def test_a_line_break_in_a_name_cannot_inject_a_bcc_header(
-    settings, sessions, context, smtp_server, population
-):
+def test_a_line_break_in_a_name_cannot_inject_a_bcc_header(settings, sessions, context, smtp_server, population):
     assert pipeline.run(context, job(settings, 6)) == pipeline.Outcome.DELIVERED
 
     [(envelope, message)] = smtp_server.handler.messages
@@ -258,8 +254,19 @@ def test_an_encoded_line_break_in_a_name_adds_no_header_and_leaves_the_body_alon
 
     [(envelope, message)] = smtp_server.handler.messages
     assert envelope == ["user3@example.test"]
-    assert message.keys() == ["From", "To", "Subject", "Date", "Message-ID", "X-Report-Period", "X-Report-User-Id",
-                              "List-Unsubscribe", "List-Unsubscribe-Post", "MIME-Version", "Content-Type"]
+    assert message.keys() == [
+        "From",
+        "To",
+        "Subject",
+        "Date",
+        "Message-ID",
+        "X-Report-Period",
+        "X-Report-User-Id",
+        "List-Unsubscribe",
+        "List-Unsubscribe-Post",
+        "MIME-Version",
+        "Content-Type",
+    ]
     assert message["Bcc"] is None
     assert [a.addr_spec for a in message["To"].addresses] == ["user3@example.test"]
     assert "\n" not in message["To"].addresses[0].display_name
@@ -342,8 +349,9 @@ def test_a_send_past_the_fleets_rate_is_deferred_and_gives_its_claim_back(
 ):
     mail_settings = replace(settings, smtp_url=smtp_server.url)
     limiter = send_rate.build(redis.Redis.from_url(redis_url), namespace=broker_namespace, per_second=0.1, burst=1)
-    context = pipeline.Context(settings=mail_settings, sessions=sessions, mailer=build_mailer(mail_settings),
-                               send_rate=limiter)
+    context = pipeline.Context(
+        settings=mail_settings, sessions=sessions, mailer=build_mailer(mail_settings), send_rate=limiter
+    )
 
     assert pipeline.run(context, job(settings, 1)) == pipeline.Outcome.DELIVERED
     # The next slot is ten seconds away: deferred, without a retry spent, and nothing held meanwhile.

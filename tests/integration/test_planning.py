@@ -49,9 +49,7 @@ def run_row(sessions) -> PeriodRun:  # type: ignore[no-untyped-def]
 
 
 def plan(sessions, settings, sender, *, budget_seconds: float = 60):  # type: ignore[no-untyped-def]
-    return plan_slice(
-        sessions, PERIOD, sender, page_size=settings.plan_page_size, budget_seconds=budget_seconds
-    )
+    return plan_slice(sessions, PERIOD, sender, page_size=settings.plan_page_size, budget_seconds=budget_seconds)
 
 
 def test_the_coordinator_records_and_enqueues_one_item_per_active_user_across_pages(
@@ -108,10 +106,13 @@ def test_every_message_is_handed_out_only_after_its_item_is_committed(settings, 
         def __call__(self, payloads):  # type: ignore[no-untyped-def]
             batch = list(payloads)
             with sessions() as other_connection:
-                seen_by_a_worker.extend(other_connection.scalars(
-                    select(ReportItem.user_id).where(ReportItem.period == str(PERIOD),
-                                                     ReportItem.user_id.in_([p["user_id"] for p in batch]))
-                ))
+                seen_by_a_worker.extend(
+                    other_connection.scalars(
+                        select(ReportItem.user_id).where(
+                            ReportItem.period == str(PERIOD), ReportItem.user_id.in_([p["user_id"] for p in batch])
+                        )
+                    )
+                )
             return super().__call__(batch)
 
     sender = LookingSender(broker)
@@ -136,22 +137,27 @@ def test_a_coordinator_crash_between_recording_and_enqueueing_a_page_loses_no_us
     # handed out: nothing of it reached the broker.
     assert crashing.user_ids == population.active[:page]
     assert run_row(sessions).cursor == population.active[2 * page - 1]
-    assert item_user_ids(sessions) == Counter(population.active[:2 * page])
+    assert item_user_ids(sessions) == Counter(population.active[: 2 * page])
     never_handed_out = select(ReportItem.user_id).where(ReportItem.enqueued_at.is_(None)).order_by(ReportItem.user_id)
     with sessions() as session:
-        assert list(session.scalars(never_handed_out)) == population.active[page:2 * page]
+        assert list(session.scalars(never_handed_out)) == population.active[page : 2 * page]
     assert queued_user_ids(settings) == Counter(population.active[:page])
 
     # The walk goes on from the cursor; what was never handed out is sent by reconcile once the
     # threshold has passed (it may not wait behind the queue: no message for it exists).
     resumed = RecordingSender(broker)
     assert plan(sessions, settings, resumed).planned is True
-    assert sorted(crashing.user_ids + resumed.user_ids) == population.active[:page] + population.active[2 * page:]
+    assert sorted(crashing.user_ids + resumed.user_ids) == population.active[:page] + population.active[2 * page :]
 
-    found = reconcile(sessions, PERIOD, lambda payloads: send_many(broker, BUILD_REPORT, payloads),
-                      lambda _walker, _payload: None, stuck_after=timedelta(minutes=10),
-                      now=utcnow() + timedelta(minutes=11),
-                      in_flight=InFlight(backlog=lambda _queue: len(population.active)))
+    found = reconcile(
+        sessions,
+        PERIOD,
+        lambda payloads: send_many(broker, BUILD_REPORT, payloads),
+        lambda _walker, _payload: None,
+        stuck_after=timedelta(minutes=10),
+        now=utcnow() + timedelta(minutes=11),
+        in_flight=InFlight(backlog=lambda _queue: len(population.active)),
+    )
     assert found.requeued == page
     assert count_items(sessions, ReportItem.enqueued_at.is_(None)) == 0
     assert queued_user_ids(settings) == Counter(population.active)
@@ -233,8 +239,16 @@ def test_items_an_earlier_release_recorded_but_never_sent_are_sent_once(settings
     with sessions.begin() as session:
         earlier = utcnow() - 2 * HANDOFF_GRACE
         for user_id in (in_next_page, deactivated):
-            session.add(ReportItem(period=str(PERIOD), user_id=user_id, state=ItemState.PENDING, attempts=0,
-                                   created_at=earlier, updated_at=earlier))
+            session.add(
+                ReportItem(
+                    period=str(PERIOD),
+                    user_id=user_id,
+                    state=ItemState.PENDING,
+                    attempts=0,
+                    created_at=earlier,
+                    updated_at=earlier,
+                )
+            )
         session.get(PeriodRun, str(PERIOD)).cursor = deactivated  # type: ignore[union-attr]
 
     sender = RecordingSender(broker)

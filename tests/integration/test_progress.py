@@ -134,11 +134,14 @@ def test_the_kept_counts_follow_every_change_an_item_can_go_through(settings, se
         # rows arrive by plain SQL, already finished, in one statement.
         session.execute(update(ReportItem).where(ReportItem.state == ItemState.DEAD).values(state=ItemState.PENDING))
         session.execute(delete(ReportItem).where(ReportItem.user_id.in_([users[0], users[1], users[20]])))
-        session.execute(text(
-            "INSERT INTO report_items (period, user_id, state, attempts, created_at, updated_at) VALUES "
-            "(:p, 1001, 'delivered', 1, :now, :now), (:p, 1002, 'dead', 1, :now, :now), "
-            "(:p, 1003, 'pending', 0, :now, :now), (:q, 1001, 'skipped', 1, :now, :now)"
-        ), {"p": str(PERIOD), "q": "2026-09", "now": utcnow()})
+        session.execute(
+            text(
+                "INSERT INTO report_items (period, user_id, state, attempts, created_at, updated_at) VALUES "
+                "(:p, 1001, 'delivered', 1, :now, :now), (:p, 1002, 'dead', 1, :now, :now), "
+                "(:p, 1003, 'pending', 0, :now, :now), (:q, 1001, 'skipped', 1, :now, :now)"
+            ),
+            {"p": str(PERIOD), "q": "2026-09", "now": utcnow()},
+        )
         # Touching an item without changing its state changes no count.
         session.execute(update(ReportItem).where(ReportItem.user_id == users[30]).values(attempts=5))
 
@@ -171,15 +174,21 @@ def test_items_recorded_before_the_counts_existed_are_counted(settings):
         sessions = session_factory(engine)
         load_users(sessions, count=30, inactive_every=100)
         with sessions.begin() as session:
-            session.execute(text(
-                "INSERT INTO period_runs (period, template_version, triggered_at, updated_at, cursor, planned, state) "
-                "VALUES (:p, 'v1', :now, :now, 0, true, 'active')"
-            ), {"p": str(PERIOD), "now": utcnow()})
-            session.execute(text(
-                "INSERT INTO report_items (period, user_id, state, attempts, created_at, updated_at) "
-                "SELECT :p, id, CASE id % 4 WHEN 0 THEN 'delivered' WHEN 1 THEN 'dead' ELSE 'pending' END, 1, :now, :now "
-                "FROM users"
-            ), {"p": str(PERIOD), "now": utcnow()})
+            session.execute(
+                text(
+                    "INSERT INTO period_runs (period, template_version, triggered_at, updated_at, cursor, planned, state) "
+                    "VALUES (:p, 'v1', :now, :now, 0, true, 'active')"
+                ),
+                {"p": str(PERIOD), "now": utcnow()},
+            )
+            session.execute(
+                text(
+                    "INSERT INTO report_items (period, user_id, state, attempts, created_at, updated_at) "
+                    "SELECT :p, id, CASE id % 4 WHEN 0 THEN 'delivered' WHEN 1 THEN 'dead' ELSE 'pending' END, 1, :now, :now "
+                    "FROM users"
+                ),
+                {"p": str(PERIOD), "now": utcnow()},
+            )
         before = counted_item_by_item(sessions)
 
         upgrade(settings)

@@ -67,14 +67,28 @@ def population(settings: Settings, sessions: sessionmaker[Session]) -> dict[int,
     """The users of :data:`SHAPES`, planned for the period, each with one activity after it too."""
     users, activities = [], []
     for user_id, shape in SHAPES.items():
-        users.append({"id": user_id, "email": f"user{user_id}@example.test", "name": f"User {user_id}",
-                      "active": True})
-        activities += [{"user_id": user_id, "occurred_at": datetime(2026, 10, 1 + k % 31, 12),
-                        "category": f"category {k % shape.categories}", "amount_cents": 100} for k in range(shape.in_period)]
-        activities += [{"user_id": user_id, "occurred_at": datetime(2026, 9, 1 + k % 30, 8),
-                        "category": f"category {k % shape.categories}", "amount_cents": 50} for k in range(shape.month_before)]
-        activities.append({"user_id": user_id, "occurred_at": datetime(2026, 11, 1), "category": "later",
-                           "amount_cents": 777})
+        users.append({"id": user_id, "email": f"user{user_id}@example.test", "name": f"User {user_id}", "active": True})
+        activities += [
+            {
+                "user_id": user_id,
+                "occurred_at": datetime(2026, 10, 1 + k % 31, 12),
+                "category": f"category {k % shape.categories}",
+                "amount_cents": 100,
+            }
+            for k in range(shape.in_period)
+        ]
+        activities += [
+            {
+                "user_id": user_id,
+                "occurred_at": datetime(2026, 9, 1 + k % 30, 8),
+                "category": f"category {k % shape.categories}",
+                "amount_cents": 50,
+            }
+            for k in range(shape.month_before)
+        ]
+        activities.append(
+            {"user_id": user_id, "occurred_at": datetime(2026, 11, 1), "category": "later", "amount_cents": 777}
+        )
     with sessions.begin() as session:
         session.execute(insert(User), users)
         session.execute(insert(Activity), activities)
@@ -111,8 +125,9 @@ def counting(engine: Engine) -> Iterator[Counted]:
         event.remove(engine, "begin", on_begin)
 
 
-def run_counted(settings: Settings, sessions: sessionmaker[Session], context: pipeline.Context,
-                user_id: int) -> Counted:
+def run_counted(
+    settings: Settings, sessions: sessionmaker[Session], context: pipeline.Context, user_id: int
+) -> Counted:
     engine = sessions.kw["bind"]
     with counting(engine) as counted:
         outcome = pipeline.run(context, ReportJob(PERIOD, user_id, settings.template_version))

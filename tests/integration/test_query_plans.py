@@ -33,9 +33,9 @@ FINISHED = 50
 def index_reads(sessions: sessionmaker[Session]) -> dict[str, tuple[int, int]]:
     """Index name → (scans, index entries read) on report_items, as the statistics collector has them."""
     with sessions() as session:
-        rows = session.execute(text(
-            "SELECT indexrelname, idx_scan, idx_tup_read FROM pg_stat_user_indexes WHERE relname = 'report_items'"
-        )).all()
+        rows = session.execute(
+            text("SELECT indexrelname, idx_scan, idx_tup_read FROM pg_stat_user_indexes WHERE relname = 'report_items'")
+        ).all()
     return {name: (scans, read) for name, scans, read in rows}
 
 
@@ -51,16 +51,22 @@ def finish_each(sessions: sessionmaker[Session], user_ids: range) -> list[bool]:
 def test_finishing_an_item_reads_its_own_index_entry_after_the_table_grew_from_empty(sessions):
     assert finish_each(sessions, range(1, WARM_UP + 1)) == [False] * WARM_UP
     with sessions.begin() as session:
-        session.execute(text(
-            "INSERT INTO report_items (period, user_id, state, attempts, created_at, updated_at) "
-            "SELECT :period, n, 'pending', 0, now(), now() FROM generate_series(1, :items) AS n"
-        ), {"period": str(PERIOD), "items": ITEMS})
+        session.execute(
+            text(
+                "INSERT INTO report_items (period, user_id, state, attempts, created_at, updated_at) "
+                "SELECT :period, n, 'pending', 0, now(), now() FROM generate_series(1, :items) AS n"
+            ),
+            {"period": str(PERIOD), "items": ITEMS},
+        )
 
     assert finish_each(sessions, range(1, FINISHED + 1)) == [True] * FINISHED
 
     # A backend reports its statistics when it ends.
     sessions.kw["bind"].dispose()
-    wait_until(lambda: sum(scans for scans, _ in index_reads(sessions).values()) >= WARM_UP + FINISHED,
-               timeout=10, what="the statistics of the finishing connection")
+    wait_until(
+        lambda: sum(scans for scans, _ in index_reads(sessions).values()) >= WARM_UP + FINISHED,
+        timeout=10,
+        what="the statistics of the finishing connection",
+    )
     reads = index_reads(sessions)
     assert sum(read for _, read in reads.values()) <= 2 * FINISHED, reads

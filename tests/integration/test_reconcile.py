@@ -51,10 +51,21 @@ class Recorder:
         return [user_id for batch in self.batches for user_id in batch]
 
 
-def run_reconcile(sessions: sessionmaker[Session], recorder: Recorder, *, now: datetime,
-                  stuck_after: timedelta = STUCK_AFTER, period: Period = PERIOD) -> Reconciliation:
+def run_reconcile(
+    sessions: sessionmaker[Session],
+    recorder: Recorder,
+    *,
+    now: datetime,
+    stuck_after: timedelta = STUCK_AFTER,
+    period: Period = PERIOD,
+) -> Reconciliation:
     return reconciling.reconcile(
-        sessions, period, recorder.send_jobs, recorder.send_coordinator, stuck_after=stuck_after, now=now,
+        sessions,
+        period,
+        recorder.send_jobs,
+        recorder.send_coordinator,
+        stuck_after=stuck_after,
+        now=now,
     )
 
 
@@ -83,8 +94,17 @@ def test_every_pending_item_untouched_past_the_threshold_is_re_enqueued_once(ses
     assert Counter(recorder.user_ids).most_common(1)[0][1] == 1
     active = len(population.active)
     assert found == Reconciliation(
-        period=str(PERIOD), planned=True, active_users=active, items=active, active_without_item=0,
-        finished=0, pending=active, requeued=active, waiting=0, coordinator_enqueued=False, walk_paused=False,
+        period=str(PERIOD),
+        planned=True,
+        active_users=active,
+        items=active,
+        active_without_item=0,
+        finished=0,
+        pending=active,
+        requeued=active,
+        waiting=0,
+        coordinator_enqueued=False,
+        walk_paused=False,
     )
     assert recorder.coordinators == []
 
@@ -137,10 +157,16 @@ def test_only_the_items_untouched_for_longer_than_the_threshold_are_re_enqueued(
     now = utcnow()
     old, fresh = population.active[::3], population.active[1::3]
     with sessions.begin() as session:
-        session.execute(update(ReportItem).where(ReportItem.user_id.in_(old))
-                        .values(updated_at=now - STUCK_AFTER - timedelta(seconds=1)))
-        session.execute(update(ReportItem).where(ReportItem.user_id.in_(fresh))
-                        .values(updated_at=now - STUCK_AFTER + timedelta(seconds=30)))
+        session.execute(
+            update(ReportItem)
+            .where(ReportItem.user_id.in_(old))
+            .values(updated_at=now - STUCK_AFTER - timedelta(seconds=1))
+        )
+        session.execute(
+            update(ReportItem)
+            .where(ReportItem.user_id.in_(fresh))
+            .values(updated_at=now - STUCK_AFTER + timedelta(seconds=30))
+        )
     recorder = Recorder()
 
     found = run_reconcile(sessions, recorder, now=now)
@@ -158,8 +184,9 @@ def test_an_item_with_a_live_delivery_claim_waits_until_its_lease_has_run_out(se
     claimed_user = population.active[3]
     now = later()
     with sessions.begin() as session:
-        claim = claims.take(session, PERIOD, claimed_user, message_id="in-flight", lease_seconds=180,
-                              now=now - timedelta(minutes=1))
+        claim = claims.take(
+            session, PERIOD, claimed_user, message_id="in-flight", lease_seconds=180, now=now - timedelta(minutes=1)
+        )
     assert claim is not None
 
     first = Recorder()
@@ -199,8 +226,7 @@ def test_a_sent_delivery_with_a_still_pending_item_is_re_enqueued_for_the_consum
     user_id = population.active[0]
     now = later()
     with sessions.begin() as session:
-        claim = claims.take(session, PERIOD, user_id, message_id="m", lease_seconds=600,
-                              now=now - timedelta(minutes=1))
+        claim = claims.take(session, PERIOD, user_id, message_id="m", lease_seconds=600, now=now - timedelta(minutes=1))
         assert claim is not None
         assert claims.complete(session, claim, now=now - timedelta(seconds=50))
     recorder = Recorder()
@@ -257,8 +283,9 @@ def test_a_period_with_every_item_finished_re_enqueues_nothing(sessions, setting
 def test_an_unfinished_walk_gets_its_coordinator_re_enqueued(sessions, settings):
     population = load_users(sessions, count=40)
     trigger(sessions, settings)
-    outcome = plan_slice(sessions, PERIOD, lambda payloads: len(list(payloads)),
-                         page_size=settings.plan_page_size, budget_seconds=0)
+    outcome = plan_slice(
+        sessions, PERIOD, lambda payloads: len(list(payloads)), page_size=settings.plan_page_size, budget_seconds=0
+    )
     assert not outcome.planned
     walked = sorted(item_user_ids(sessions))
     assert 0 < len(walked) < len(population.active)
@@ -304,10 +331,11 @@ def test_active_users_added_after_the_walk_are_counted_without_an_item(sessions,
     plan_everything(sessions, settings)
     newcomer, reactivated = 10_000, population.inactive[0]
     with sessions.begin() as session:
-        session.execute(text("INSERT INTO users (id, email, name, active) VALUES (:id, :email, :name, :active)"),
-                        {"id": newcomer, "email": "late@example.test", "name": "Late", "active": True})
-        session.execute(text("UPDATE users SET active = :active WHERE id = :id"),
-                        {"id": reactivated, "active": True})
+        session.execute(
+            text("INSERT INTO users (id, email, name, active) VALUES (:id, :email, :name, :active)"),
+            {"id": newcomer, "email": "late@example.test", "name": "Late", "active": True},
+        )
+        session.execute(text("UPDATE users SET active = :active WHERE id = :id"), {"id": reactivated, "active": True})
     recorder = Recorder()
 
     found = run_reconcile(sessions, recorder, now=later())
@@ -351,8 +379,9 @@ def test_many_stuck_items_are_re_enqueued_once_each_in_chunks(sessions, settings
     monkeypatch.setattr(reconciling, "CHUNK", 100)
     population = load_users(sessions, count=2_500, inactive_every=10_000)
     trigger(sessions, settings)
-    assert plan_slice(sessions, PERIOD, lambda payloads: len(list(payloads)), page_size=1_000,
-                      budget_seconds=60).planned
+    assert plan_slice(
+        sessions, PERIOD, lambda payloads: len(list(payloads)), page_size=1_000, budget_seconds=60
+    ).planned
     recorder = Recorder()
 
     found = run_reconcile(sessions, recorder, now=later())
@@ -373,8 +402,7 @@ def test_two_reconciles_at_once_re_enqueue_each_stuck_item_once_between_them(ses
     monkeypatch.setattr(reconciling, "CHUNK", 50)
     population = load_users(sessions, count=400, inactive_every=10_000)
     trigger(sessions, settings)
-    assert plan_slice(sessions, PERIOD, lambda payloads: len(list(payloads)), page_size=500,
-                      budget_seconds=60).planned
+    assert plan_slice(sessions, PERIOD, lambda payloads: len(list(payloads)), page_size=500, budget_seconds=60).planned
     now = later()
     recorders = [Recorder(), Recorder()]
 
@@ -384,8 +412,7 @@ def test_two_reconciles_at_once_re_enqueue_each_stuck_item_once_between_them(ses
             time.sleep(0.01)  # hold the transaction a moment, so the two really overlap
             return sent
 
-        reconciling.reconcile(sessions, PERIOD, slow_send, recorder.send_coordinator,
-                              stuck_after=STUCK_AFTER, now=now)
+        reconciling.reconcile(sessions, PERIOD, slow_send, recorder.send_coordinator, stuck_after=STUCK_AFTER, now=now)
 
     run_together(*(lambda recorder=recorder: run(recorder) for recorder in recorders))
 
@@ -402,10 +429,12 @@ def test_re_enqueued_items_are_really_in_redis_once_each(sessions, settings: Set
     assert queued_messages(settings.broker_url, settings.broker_namespace, BUILD_REPORT.queue) == 0
 
     found = reconciling.reconcile(
-        sessions, PERIOD,
+        sessions,
+        PERIOD,
         lambda payloads: send_many(broker, BUILD_REPORT, payloads),
         lambda walker, payload: send_coordinator(broker, walker, payload),
-        stuck_after=STUCK_AFTER, now=later(),
+        stuck_after=STUCK_AFTER,
+        now=later(),
     )
 
     assert found.requeued == len(population.active)
@@ -418,10 +447,12 @@ def test_an_unfinished_walk_really_gets_a_plan_period_message(sessions, settings
     trigger(sessions, settings)
 
     found = reconciling.reconcile(
-        sessions, PERIOD,
+        sessions,
+        PERIOD,
         lambda payloads: send_many(broker, BUILD_REPORT, payloads),
         lambda walker, payload: send_coordinator(broker, walker, payload),
-        stuck_after=STUCK_AFTER, now=later(),
+        stuck_after=STUCK_AFTER,
+        now=later(),
     )
 
     assert found.coordinator_enqueued
@@ -433,13 +464,15 @@ def test_reconcile_reads_items_it_did_not_change_unchanged(sessions, settings):
     population = load_users(sessions, count=6)
     plan_everything(sessions, settings)
     with sessions() as session:
-        before = {row.user_id: (row.enqueued_at, row.updated_at, row.attempts)
-                  for row in session.scalars(select(ReportItem))}
+        before = {
+            row.user_id: (row.enqueued_at, row.updated_at, row.attempts) for row in session.scalars(select(ReportItem))
+        }
 
     run_reconcile(sessions, Recorder(), now=later(minutes=5))
 
     with sessions() as session:
-        after = {row.user_id: (row.enqueued_at, row.updated_at, row.attempts)
-                 for row in session.scalars(select(ReportItem))}
+        after = {
+            row.user_id: (row.enqueued_at, row.updated_at, row.attempts) for row in session.scalars(select(ReportItem))
+        }
     assert after == before
     assert sorted(after) == population.active

@@ -39,29 +39,78 @@ USERS = 10
 DEAD_USER, REPLAYED_USER, RESEND_USER = 3, 4, 5
 
 
-def fill_period(session: Session, period: str, *, state: RunState = RunState.ACTIVE, planned: bool = True,
-                pending: int = 0, dead_user: int | None = None) -> None:
+def fill_period(
+    session: Session,
+    period: str,
+    *,
+    state: RunState = RunState.ACTIVE,
+    planned: bool = True,
+    pending: int = 0,
+    dead_user: int | None = None,
+) -> None:
     """A run of ``USERS`` items with reports; delivered ones have a sent delivery, ``dead_user``'s is dead."""
-    session.add(PeriodRun(period=period, state=state, template_version="v1", cursor=USERS, planned=planned,
-                          triggered_at=NOW, updated_at=NOW))
+    session.add(
+        PeriodRun(
+            period=period,
+            state=state,
+            template_version="v1",
+            cursor=USERS,
+            planned=planned,
+            triggered_at=NOW,
+            updated_at=NOW,
+        )
+    )
     for user_id in range(1, USERS + 1):
         item_state = ItemState.PENDING if user_id <= pending else ItemState.DELIVERED
         if user_id == dead_user:
             item_state = ItemState.DEAD
-        session.add(ReportItem(period=period, user_id=user_id, state=item_state, attempts=1, created_at=NOW,
-                               updated_at=NOW))
-        session.add(Report(period=period, user_id=user_id, template_version="v1", subject="s", body_text="t",
-                           body_html="<p>h</p>" * 50, rendered_at=NOW))
+        session.add(
+            ReportItem(period=period, user_id=user_id, state=item_state, attempts=1, created_at=NOW, updated_at=NOW)
+        )
+        session.add(
+            Report(
+                period=period,
+                user_id=user_id,
+                template_version="v1",
+                subject="s",
+                body_text="t",
+                body_html="<p>h</p>" * 50,
+                rendered_at=NOW,
+            )
+        )
         if item_state == ItemState.DELIVERED:
-            session.add(Delivery(period=period, user_id=user_id, state=DeliveryState.SENT, message_id="<m>",
-                                 claim_token="t", lease_expires_at=NOW, claimed_at=NOW, sent_at=NOW))
+            session.add(
+                Delivery(
+                    period=period,
+                    user_id=user_id,
+                    state=DeliveryState.SENT,
+                    message_id="<m>",
+                    claim_token="t",
+                    lease_expires_at=NOW,
+                    claimed_at=NOW,
+                    sent_at=NOW,
+                )
+            )
 
 
 def dead_letter(session: Session, period: str, user_id: int, *, replayed: bool) -> None:
-    session.add(DeadLetter(message_id=f"m-{period}-{user_id}", actor="build_report", queue="bulk", payload="{}",
-                           period=period, user_id=user_id, attempts=1, reason="permanent",
-                           error_class="MailRejected", error_message="550", first_failed_at=NOW, died_at=NOW,
-                           replayed_at=NOW if replayed else None))
+    session.add(
+        DeadLetter(
+            message_id=f"m-{period}-{user_id}",
+            actor="build_report",
+            queue="bulk",
+            payload="{}",
+            period=period,
+            user_id=user_id,
+            attempts=1,
+            reason="permanent",
+            error_class="MailRejected",
+            error_message="550",
+            first_failed_at=NOW,
+            died_at=NOW,
+            replayed_at=NOW if replayed else None,
+        )
+    )
 
 
 def add_users(session: Session) -> None:
@@ -78,9 +127,20 @@ def filled(sessions: sessionmaker[Session]) -> sessionmaker[Session]:
         fill_period(session, RECENT)
         dead_letter(session, OLD, DEAD_USER, replayed=False)
         dead_letter(session, OLD, REPLAYED_USER, replayed=True)
-        session.add(Resend(request_id="00000000-0000-0000-0000-000000000001", period=OLD, user_id=RESEND_USER,
-                           state=DeliveryState.SENT, message_id="<r>", claim_token="t", lease_expires_at=NOW,
-                           claimed_at=NOW, requested_at=NOW, sent_at=NOW))
+        session.add(
+            Resend(
+                request_id="00000000-0000-0000-0000-000000000001",
+                period=OLD,
+                user_id=RESEND_USER,
+                state=DeliveryState.SENT,
+                message_id="<r>",
+                claim_token="t",
+                lease_expires_at=NOW,
+                claimed_at=NOW,
+                requested_at=NOW,
+                sent_at=NOW,
+            )
+        )
     return sessions
 
 
@@ -92,17 +152,22 @@ def rows(sessions: sessionmaker[Session], model: type, period: str) -> list[int]
 
 def everything(sessions: sessionmaker[Session]) -> dict[str, int]:
     with sessions() as session:
-        return {model.__tablename__: session.scalar(select(func.count()).select_from(model)) or 0
-                for model in (PeriodRun, ReportItem, Report, Delivery, DeadLetter, Resend, ItemCount)}
+        return {
+            model.__tablename__: session.scalar(select(func.count()).select_from(model)) or 0
+            for model in (PeriodRun, ReportItem, Report, Delivery, DeadLetter, Resend, ItemCount)
+        }
 
 
-@pytest.mark.parametrize(("now", "months", "oldest_kept"), [
-    (datetime(2026, 12, 1), 12, "2025-12"),
-    (datetime(2026, 12, 31, 23, 59), 12, "2025-12"),
-    (datetime(2026, 1, 15), 1, "2025-12"),
-    (datetime(2026, 1, 15), 13, "2024-12"),
-    (datetime(2026, 3, 1), 1200, "1926-03"),
-])
+@pytest.mark.parametrize(
+    ("now", "months", "oldest_kept"),
+    [
+        (datetime(2026, 12, 1), 12, "2025-12"),
+        (datetime(2026, 12, 31, 23, 59), 12, "2025-12"),
+        (datetime(2026, 1, 15), 1, "2025-12"),
+        (datetime(2026, 1, 15), 13, "2024-12"),
+        (datetime(2026, 3, 1), 1200, "1926-03"),
+    ],
+)
 def test_the_cutoff_keeps_that_many_months_before_the_current_one(now, months, oldest_kept) -> None:
     assert str(retention.cutoff(now, months)) == oldest_kept
 
@@ -111,8 +176,13 @@ def test_an_old_period_loses_its_rows_but_not_what_an_unreplayed_dead_letter_nee
     result = retention.prune(filled, before=BEFORE, batch_size=3)
 
     assert [p.period for p in result.periods] == [OLD]
-    assert result.periods[0].deleted == {"reports": USERS - 1, "deliveries": USERS - 1, "report items": USERS - 1,
-                                         "send-now requests": 1, "replayed dead letters": 1}
+    assert result.periods[0].deleted == {
+        "reports": USERS - 1,
+        "deliveries": USERS - 1,
+        "report items": USERS - 1,
+        "send-now requests": 1,
+        "replayed dead letters": 1,
+    }
     assert result.finished
     # The dead-lettered user keeps the item its replay resets, and the report.
     assert rows(filled, ReportItem, OLD) == [DEAD_USER]
@@ -124,8 +194,10 @@ def test_an_old_period_loses_its_rows_but_not_what_an_unreplayed_dead_letter_nee
         # Progress counts what is left: the one dead item, nothing pending.
         left = progress.count(session, Period.parse(OLD))
         assert (left.total, left.dead, left.pending, left.complete) == (1, 1, 0, True)
-        assert session.scalar(select(func.count()).select_from(ItemCount)
-                              .where(ItemCount.period == OLD, ItemCount.n == 0)) == 0
+        assert (
+            session.scalar(select(func.count()).select_from(ItemCount).where(ItemCount.period == OLD, ItemCount.n == 0))
+            == 0
+        )
 
 
 def test_unfinished_and_recent_periods_are_kept_whole(filled) -> None:
@@ -163,8 +235,17 @@ def test_the_scheduler_prunes_monthly_once_across_replicas(filled, settings: Set
     configured = Settings(**{**{f: getattr(settings, f) for f in settings.__dataclass_fields__}, "retention_months": 2})
     broker = build_broker(configured)
     client = redis.Redis.from_url(configured.broker_url)
-    replicas = [SchedulerProcess(configured, Schedule.from_settings(configured), sessions=filled, broker=broker,
-                                 redis_client=client, clock=lambda: NOW) for _ in range(2)]
+    replicas = [
+        SchedulerProcess(
+            configured,
+            Schedule.from_settings(configured),
+            sessions=filled,
+            broker=broker,
+            redis_client=client,
+            clock=lambda: NOW,
+        )
+        for _ in range(2)
+    ]
 
     first, second = (replica.prune() for replica in replicas)
 
@@ -173,7 +254,8 @@ def test_the_scheduler_prunes_monthly_once_across_replicas(filled, settings: Set
     assert client.pttl(prune_lock_key(configured.broker_namespace)) > 0
     assert rows(filled, ReportItem, OLD) == [DEAD_USER]
     assert "prune" in {job.id for job in replicas[0].build_scheduler().get_jobs()}
-    unset = SchedulerProcess(settings, Schedule.from_settings(settings), sessions=filled, broker=broker,
-                             redis_client=client)
+    unset = SchedulerProcess(
+        settings, Schedule.from_settings(settings), sessions=filled, broker=broker, redis_client=client
+    )
     assert "prune" not in {job.id for job in unset.build_scheduler().get_jobs()}
     broker.close()

@@ -21,9 +21,22 @@ from tests.conftest import missing
 
 
 def _redis_on(port: int, folder: Path) -> subprocess.Popen[bytes]:
-    server = subprocess.Popen([shutil.which("redis-server") or "redis-server", "--port", str(port), "--bind",
-                               "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(folder)],
-                              stdout=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [
+            shutil.which("redis-server") or "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(folder),
+        ],
+        stdout=subprocess.DEVNULL,
+    )
     client = redis.Redis(port=port)
     deadline = time.monotonic() + 10
     while True:
@@ -44,13 +57,18 @@ def test_a_retry_that_cannot_be_enqueued_holds_the_message_until_redis_is_back(t
     server = _redis_on(port, tmp_path)
     broker = RedisBroker(url=f"redis://127.0.0.1:{port}/0", namespace="retry-test")
     retries = JitteredRetries(max_retries=5, min_backoff_ms=10, max_backoff_ms=20, on_dead=lambda _dead: None)
-    message = MessageProxy(dramatiq.Message(queue_name="bulk", actor_name="build_report", args=("2026-10", 7, "v1"),
-                                            kwargs={}, options={}))
+    message = MessageProxy(
+        dramatiq.Message(queue_name="bulk", actor_name="build_report", args=("2026-10", 7, "v1"), kwargs={}, options={})
+    )
     server.terminate()
     server.wait(timeout=10)  # a failover: the enqueue of the retry fails
 
-    hook = threading.Thread(target=retries.after_process_message, args=(broker, message),
-                            kwargs={"exception": ProviderUnavailable()}, daemon=True)
+    hook = threading.Thread(
+        target=retries.after_process_message,
+        args=(broker, message),
+        kwargs={"exception": ProviderUnavailable()},
+        daemon=True,
+    )
     hook.start()
     hook.join(timeout=1.5)
     # Dramatiq acks the message as soon as this hook returns: it must not return while Redis is away.
@@ -64,7 +82,10 @@ def test_a_retry_that_cannot_be_enqueued_holds_the_message_until_redis_is_back(t
         [redis_id] = client.lrange("retry-test:bulk.DQ", 0, -1)
         retried = dramatiq.Message.decode(client.hget("retry-test:bulk.DQ.msgs", redis_id))
         assert (retried.message_id, retried.args, retried.options["retries"]) == (
-            message.message_id, ("2026-10", 7, "v1"), 1)
+            message.message_id,
+            ("2026-10", 7, "v1"),
+            1,
+        )
     finally:
         server.terminate()
         server.wait(timeout=10)

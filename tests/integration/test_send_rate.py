@@ -84,7 +84,9 @@ def test_a_wait_longer_than_the_caller_will_sleep_reserves_nothing(new_limiter: 
 
 
 def test_pace_sleeps_for_a_near_slot_and_defers_a_far_one_without_a_retry(
-    new_limiter: NewLimiter, redis_url: str, broker_namespace: str,
+    new_limiter: NewLimiter,
+    redis_url: str,
+    broker_namespace: str,
 ) -> None:
     limiter = new_limiter(per_second=2)
     slept: list[float] = []
@@ -105,10 +107,16 @@ def test_without_a_rate_pace_neither_waits_nor_calls_redis() -> None:
     pace(None, T0, max_sleep_ms=0, sleep=lambda _s: pytest.fail("slept"))
 
 
-def test_the_exporter_counts_throttled_sends_from_zero(new_limiter: NewLimiter, redis_url: str,
-                                                        broker_namespace: str, sessions) -> None:
-    collector = ReportsCollector(redis.Redis.from_url(redis_url), namespace=broker_namespace, sessions=sessions,
-                                 queues=(), breaker_name=f"{broker_namespace}:breaker:mail")
+def test_the_exporter_counts_throttled_sends_from_zero(
+    new_limiter: NewLimiter, redis_url: str, broker_namespace: str, sessions
+) -> None:
+    collector = ReportsCollector(
+        redis.Redis.from_url(redis_url),
+        namespace=broker_namespace,
+        sessions=sessions,
+        queues=(),
+        breaker_name=f"{broker_namespace}:breaker:mail",
+    )
 
     def samples() -> dict[str, float]:
         family = next(f for f in collector.collect() if f.name == "reports_send_throttled")
@@ -127,8 +135,9 @@ RATE = 40.0
 SECONDS = 4.0
 
 
-def _send_in_threads(redis_url: str, namespace: str, go: Any, start: Any, threads: int, max_sleep_ms: float,
-                     sent: multiprocessing.Queue) -> None:
+def _send_in_threads(
+    redis_url: str, namespace: str, go: Any, start: Any, threads: int, max_sleep_ms: float, sent: multiprocessing.Queue
+) -> None:
     """One "worker process": ``threads`` threads pacing sends from ``start`` for ``SECONDS``."""
     client = redis.Redis.from_url(redis_url)
     limiter = SendRate(client, namespace=namespace, per_second=RATE, burst=5)
@@ -160,9 +169,10 @@ def _run_two_processes(redis_url: str, namespace: str, *, threads: int, max_slee
     context = multiprocessing.get_context("spawn")
     sent: multiprocessing.Queue = context.Queue()
     go, start = context.Event(), context.Value("d", 0.0)
-    processes = [context.Process(target=_send_in_threads,
-                                 args=(redis_url, namespace, go, start, threads, max_sleep_ms, sent))
-                 for _ in range(2)]
+    processes = [
+        context.Process(target=_send_in_threads, args=(redis_url, namespace, go, start, threads, max_sleep_ms, sent))
+        for _ in range(2)
+    ]
     for process in processes:
         process.start()
     try:
@@ -179,8 +189,9 @@ def _run_two_processes(redis_url: str, namespace: str, *, threads: int, max_slee
 
 
 @pytest.mark.parametrize(("threads", "max_sleep_ms"), [(4, 1000), (16, 20)], ids=["waiting", "deferring"])
-def test_threads_in_two_processes_send_at_the_rate_and_no_faster(redis_url: str, broker_namespace: str,
-                                                                 threads: int, max_sleep_ms: float) -> None:
+def test_threads_in_two_processes_send_at_the_rate_and_no_faster(
+    redis_url: str, broker_namespace: str, threads: int, max_sleep_ms: float
+) -> None:
     sent = _run_two_processes(redis_url, broker_namespace, threads=threads, max_sleep_ms=max_sleep_ms)
     expected = 5 + RATE * SECONDS  # the burst, then the rate
     assert abs(len(sent) - expected) <= 0.05 * expected, (len(sent), expected)

@@ -234,7 +234,9 @@ def test_a_550_to_the_recipient_rejects_the_message_and_the_next_one_goes_over_t
 def test_a_554_to_the_content_rejects_the_message_and_the_next_one_goes_over_the_same_connection(
     provider: Provider,
 ) -> None:
-    provider.handler.fault = lambda rcpt, attempt: "554 5.6.0 Message content rejected" if rcpt.startswith("spam") else None
+    provider.handler.fault = lambda rcpt, attempt: (
+        "554 5.6.0 Message content rejected" if rcpt.startswith("spam") else None
+    )
     mailer = SmtpMailer(provider.url, timeout_seconds=5, sender=SENDER)
 
     with pytest.raises(MailRejected) as rejected:

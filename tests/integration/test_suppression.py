@@ -34,8 +34,9 @@ def suppress(sessions, user_id: int, reason: SuppressionReason = SuppressionReas
 
 def item_states(sessions) -> dict[int, str]:  # type: ignore[no-untyped-def]
     with sessions() as session:
-        return dict(session.execute(select(ReportItem.user_id, ReportItem.state)
-                                    .where(ReportItem.period == str(PERIOD))).all())
+        return dict(
+            session.execute(select(ReportItem.user_id, ReportItem.state).where(ReportItem.period == str(PERIOD))).all()
+        )
 
 
 def test_the_coordinator_does_not_plan_suppressed_users(settings, sessions):
@@ -85,7 +86,9 @@ def test_every_email_carries_the_users_signed_one_click_unsubscribe_link(setting
 def test_a_5xx_to_rcpt_to_suppresses_the_user_as_bounced(settings, sessions, context, smtp_server):
     load_users(sessions, count=3)
     plan_everything(sessions, settings)
-    smtp_server.handler.rcpt_fault = lambda address: "550 5.1.1 No such user here" if address.startswith("user2@") else None
+    smtp_server.handler.rcpt_fault = lambda address: (
+        "550 5.1.1 No such user here" if address.startswith("user2@") else None
+    )
 
     with pytest.raises(MailRejected) as rejected:
         pipeline.run(context, ReportJob(PERIOD, 2, "v2"))

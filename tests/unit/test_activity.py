@@ -56,9 +56,7 @@ def test_a_category_seen_only_in_the_month_before_is_not_listed() -> None:
             ["fees", "food", "refund"],
             id="negative-totals-last",
         ),
-        pytest.param(
-            [(True, "many", 50, 100), (True, "few", 1, 200)], ["few", "many"], id="total-not-count-decides"
-        ),
+        pytest.param([(True, "many", 50, 100), (True, "few", 1, 200)], ["few", "many"], id="total-not-count-decides"),
     ],
 )
 def test_categories_are_ordered_largest_total_first_then_by_name(rows: list[Row], order: list[str]) -> None:

@@ -42,8 +42,11 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("exception", "permanent", "provider_failure"), CASES,
-                         ids=[f"{type(e).__name__}-{getattr(e, 'code', '')}" for e, _, _ in CASES])
+@pytest.mark.parametrize(
+    ("exception", "permanent", "provider_failure"),
+    CASES,
+    ids=[f"{type(e).__name__}-{getattr(e, 'code', '')}" for e, _, _ in CASES],
+)
 def test_each_failure_is_classified_once_for_retries_and_for_the_breaker(
     exception: BaseException, permanent: bool, provider_failure: bool
 ) -> None:

@@ -11,8 +11,18 @@ from reports.content.formats import for_locale
 from reports.errors import ConfigurationError
 from reports.periods import Period
 
-LOCALES = [("en_US", "USD"), ("de_DE", "EUR"), ("fr_FR", "EUR"), ("nl_NL", "EUR"), ("en_GB", "GBP"),
-           ("ja_JP", "JPY"), ("hi_IN", "INR"), ("sv_SE", "SEK"), ("pt_BR", "BRL"), ("ar_BH", "BHD")]
+LOCALES = [
+    ("en_US", "USD"),
+    ("de_DE", "EUR"),
+    ("fr_FR", "EUR"),
+    ("nl_NL", "EUR"),
+    ("en_GB", "GBP"),
+    ("ja_JP", "JPY"),
+    ("hi_IN", "INR"),
+    ("sv_SE", "SEK"),
+    ("pt_BR", "BRL"),
+    ("ar_BH", "BHD"),
+]
 AMOUNTS = [0, 5, 99, 100, 123_456, 100_000_000, -5, -123_456, 1_234_567_891, 999_999_999_999]
 
 
@@ -47,8 +57,9 @@ def test_a_percentage_has_one_decimal_in_the_locales_form(locale: str, tenths: i
     assert for_locale(locale, "EUR").percent(tenths) == text
 
 
-@pytest.mark.parametrize(("locale", "text"), [("en_US", "October 2026"), ("de_DE", "Oktober 2026"),
-                                              ("fr_FR", "octobre 2026")])
+@pytest.mark.parametrize(
+    ("locale", "text"), [("en_US", "October 2026"), ("de_DE", "Oktober 2026"), ("fr_FR", "octobre 2026")]
+)
 def test_the_month_is_named_in_the_locale(locale: str, text: str) -> None:
     assert for_locale(locale, "EUR").month(Period(2026, 10)) == text
 

@@ -34,9 +34,7 @@ def report_payload(**overrides: Any) -> dict[str, Any]:
         (report_payload(template_version="x" * 32), Period(2026, 10), 42, "x" * 32),
     ],
 )
-def test_a_valid_report_payload_is_parsed(
-    payload: dict[str, Any], period: Period, user_id: int, version: str
-) -> None:
+def test_a_valid_report_payload_is_parsed(payload: dict[str, Any], period: Period, user_id: int, version: str) -> None:
     job = ReportJob.parse((), payload)
     assert job == ReportJob(period=period, user_id=user_id, template_version=version)
 
@@ -201,9 +199,7 @@ def test_a_valid_plan_payload_is_parsed(text: str, period: Period) -> None:
         pytest.param((), {"period": None}, "period must be a string", id="none"),
     ],
 )
-def test_an_invalid_plan_payload_is_rejected(
-    args: tuple[Any, ...], kwargs: dict[str, Any], message: str
-) -> None:
+def test_an_invalid_plan_payload_is_rejected(args: tuple[Any, ...], kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(InvalidPayload, match=message):
         PlanJob.parse(args, kwargs)
 

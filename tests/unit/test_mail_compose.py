@@ -30,9 +30,7 @@ def rendered_factory(**overrides: str) -> RenderedReport:
     return RenderedReport(**{**fields, **overrides})
 
 
-def compose_for(
-    to: Address, *, user_id: int = 42, period: Period = OCTOBER, **overrides: object
-) -> bytes:
+def compose_for(to: Address, *, user_id: int = 42, period: Period = OCTOBER, **overrides: object) -> bytes:
     arguments: dict[str, object] = {
         "to": to,
         "mail_from": "Monthly Reports <reports@reports.test>",
@@ -64,9 +62,7 @@ def test_the_message_id_names_the_period_and_user_under_the_domain() -> None:
 
 
 def test_the_message_id_is_the_same_on_every_call_for_the_same_period_and_user() -> None:
-    assert message_id(Period(2026, 10), 42, "reports.test") == message_id(
-        Period.parse("2026-10"), 42, "reports.test"
-    )
+    assert message_id(Period(2026, 10), 42, "reports.test") == message_id(Period.parse("2026-10"), 42, "reports.test")
 
 
 @pytest.mark.parametrize(
@@ -78,9 +74,7 @@ def test_the_message_id_is_the_same_on_every_call_for_the_same_period_and_user()
         ((Period(2026, 10), 1), (Period(2026, 10), 11)),
     ],
 )
-def test_different_periods_or_users_get_different_message_ids(
-    a: tuple[Period, int], b: tuple[Period, int]
-) -> None:
+def test_different_periods_or_users_get_different_message_ids(a: tuple[Period, int], b: tuple[Period, int]) -> None:
     assert message_id(*a, "reports.test") != message_id(*b, "reports.test")
 
 
@@ -201,8 +195,18 @@ def test_the_report_headers_are_present() -> None:
 
 
 @pytest.mark.parametrize(
-    "header", ["To", "From", "Subject", "Date", "Message-ID", "X-Report-Period", "X-Report-User-Id",
-               "List-Unsubscribe", "List-Unsubscribe-Post"]
+    "header",
+    [
+        "To",
+        "From",
+        "Subject",
+        "Date",
+        "Message-ID",
+        "X-Report-Period",
+        "X-Report-User-Id",
+        "List-Unsubscribe",
+        "List-Unsubscribe-Post",
+    ],
 )
 def test_each_header_appears_exactly_once(header: str) -> None:
     parsed = reparse(compose_for(recipient("ada@example.com", INJECTION)))
@@ -215,13 +219,16 @@ def test_the_message_carries_one_click_unsubscribe_headers() -> None:
     assert parsed["List-Unsubscribe-Post"] == "List-Unsubscribe=One-Click"
 
 
-@pytest.mark.parametrize("url", [
-    "https://reports.test/u/1>, <mailto:evil@example.com",
-    "https://reports.test/u/1\r\nBcc: evil@example.com",
-    "https://reports.test/u/1 x",
-    "https://réports.test/u/1",
-    "javascript:alert(1)",
-])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://reports.test/u/1>, <mailto:evil@example.com",
+        "https://reports.test/u/1\r\nBcc: evil@example.com",
+        "https://reports.test/u/1 x",
+        "https://réports.test/u/1",
+        "javascript:alert(1)",
+    ],
+)
 def test_an_unsubscribe_url_that_could_bend_the_header_is_refused(url: str) -> None:
     with pytest.raises(PermanentError):
         compose_for(recipient("ada@example.com", "Ada"), unsubscribe_url=url)
@@ -260,9 +267,19 @@ def test_a_non_ascii_address_is_rejected_or_written_as_a_valid_to_header(address
 # --- user text cannot add a header line, on any Python version ---------------------------------
 
 #: The headers compose sets, in order; a message with any other header line was injected into.
-OUR_HEADERS = ["From", "To", "Subject", "Date", "Message-ID", "X-Report-Period", "X-Report-User-Id",
-               "List-Unsubscribe", "List-Unsubscribe-Post",
-               "MIME-Version", "Content-Type"]
+OUR_HEADERS = [
+    "From",
+    "To",
+    "Subject",
+    "Date",
+    "Message-ID",
+    "X-Report-Period",
+    "X-Report-User-Id",
+    "List-Unsubscribe",
+    "List-Unsubscribe-Post",
+    "MIME-Version",
+    "Content-Type",
+]
 
 ATTACKS = [
     pytest.param(INJECTION, id="crlf"),
@@ -309,10 +326,16 @@ def test_a_hostile_name_in_the_subject_adds_no_header_line(name: str) -> None:
 
 
 def compose_with_subject(subject: str) -> bytes:
-    return compose(rendered_factory(subject=subject), to=recipient("ada@example.com", "Ada"),
-                   mail_from="Reports <reports@reports.test>", period=OCTOBER, user_id=42,
-                   date=datetime(2026, 11, 1, 6, 0), message_id=message_id(OCTOBER, 42, "reports.test"),
-                   unsubscribe_url="https://reports.test/u/42.abcd.0123456789abcdefghij_-")
+    return compose(
+        rendered_factory(subject=subject),
+        to=recipient("ada@example.com", "Ada"),
+        mail_from="Reports <reports@reports.test>",
+        period=OCTOBER,
+        user_id=42,
+        date=datetime(2026, 11, 1, 6, 0),
+        message_id=message_id(OCTOBER, 42, "reports.test"),
+        unsubscribe_url="https://reports.test/u/42.abcd.0123456789abcdefghij_-",
+    )
 
 
 def header_field(raw: bytes, name: bytes) -> list[bytes]:
@@ -351,10 +374,19 @@ def rfc2047_display_name(message: bytes) -> str:
 
 @pytest.mark.parametrize(
     "name",
-    ["Zo\u00eb \u00c5str\u00f6m", "Jos\u00e9 Mar\u00eda Garc\u00eda", "\u674e\u5c0f\u9f8d", "Fran\u00e7ois O'Brien",
-     "\u0410\u043b\u0435\u043a\u0441\u0430\u043d\u0434\u0440 \u041f\u0443\u0448\u043a\u0438\u043d",
-     "\U0001f600 Smiley", "Lovelace, Ada", 'Ada "the Countess" L.', "Ada (admin)", "Ada Lovelace",
-     "=?utf-8?q?Ada?="],
+    [
+        "Zo\u00eb \u00c5str\u00f6m",
+        "Jos\u00e9 Mar\u00eda Garc\u00eda",
+        "\u674e\u5c0f\u9f8d",
+        "Fran\u00e7ois O'Brien",
+        "\u0410\u043b\u0435\u043a\u0441\u0430\u043d\u0434\u0440 \u041f\u0443\u0448\u043a\u0438\u043d",
+        "\U0001f600 Smiley",
+        "Lovelace, Ada",
+        'Ada "the Countess" L.',
+        "Ada (admin)",
+        "Ada Lovelace",
+        "=?utf-8?q?Ada?=",
+    ],
 )
 def test_a_name_is_shown_by_a_mail_reader_exactly_as_it_is(name: str) -> None:
     message = compose_for(recipient("ada@example.com", name))
@@ -364,9 +396,14 @@ def test_a_name_is_shown_by_a_mail_reader_exactly_as_it_is(name: str) -> None:
 
 @pytest.mark.parametrize(
     "name",
-    [("\u0410\u043b\u0435\u043a\u0441\u0430\u043d\u0434\u0440 \u0421\u0435\u0440\u0433\u0435\u0435\u0432\u0438\u0447"
-      " \u041f\u0443\u0448\u043a\u0438\u043d"),
-     "\u674e\u5c0f\u9f8d" * 21, "Zo\u00eb \u00c5str\u00f6m-" * 5],
+    [
+        (
+            "\u0410\u043b\u0435\u043a\u0441\u0430\u043d\u0434\u0440 \u0421\u0435\u0440\u0433\u0435\u0435\u0432\u0438\u0447"
+            " \u041f\u0443\u0448\u043a\u0438\u043d"
+        ),
+        "\u674e\u5c0f\u9f8d" * 21,
+        "Zo\u00eb \u00c5str\u00f6m-" * 5,
+    ],
 )
 def test_a_name_too_long_for_one_encoded_word_is_shown_exactly_by_an_rfc_2047_reader(name: str) -> None:
     cleaned = display_name(name)
@@ -385,13 +422,16 @@ def test_a_non_ascii_subject_is_shown_exactly() -> None:
     assert str(reparse(message)["Subject"]) == " ".join(subject.split())
 
 
-@pytest.mark.parametrize("block", [
-    pytest.param(b"Subject: Hello\r\nBcc: x@evil.test\r\n", id="a-line-of-its-own"),
-    pytest.param(b"Subject: Hello\nBcc: x@evil.test\r\n", id="a-bare-lf"),
-    pytest.param(b"Subject: Hello\rBcc: x@evil.test\r\n", id="a-bare-cr"),
-    pytest.param(b"Subject: Hello\r\n\r\nYour account is closed\r\n", id="a-blank-line-then-a-body"),
-    pytest.param(b"Subject: Hello", id="an-unended-block"),
-])
+@pytest.mark.parametrize(
+    "block",
+    [
+        pytest.param(b"Subject: Hello\r\nBcc: x@evil.test\r\n", id="a-line-of-its-own"),
+        pytest.param(b"Subject: Hello\nBcc: x@evil.test\r\n", id="a-bare-lf"),
+        pytest.param(b"Subject: Hello\rBcc: x@evil.test\r\n", id="a-bare-cr"),
+        pytest.param(b"Subject: Hello\r\n\r\nYour account is closed\r\n", id="a-blank-line-then-a-body"),
+        pytest.param(b"Subject: Hello", id="an-unended-block"),
+    ],
+)
 def test_a_header_block_that_would_add_a_line_of_its_own_is_refused(block: bytes) -> None:
     with pytest.raises(PermanentError, match="add a line"):
         check_header_block(block)

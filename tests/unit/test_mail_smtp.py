@@ -12,30 +12,14 @@ from reports.errors import ConfigurationError
     ("url", "host", "port", "implicit_tls", "starttls"),
     [
         pytest.param("smtp://mail.example.com", "mail.example.com", 25, False, False, id="smtp-default-port"),
-        pytest.param(
-            "smtp://mail.example.com:2525", "mail.example.com", 2525, False, False, id="smtp-own-port"
-        ),
-        pytest.param(
-            "smtps://mail.example.com", "mail.example.com", 465, True, False, id="smtps-default-port"
-        ),
-        pytest.param(
-            "smtps://mail.example.com:1465", "mail.example.com", 1465, True, False, id="smtps-own-port"
-        ),
-        pytest.param(
-            "smtp://mail.example.com:587?starttls=true", "mail.example.com", 587, False, True, id="starttls"
-        ),
-        pytest.param(
-            "smtp://mail.example.com:587?starttls=TRUE", "mail.example.com", 587, False, True, id="upper"
-        ),
-        pytest.param(
-            "smtp://mail.example.com:587?starttls=1", "mail.example.com", 587, False, True, id="one"
-        ),
-        pytest.param(
-            "smtp://mail.example.com:587?starttls=yes", "mail.example.com", 587, False, True, id="yes"
-        ),
-        pytest.param(
-            "smtp://mail.example.com?starttls=false", "mail.example.com", 25, False, False, id="false"
-        ),
+        pytest.param("smtp://mail.example.com:2525", "mail.example.com", 2525, False, False, id="smtp-own-port"),
+        pytest.param("smtps://mail.example.com", "mail.example.com", 465, True, False, id="smtps-default-port"),
+        pytest.param("smtps://mail.example.com:1465", "mail.example.com", 1465, True, False, id="smtps-own-port"),
+        pytest.param("smtp://mail.example.com:587?starttls=true", "mail.example.com", 587, False, True, id="starttls"),
+        pytest.param("smtp://mail.example.com:587?starttls=TRUE", "mail.example.com", 587, False, True, id="upper"),
+        pytest.param("smtp://mail.example.com:587?starttls=1", "mail.example.com", 587, False, True, id="one"),
+        pytest.param("smtp://mail.example.com:587?starttls=yes", "mail.example.com", 587, False, True, id="yes"),
+        pytest.param("smtp://mail.example.com?starttls=false", "mail.example.com", 25, False, False, id="false"),
         pytest.param("smtp://mail.example.com?starttls=0", "mail.example.com", 25, False, False, id="zero"),
         pytest.param("smtp://127.0.0.1:1025", "127.0.0.1", 1025, False, False, id="ip-address"),
     ],
@@ -82,11 +66,14 @@ def test_the_password_is_not_shown_in_the_targets_repr() -> None:
     assert "s3cret" not in repr(SmtpTarget.from_url("smtps://user:s3cret@mail.example.com"))
 
 
-@pytest.mark.parametrize("url", [
-    "smtp://user:s3cret@mail.example.com:587",
-    "smtp://user:s3cret@mail.example.com:587?starttls=false",
-    "smtp://user@mail.example.com:25",
-])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "smtp://user:s3cret@mail.example.com:587",
+        "smtp://user:s3cret@mail.example.com:587?starttls=false",
+        "smtp://user@mail.example.com:25",
+    ],
+)
 def test_credentials_without_tls_are_refused(url: str) -> None:
     with pytest.raises(ConfigurationError, match="no TLS") as caught:
         SmtpTarget.from_url(url)

@@ -102,9 +102,7 @@ def test_next_then_previous_returns_the_same_month(month: int) -> None:
         (Period(2024, 2), datetime(2024, 2, 1), datetime(2024, 3, 1)),
     ],
 )
-def test_start_and_end_bound_the_month_as_naive_utc_datetimes(
-    period: Period, start: datetime, end: datetime
-) -> None:
+def test_start_and_end_bound_the_month_as_naive_utc_datetimes(period: Period, start: datetime, end: datetime) -> None:
     assert period.start == start
     assert period.end == end
     assert period.start.tzinfo is None and period.end.tzinfo is None

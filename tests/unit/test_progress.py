@@ -31,9 +31,7 @@ def progress_factory(**overrides: object) -> Progress:
         pytest.param(False, 5, False, id="still-planning-some-pending"),
     ],
 )
-def test_a_period_is_complete_when_planned_and_nothing_is_pending(
-    planned: bool, pending: int, complete: bool
-) -> None:
+def test_a_period_is_complete_when_planned_and_nothing_is_pending(planned: bool, pending: int, complete: bool) -> None:
     progress = progress_factory(planned=planned, pending=pending, delivered=9 - pending, total=12)
     assert progress.complete is complete
 
@@ -76,16 +74,12 @@ def test_as_dict_carries_the_figures_and_the_completion() -> None:
         (3, 4, 5, 0, True),
     ],
 )
-def test_the_states_add_up_to_the_total(
-    delivered: int, skipped: int, dead: int, pending: int, planned: bool
-) -> None:
+def test_the_states_add_up_to_the_total(delivered: int, skipped: int, dead: int, pending: int, planned: bool) -> None:
     total = delivered + skipped + dead + pending
     figures = progress_factory(
         total=total, planned=planned, delivered=delivered, skipped=skipped, dead=dead, pending=pending
     ).as_dict()
-    assert (
-        figures["delivered"] + figures["skipped"] + figures["dead"] + figures["pending"] == figures["total"]
-    )
+    assert figures["delivered"] + figures["skipped"] + figures["dead"] + figures["pending"] == figures["total"]
     assert figures["complete"] is (planned and pending == 0)
 
 

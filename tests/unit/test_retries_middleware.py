@@ -69,8 +69,14 @@ def harness(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Harness]]
     # Whatever broker was global before comes back at teardown.
     monkeypatch.setattr(dramatiq.broker, "global_broker", None)
 
-    def build(*, max_retries: int = 3, min_backoff_ms: int = 1, max_backoff_ms: int = 10,
-              on_dead: Callable[[DeadMessage], None] | None = None, seed: int = 1) -> Harness:
+    def build(
+        *,
+        max_retries: int = 3,
+        min_backoff_ms: int = 1,
+        max_backoff_ms: int = 10,
+        on_dead: Callable[[DeadMessage], None] | None = None,
+        seed: int = 1,
+    ) -> Harness:
         # Dramatiq's own Retries is left out, as in reports.worker.broker.build_broker.
         broker = StubBroker(middleware=[m() for m in default_middleware if m is not Retries])
         recorder = RecordDelays()
@@ -82,8 +88,11 @@ def harness(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Harness]]
                 harness.dead.append(dead)
 
         harness.retries = JitteredRetries(
-            max_retries=max_retries, min_backoff_ms=min_backoff_ms, max_backoff_ms=max_backoff_ms,
-            on_dead=on_dead or collect, rng=random.Random(seed),
+            max_retries=max_retries,
+            min_backoff_ms=min_backoff_ms,
+            max_backoff_ms=max_backoff_ms,
+            on_dead=on_dead or collect,
+            rng=random.Random(seed),
         )
         broker.add_middleware(harness.retries)
         broker.add_middleware(recorder)
@@ -331,8 +340,11 @@ def test_five_hundred_messages_failing_at_once_are_retried_spread_over_the_whole
 # --- When the dead-letter store is down ------------------------------------------------------
 
 
-@pytest.mark.parametrize(("error", "max_retries"), [(InvalidRecipient(), 3), (ProviderUnavailable(), 1)],
-                         ids=["permanent", "retries_exhausted"])
+@pytest.mark.parametrize(
+    ("error", "max_retries"),
+    [(InvalidRecipient(), 3), (ProviderUnavailable(), 1)],
+    ids=["permanent", "retries_exhausted"],
+)
 def test_a_dead_letter_that_cannot_be_stored_stays_in_dramatiqs_dead_letter_queue(
     harness, error: Exception, max_retries: int
 ) -> None:

@@ -33,8 +33,13 @@ def periods(*texts: str) -> list[Period]:
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("00:00", time(0, 0)), ("06:00", time(6, 0)), ("09:05", time(9, 5)), ("12:30", time(12, 30)),
-     ("23:59", time(23, 59))],
+    [
+        ("00:00", time(0, 0)),
+        ("06:00", time(6, 0)),
+        ("09:05", time(9, 5)),
+        ("12:30", time(12, 30)),
+        ("23:59", time(23, 59)),
+    ],
 )
 def test_a_well_formed_time_is_parsed(text: str, expected: time) -> None:
     assert parse_time(text) == expected
@@ -72,8 +77,7 @@ def test_an_iana_timezone_is_accepted(name: str) -> None:
     assert str(parse_timezone(name)) == name
 
 
-@pytest.mark.parametrize("name", ["Mars/Base", "America", "utc", "../etc/passwd", "/usr/share/zoneinfo/UTC",
-                                  "+02:00"])
+@pytest.mark.parametrize("name", ["Mars/Base", "America", "utc", "../etc/passwd", "/usr/share/zoneinfo/UTC", "+02:00"])
 def test_an_unknown_timezone_is_a_configuration_error_naming_the_variable(name: str) -> None:
     with pytest.raises(ConfigurationError, match="SCHEDULE_TIMEZONE must be an IANA timezone"):
         parse_timezone(name)
@@ -114,15 +118,20 @@ def test_the_schedule_is_validated_from_the_settings() -> None:
         pytest.param("2026-02", time(6, 0), NEW_YORK, datetime(2026, 3, 1, 11, 0), id="new-york-est-before-dst"),
         pytest.param("2026-03", time(6, 0), NEW_YORK, datetime(2026, 4, 1, 10, 0), id="new-york-edt"),
         pytest.param("2026-09", time(6, 0), NEW_YORK, datetime(2026, 10, 1, 10, 0), id="new-york-edt-autumn"),
-        pytest.param("2026-10", time(6, 0), NEW_YORK, datetime(2026, 11, 1, 11, 0),
-                     id="new-york-fall-back-day-after-the-change"),
-        pytest.param("2026-10", time(1, 30), NEW_YORK, datetime(2026, 11, 1, 5, 30),
-                     id="new-york-repeated-hour-reads-the-first-edt"),
+        pytest.param(
+            "2026-10", time(6, 0), NEW_YORK, datetime(2026, 11, 1, 11, 0), id="new-york-fall-back-day-after-the-change"
+        ),
+        pytest.param(
+            "2026-10",
+            time(1, 30),
+            NEW_YORK,
+            datetime(2026, 11, 1, 5, 30),
+            id="new-york-repeated-hour-reads-the-first-edt",
+        ),
         pytest.param("2026-12", time(6, 0), NEW_YORK, datetime(2027, 1, 1, 11, 0), id="new-york-est-new-year"),
         # Tokyo is UTC+9 all year: the local 1st at 00:30 is the previous UTC day.
         pytest.param("2026-10", time(0, 30), TOKYO, datetime(2026, 10, 31, 15, 30), id="tokyo-previous-utc-day"),
-        pytest.param("2026-12", time(0, 30), TOKYO, datetime(2026, 12, 31, 15, 30),
-                     id="tokyo-previous-utc-year"),
+        pytest.param("2026-12", time(0, 30), TOKYO, datetime(2026, 12, 31, 15, 30), id="tokyo-previous-utc-year"),
         pytest.param("2026-10", time(12, 0), TOKYO, datetime(2026, 11, 1, 3, 0), id="tokyo-noon"),
     ],
 )
@@ -143,33 +152,73 @@ def test_the_fire_time_is_the_first_of_the_next_month_at_the_local_time_in_utc(
         pytest.param(datetime(2026, 11, 1, 5, 59), time(6, 0), UTC, 1, [], id="the-1st-before-the-fire-time"),
         pytest.param(datetime(2026, 11, 1, 6, 0), time(6, 0), UTC, 1, ["2026-10"], id="the-1st-at-the-fire-time"),
         pytest.param(datetime(2026, 11, 1, 6, 1), time(6, 0), UTC, 1, ["2026-10"], id="the-1st-after-the-fire-time"),
-        pytest.param(datetime(2026, 11, 1, 5, 59), time(6, 0), UTC, 3, ["2026-08", "2026-09"],
-                     id="lookback-3-before-the-fire-time"),
-        pytest.param(datetime(2026, 11, 1, 6, 0), time(6, 0), UTC, 3, ["2026-08", "2026-09", "2026-10"],
-                     id="lookback-3-after-the-fire-time-oldest-first"),
-        pytest.param(datetime(2026, 11, 15, 12, 0), time(6, 0), UTC, 1, ["2026-10"],
-                     id="fresh-install-lookback-1-gets-only-last-month"),
-        pytest.param(datetime(2026, 11, 30, 23, 59, 59), time(0, 0), UTC, 3, ["2026-08", "2026-09", "2026-10"],
-                     id="never-the-current-month"),
+        pytest.param(
+            datetime(2026, 11, 1, 5, 59),
+            time(6, 0),
+            UTC,
+            3,
+            ["2026-08", "2026-09"],
+            id="lookback-3-before-the-fire-time",
+        ),
+        pytest.param(
+            datetime(2026, 11, 1, 6, 0),
+            time(6, 0),
+            UTC,
+            3,
+            ["2026-08", "2026-09", "2026-10"],
+            id="lookback-3-after-the-fire-time-oldest-first",
+        ),
+        pytest.param(
+            datetime(2026, 11, 15, 12, 0),
+            time(6, 0),
+            UTC,
+            1,
+            ["2026-10"],
+            id="fresh-install-lookback-1-gets-only-last-month",
+        ),
+        pytest.param(
+            datetime(2026, 11, 30, 23, 59, 59),
+            time(0, 0),
+            UTC,
+            3,
+            ["2026-08", "2026-09", "2026-10"],
+            id="never-the-current-month",
+        ),
         pytest.param(datetime(2027, 1, 1, 6, 0), time(6, 0), UTC, 2, ["2026-11", "2026-12"], id="across-new-year"),
-        pytest.param(datetime(2027, 1, 1, 5, 0), time(6, 0), UTC, 2, ["2026-11"],
-                     id="across-new-year-before-the-fire-time"),
+        pytest.param(
+            datetime(2027, 1, 1, 5, 0), time(6, 0), UTC, 2, ["2026-11"], id="across-new-year-before-the-fire-time"
+        ),
         # New York after falling back: 06:00 EST is 11:00 UTC (10:30 UTC is 05:30 local).
         pytest.param(datetime(2026, 11, 1, 10, 30), time(6, 0), NEW_YORK, 1, [], id="new-york-est-not-yet"),
         pytest.param(datetime(2026, 11, 1, 11, 0), time(6, 0), NEW_YORK, 1, ["2026-10"], id="new-york-est-due"),
         pytest.param(datetime(2026, 10, 1, 9, 59), time(6, 0), NEW_YORK, 1, [], id="new-york-edt-not-yet"),
         pytest.param(datetime(2026, 10, 1, 10, 0), time(6, 0), NEW_YORK, 1, ["2026-09"], id="new-york-edt-due"),
         # Tokyo's 1st 00:30 is 15:30 UTC on the last day: October is not due until it has ended in UTC.
-        pytest.param(datetime(2026, 10, 31, 15, 29), time(0, 30), TOKYO, 1, ["2026-09"],
-                     id="tokyo-before-the-fire-time"),
-        pytest.param(datetime(2026, 10, 31, 15, 30), time(0, 30), TOKYO, 1, ["2026-09"],
-                     id="tokyo-fire-time-passed-but-utc-month-running"),
-        pytest.param(datetime(2026, 10, 31, 23, 59, 59), time(0, 30), TOKYO, 1, ["2026-09"],
-                     id="tokyo-last-utc-second-of-the-month"),
-        pytest.param(datetime(2026, 11, 1, 0, 0), time(0, 30), TOKYO, 1, ["2026-10"],
-                     id="tokyo-due-once-the-utc-month-ended"),
-        pytest.param(datetime(2026, 11, 1, 6, 0, tzinfo=UTC), time(6, 0), UTC, 1, ["2026-10"],
-                     id="an-aware-now-is-read-in-utc"),
+        pytest.param(
+            datetime(2026, 10, 31, 15, 29), time(0, 30), TOKYO, 1, ["2026-09"], id="tokyo-before-the-fire-time"
+        ),
+        pytest.param(
+            datetime(2026, 10, 31, 15, 30),
+            time(0, 30),
+            TOKYO,
+            1,
+            ["2026-09"],
+            id="tokyo-fire-time-passed-but-utc-month-running",
+        ),
+        pytest.param(
+            datetime(2026, 10, 31, 23, 59, 59),
+            time(0, 30),
+            TOKYO,
+            1,
+            ["2026-09"],
+            id="tokyo-last-utc-second-of-the-month",
+        ),
+        pytest.param(
+            datetime(2026, 11, 1, 0, 0), time(0, 30), TOKYO, 1, ["2026-10"], id="tokyo-due-once-the-utc-month-ended"
+        ),
+        pytest.param(
+            datetime(2026, 11, 1, 6, 0, tzinfo=UTC), time(6, 0), UTC, 1, ["2026-10"], id="an-aware-now-is-read-in-utc"
+        ),
     ],
 )
 def test_due_periods(now: datetime, at: time, tz, lookback: int, expected: list[str]) -> None:

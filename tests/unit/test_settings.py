@@ -70,8 +70,12 @@ def test_an_explicit_database_url_wins_over_the_var_dir_default() -> None:
         ("REPORT_BRAND_COLOR", "#0f766e", "report_brand_color", "#0f766e"),
         ("REPORT_ACCENT_COLOR", "#f59e0b", "report_accent_color", "#f59e0b"),
         ("REPORT_LOGO_URL", "https://cdn.example.com/logo.png", "report_logo_url", "https://cdn.example.com/logo.png"),
-        ("REPORT_POSTAL_ADDRESS", "Acme Inc., 1 Main St, Springfield", "report_postal_address",
-         "Acme Inc., 1 Main St, Springfield"),
+        (
+            "REPORT_POSTAL_ADDRESS",
+            "Acme Inc., 1 Main St, Springfield",
+            "report_postal_address",
+            "Acme Inc., 1 Main St, Springfield",
+        ),
         ("PLAN_PAGE_SIZE", "50", "plan_page_size", 50),
         ("PLAN_SLICE_SECONDS", "0.5", "plan_slice_seconds", 0.5),
         ("CLAIM_LEASE_SECONDS", "45", "claim_lease_seconds", 45.0),
@@ -95,8 +99,9 @@ def test_a_variable_overrides_its_setting_with_the_settings_type(
     assert type(value) is type(expected)
 
 
-@pytest.mark.parametrize("variable", ["SMTP_URL", "PLAN_PAGE_SIZE", "BROKER_URL", "VAR_DIR", "SEND_RATE_PER_SECOND",
-                                      "RETENTION_MONTHS"])
+@pytest.mark.parametrize(
+    "variable", ["SMTP_URL", "PLAN_PAGE_SIZE", "BROKER_URL", "VAR_DIR", "SEND_RATE_PER_SECOND", "RETENTION_MONTHS"]
+)
 def test_an_empty_variable_means_the_default(variable: str) -> None:
     assert Settings.from_env({variable: ""}) == Settings.from_env({})
 
@@ -351,8 +356,10 @@ def test_redis_tls_and_unix_socket_broker_urls_are_accepted(url: str) -> None:
     ("url", "redacted"),
     [
         ("postgresql+psycopg://db/reports?password=s3cret", "postgresql+psycopg://db/reports?password=***"),
-        ("postgresql+psycopg://app@db/reports?sslmode=require&sslpassword=s3cret",
-         "postgresql+psycopg://app@db/reports?sslmode=require&sslpassword=***"),
+        (
+            "postgresql+psycopg://app@db/reports?sslmode=require&sslpassword=s3cret",
+            "postgresql+psycopg://app@db/reports?sslmode=require&sslpassword=***",
+        ),
         ("redis://localhost:6379/0?PASSWORD=s3cret", "redis://localhost:6379/0?PASSWORD=***"),
         ("redis://localhost:6379/0?pass=s3cret&db=1", "redis://localhost:6379/0?pass=***&db=1"),
         ("https://api.example.com/v1?token=s3cret", "https://api.example.com/v1?token=***"),
@@ -467,8 +474,12 @@ def test_the_exporter_listens_everywhere_and_caches_five_seconds_unless_told_oth
 
 @pytest.mark.parametrize(
     ("variable", "raw"),
-    [("EXPORTER_CACHE_SECONDS", "-1"), ("EXPORTER_CACHE_SECONDS", "nan"), ("EXPORTER_CACHE_SECONDS", "5s"),
-     ("EXPORTER_HOST", "127.0.0.1 9300")],
+    [
+        ("EXPORTER_CACHE_SECONDS", "-1"),
+        ("EXPORTER_CACHE_SECONDS", "nan"),
+        ("EXPORTER_CACHE_SECONDS", "5s"),
+        ("EXPORTER_HOST", "127.0.0.1 9300"),
+    ],
 )
 def test_a_bad_exporter_setting_is_a_configuration_error_naming_the_variable(variable: str, raw: str) -> None:
     with pytest.raises(ConfigurationError, match=variable):
@@ -481,24 +492,31 @@ def test_the_default_public_base_url_is_loopback_and_needs_no_secret() -> None:
     assert tokens.links(settings).url(1).startswith("http://127.0.0.1:8000/u/1.")
 
 
-@pytest.mark.parametrize("environment", [
-    {"PUBLIC_BASE_URL": "https://reports.example.com"},  # a real deployment without its secret
-    {"PUBLIC_BASE_URL": "http://reports.example.com", "UNSUBSCRIBE_SECRET": "x" * 32},  # plain http off-machine
-    {"PUBLIC_BASE_URL": "ftp://reports.example.com", "UNSUBSCRIBE_SECRET": "x" * 32},
-    {"PUBLIC_BASE_URL": "https://reports.example.com/?a=1", "UNSUBSCRIBE_SECRET": "x" * 32},
-    {"PUBLIC_BASE_URL": "https://reports.example.com/\r\nBcc: x", "UNSUBSCRIBE_SECRET": "x" * 32},
-    {"PUBLIC_BASE_URL": "https://réports.example.com", "UNSUBSCRIBE_SECRET": "x" * 32},
-    {"PUBLIC_BASE_URL": "https://reports.example.com", "UNSUBSCRIBE_SECRET": "short"},
-    {"PUBLIC_BASE_URL": "https://reports.example.com", "UNSUBSCRIBE_SECRET": "x" * 32 + ",short"},
-])
+@pytest.mark.parametrize(
+    "environment",
+    [
+        {"PUBLIC_BASE_URL": "https://reports.example.com"},  # a real deployment without its secret
+        {"PUBLIC_BASE_URL": "http://reports.example.com", "UNSUBSCRIBE_SECRET": "x" * 32},  # plain http off-machine
+        {"PUBLIC_BASE_URL": "ftp://reports.example.com", "UNSUBSCRIBE_SECRET": "x" * 32},
+        {"PUBLIC_BASE_URL": "https://reports.example.com/?a=1", "UNSUBSCRIBE_SECRET": "x" * 32},
+        {"PUBLIC_BASE_URL": "https://reports.example.com/\r\nBcc: x", "UNSUBSCRIBE_SECRET": "x" * 32},
+        {"PUBLIC_BASE_URL": "https://réports.example.com", "UNSUBSCRIBE_SECRET": "x" * 32},
+        {"PUBLIC_BASE_URL": "https://reports.example.com", "UNSUBSCRIBE_SECRET": "short"},
+        {"PUBLIC_BASE_URL": "https://reports.example.com", "UNSUBSCRIBE_SECRET": "x" * 32 + ",short"},
+    ],
+)
 def test_a_public_base_url_or_secret_unfit_for_production_is_refused(environment: dict[str, str]) -> None:
     with pytest.raises(ConfigurationError, match="PUBLIC_BASE_URL|UNSUBSCRIBE_SECRET"):
         Settings.from_env(environment)
 
 
 def test_several_secrets_sign_with_the_first_and_the_repr_shows_none() -> None:
-    settings = Settings.from_env({"PUBLIC_BASE_URL": "https://reports.example.com/mail/",
-                                  "UNSUBSCRIBE_SECRET": "new-s3cret-0123456789, old-s3cret-0123456789"})
+    settings = Settings.from_env(
+        {
+            "PUBLIC_BASE_URL": "https://reports.example.com/mail/",
+            "UNSUBSCRIBE_SECRET": "new-s3cret-0123456789, old-s3cret-0123456789",
+        }
+    )
     links = tokens.links(settings)
     assert links.url(5).startswith("https://reports.example.com/mail/u/5.")
     assert len(links.signer.keys) == 2

@@ -32,17 +32,20 @@ def test_a_token_signed_with_another_secret_is_refused() -> None:
     assert Signer.from_secrets((NEW,)).user_id(Signer.from_secrets(("someone-elses-secret-000",)).token(7)) is None
 
 
-@pytest.mark.parametrize("alter", [
-    lambda t: t[:-1] + ("A" if t[-1] != "A" else "B"),    # last signature character
-    lambda t: t[:-1],                                      # cut short
-    lambda t: t + "A",                                     # one too long
-    lambda t: "0" + t,                                     # leading zero: another spelling of the id
-    lambda t: t.replace(".", "/", 1),
-    lambda t: "",
-    lambda t: "99999999999." + t.split(".", 1)[1],         # past the 32-bit id range
-    lambda t: t.upper(),
-    lambda t: t + "\n",
-])
+@pytest.mark.parametrize(
+    "alter",
+    [
+        lambda t: t[:-1] + ("A" if t[-1] != "A" else "B"),  # last signature character
+        lambda t: t[:-1],  # cut short
+        lambda t: t + "A",  # one too long
+        lambda t: "0" + t,  # leading zero: another spelling of the id
+        lambda t: t.replace(".", "/", 1),
+        lambda t: "",
+        lambda t: "99999999999." + t.split(".", 1)[1],  # past the 32-bit id range
+        lambda t: t.upper(),
+        lambda t: t + "\n",
+    ],
+)
 def test_an_altered_or_malformed_token_is_refused(alter) -> None:  # type: ignore[no-untyped-def]
     signer = Signer.from_secrets((NEW,))
     assert signer.user_id(alter(signer.token(42))) is None

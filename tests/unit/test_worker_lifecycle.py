@@ -208,16 +208,19 @@ def heartbeat_broker(settings: Settings) -> Iterator[object]:
 
 
 def heartbeat_score(settings: Settings, broker_id: str) -> float | None:
-    return redis.Redis.from_url(settings.broker_url).zscore(f"{settings.broker_namespace}:__heartbeats__",
-                                                            broker_id)
+    return redis.Redis.from_url(settings.broker_url).zscore(f"{settings.broker_namespace}:__heartbeats__", broker_id)
 
 
 def test_the_heartbeat_writes_the_brokers_id_with_the_time_in_milliseconds(settings, heartbeat_broker):
     before_ms = time.time() * 1000
     Heartbeat(interval_seconds=0.1).after_worker_boot(heartbeat_broker, worker=None)  # type: ignore[arg-type]
 
-    score = wait_until(lambda: heartbeat_score(settings, heartbeat_broker.broker_id), timeout=1.0,
-                       interval=0.02, what="the first heartbeat")
+    score = wait_until(
+        lambda: heartbeat_score(settings, heartbeat_broker.broker_id),
+        timeout=1.0,
+        interval=0.02,
+        what="the first heartbeat",
+    )
 
     after_ms = time.time() * 1000
     assert before_ms - 50 <= score <= after_ms + 50
@@ -225,13 +228,25 @@ def test_the_heartbeat_writes_the_brokers_id_with_the_time_in_milliseconds(setti
 
 def test_the_heartbeat_keeps_beating(settings, heartbeat_broker):
     Heartbeat(interval_seconds=0.1).after_worker_boot(heartbeat_broker, worker=None)  # type: ignore[arg-type]
-    first = wait_until(lambda: heartbeat_score(settings, heartbeat_broker.broker_id), timeout=1.0,
-                       interval=0.02, what="the first heartbeat")
+    first = wait_until(
+        lambda: heartbeat_score(settings, heartbeat_broker.broker_id),
+        timeout=1.0,
+        interval=0.02,
+        what="the first heartbeat",
+    )
 
-    second = wait_until(lambda: (score := heartbeat_score(settings, heartbeat_broker.broker_id)) > first and score,
-                        timeout=1.0, interval=0.02, what="a later heartbeat")
-    third = wait_until(lambda: (score := heartbeat_score(settings, heartbeat_broker.broker_id)) > second and score,
-                       timeout=1.0, interval=0.02, what="another heartbeat")
+    second = wait_until(
+        lambda: (score := heartbeat_score(settings, heartbeat_broker.broker_id)) > first and score,
+        timeout=1.0,
+        interval=0.02,
+        what="a later heartbeat",
+    )
+    third = wait_until(
+        lambda: (score := heartbeat_score(settings, heartbeat_broker.broker_id)) > second and score,
+        timeout=1.0,
+        interval=0.02,
+        what="another heartbeat",
+    )
 
     assert first < second < third
     assert abs(third - time.time() * 1000) < 1_000
@@ -239,8 +254,12 @@ def test_the_heartbeat_keeps_beating(settings, heartbeat_broker):
 
 def test_the_heartbeat_writes_only_its_own_key(settings, heartbeat_broker):
     Heartbeat(interval_seconds=0.1).after_worker_boot(heartbeat_broker, worker=None)  # type: ignore[arg-type]
-    wait_until(lambda: heartbeat_score(settings, heartbeat_broker.broker_id), timeout=1.0, interval=0.02,
-               what="the first heartbeat")
+    wait_until(
+        lambda: heartbeat_score(settings, heartbeat_broker.broker_id),
+        timeout=1.0,
+        interval=0.02,
+        what="the first heartbeat",
+    )
 
     client = redis.Redis.from_url(settings.broker_url)
     assert client.zcard(f"{settings.broker_namespace}:__heartbeats__") == 1
@@ -279,8 +298,12 @@ def test_the_heartbeat_survives_redis_errors(settings, heartbeat_broker, caplog)
     heartbeat_broker.client = Flaky()
     Heartbeat(interval_seconds=0.05).after_worker_boot(heartbeat_broker, worker=None)  # type: ignore[arg-type]
 
-    wait_until(lambda: heartbeat_score(settings, heartbeat_broker.broker_id), timeout=2.0, interval=0.02,
-               what="a heartbeat after the errors")
+    wait_until(
+        lambda: heartbeat_score(settings, heartbeat_broker.broker_id),
+        timeout=2.0,
+        interval=0.02,
+        what="a heartbeat after the errors",
+    )
     assert failures.is_set()
     warnings = [r for r in caplog.records if r.name == lifecycle.logger.name and r.levelname == "WARNING"]
     assert len(warnings) == 2

@@ -17,6 +17,7 @@ class Mailer(Protocol):
 
 def build_mailer(settings: Settings) -> Mailer:
     if settings.smtp_url:
-        return SmtpMailer(settings.smtp_url, timeout_seconds=settings.smtp_timeout_seconds,
-                          sender=parseaddr(settings.mail_from)[1])
+        return SmtpMailer(
+            settings.smtp_url, timeout_seconds=settings.smtp_timeout_seconds, sender=parseaddr(settings.mail_from)[1]
+        )
     return MaildirMailer(settings.outbox_dir)

@@ -103,34 +103,74 @@ def compose(
         neither (a message not for a user's report).
     """
     boundary = f"=_{secrets.token_hex(12)}".encode("ascii")
-    headers = b"".join((
-        _from_line(mail_from),
-        b"To: ", to_header(to).encode("ascii"), CRLF,
-        b"Subject: ", subject_header(rendered.subject).encode("ascii"), CRLF,
-        b"Date: ", format_datetime(date.replace(tzinfo=UTC)).encode("ascii"), CRLF,
-        b"Message-ID: ", message_id.encode("ascii"), CRLF,
-        b"X-Report-Period: ", str(period).encode("ascii"), CRLF,
-        b"X-Report-User-Id: ", str(user_id).encode("ascii"), CRLF,
-        _unsubscribe_lines(unsubscribe_url),
-        b"MIME-Version: 1.0", CRLF,
-        b'Content-Type: multipart/alternative; boundary="', boundary, b'"', CRLF,
-    ))
+    headers = b"".join(
+        (
+            _from_line(mail_from),
+            b"To: ",
+            to_header(to).encode("ascii"),
+            CRLF,
+            b"Subject: ",
+            subject_header(rendered.subject).encode("ascii"),
+            CRLF,
+            b"Date: ",
+            format_datetime(date.replace(tzinfo=UTC)).encode("ascii"),
+            CRLF,
+            b"Message-ID: ",
+            message_id.encode("ascii"),
+            CRLF,
+            b"X-Report-Period: ",
+            str(period).encode("ascii"),
+            CRLF,
+            b"X-Report-User-Id: ",
+            str(user_id).encode("ascii"),
+            CRLF,
+            _unsubscribe_lines(unsubscribe_url),
+            b"MIME-Version: 1.0",
+            CRLF,
+            b'Content-Type: multipart/alternative; boundary="',
+            boundary,
+            b'"',
+            CRLF,
+        )
+    )
     check_header_block(headers)
-    return b"".join((
-        headers, CRLF,
-        b"--", boundary, CRLF, _part(b"plain", rendered.text),
-        b"--", boundary, CRLF, _part(b"html", rendered.html),
-        b"--", boundary, b"--", CRLF,
-    ))
+    return b"".join(
+        (
+            headers,
+            CRLF,
+            b"--",
+            boundary,
+            CRLF,
+            _part(b"plain", rendered.text),
+            b"--",
+            boundary,
+            CRLF,
+            _part(b"html", rendered.html),
+            b"--",
+            boundary,
+            b"--",
+            CRLF,
+        )
+    )
 
 
 CRLF = b"\r\n"
 
 #: The header names :func:`compose` writes: a line of the header block is one of them or a
 #: continuation of the one before.
-HEADER_NAMES = (b"From:", b"To:", b"Subject:", b"Date:", b"Message-ID:", b"X-Report-Period:",
-                b"X-Report-User-Id:", b"List-Unsubscribe:", b"List-Unsubscribe-Post:",
-                b"MIME-Version:", b"Content-Type:")
+HEADER_NAMES = (
+    b"From:",
+    b"To:",
+    b"Subject:",
+    b"Date:",
+    b"Message-ID:",
+    b"X-Report-Period:",
+    b"X-Report-User-Id:",
+    b"List-Unsubscribe:",
+    b"List-Unsubscribe-Post:",
+    b"MIME-Version:",
+    b"Content-Type:",
+)
 
 
 def check_header_block(block: bytes) -> None:
@@ -155,8 +195,16 @@ def _unsubscribe_lines(url: str | None) -> bytes:
     if not _HEADER_URL.fullmatch(url):
         raise UnsafeHeader("The unsubscribe URL is not a plain http(s) URL; the message was not sent.")
     # RFC 8058: the POST a provider sends is exactly this body, to the https URL above.
-    return b"".join((b"List-Unsubscribe: <", url.encode("ascii"), b">", CRLF,
-                     b"List-Unsubscribe-Post: List-Unsubscribe=One-Click", CRLF))
+    return b"".join(
+        (
+            b"List-Unsubscribe: <",
+            url.encode("ascii"),
+            b">",
+            CRLF,
+            b"List-Unsubscribe-Post: List-Unsubscribe=One-Click",
+            CRLF,
+        )
+    )
 
 
 @functools.lru_cache(maxsize=8)
@@ -167,12 +215,20 @@ def _from_line(mail_from: str) -> bytes:
 
 def _part(subtype: bytes, text: str) -> bytes:
     body = binascii.b2a_qp(text.replace("\r\n", "\n").encode("utf-8"), istext=True).replace(b"\n", CRLF)
-    return b"".join((
-        b"Content-Type: text/", subtype, b'; charset="utf-8"', CRLF,
-        b"Content-Transfer-Encoding: quoted-printable", CRLF, CRLF,
-        # The CRLF before the next boundary belongs to the boundary, not to the text (RFC 2046).
-        body, CRLF,
-    ))
+    return b"".join(
+        (
+            b"Content-Type: text/",
+            subtype,
+            b'; charset="utf-8"',
+            CRLF,
+            b"Content-Transfer-Encoding: quoted-printable",
+            CRLF,
+            CRLF,
+            # The CRLF before the next boundary belongs to the boundary, not to the text (RFC 2046).
+            body,
+            CRLF,
+        )
+    )
 
 
 def to_header(to: Address) -> str:
@@ -181,10 +237,7 @@ def to_header(to: Address) -> str:
     if not name:
         return to.addr_spec
     address = f"<{to.addr_spec}>"
-    if _PLAIN_NAME.fullmatch(name):
-        lines = [name]
-    else:
-        lines = _encoded_words(name)
+    lines = [name] if _PLAIN_NAME.fullmatch(name) else _encoded_words(name)
     # The first line follows "To: ", the others a folding space.
     room = MAX_LINE - (len("To: ") if len(lines) == 1 else 1) - len(lines[-1]) - 1
     if len(address) <= room:

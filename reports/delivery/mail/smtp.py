@@ -137,10 +137,7 @@ class SmtpMailer:
     def _connect(self, deadline: float) -> _DeadlineSMTP:
         target = self.target
         client: _DeadlineSMTP
-        if target.implicit_tls:
-            client = _DeadlineSMTPSSL(context=ssl.create_default_context())
-        else:
-            client = _DeadlineSMTP()
+        client = _DeadlineSMTPSSL(context=ssl.create_default_context()) if target.implicit_tls else _DeadlineSMTP()
         client.deadline = deadline
         client.timeout = max(deadline - time.monotonic(), 0.001)
         client.connect(target.host, target.port)
@@ -234,4 +231,3 @@ def _transaction(client: _DeadlineSMTP, sender: str, recipient: str, data: bytes
         raise _Refused(_Stage.DATA, e.smtp_code, e.smtp_error) from None
     if code != 250:
         raise _Refused(_Stage.CONTENT, code, reply)
-

@@ -11,14 +11,15 @@ transition table; a change of state, one item at a time, runs per row, and only 
 did change. Pending is never counted: it is recorded minus finished, so recording (the
 coordinator) and finishing (the workers) never touch the same row.
 """
+
 from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
 
 # revision identifiers, used by Alembic.
-revision: str = '0004'
-down_revision: str | Sequence[str] | None = '0003'
+revision: str = "0004"
+down_revision: str | Sequence[str] | None = "0003"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
@@ -108,12 +109,13 @@ SQLITE = [
 
 def upgrade() -> None:
     """Upgrade schema."""
-    op.create_table('item_counts',
-    sa.Column('period', sa.String(length=7), nullable=False),
-    sa.Column('shard', sa.SmallInteger(), autoincrement=False, nullable=False),
-    sa.Column('counter', sa.String(length=16), nullable=False),
-    sa.Column('n', sa.BigInteger(), nullable=False),
-    sa.PrimaryKeyConstraint('period', 'shard', 'counter', name=op.f('pk_item_counts'))
+    op.create_table(
+        "item_counts",
+        sa.Column("period", sa.String(length=7), nullable=False),
+        sa.Column("shard", sa.SmallInteger(), autoincrement=False, nullable=False),
+        sa.Column("counter", sa.String(length=16), nullable=False),
+        sa.Column("n", sa.BigInteger(), nullable=False),
+        sa.PrimaryKeyConstraint("period", "shard", "counter", name=op.f("pk_item_counts")),
     )
     dialect = op.get_bind().dialect.name
     for statement in {"postgresql": POSTGRESQL, "sqlite": SQLITE}[dialect]:
@@ -126,9 +128,12 @@ def upgrade() -> None:
 def downgrade() -> None:
     """Downgrade schema."""
     for trigger in ("item_counts_on_insert", "item_counts_on_delete", "item_counts_on_state"):
-        op.execute(f"DROP TRIGGER {trigger} ON report_items" if op.get_bind().dialect.name == "postgresql"
-                   else f"DROP TRIGGER {trigger}")
+        op.execute(
+            f"DROP TRIGGER {trigger} ON report_items"
+            if op.get_bind().dialect.name == "postgresql"
+            else f"DROP TRIGGER {trigger}"
+        )
     if op.get_bind().dialect.name == "postgresql":
         for function in ("item_counts_add_inserted", "item_counts_remove_deleted", "item_counts_move_state"):
             op.execute(f"DROP FUNCTION {function}")
-    op.drop_table('item_counts')
+    op.drop_table("item_counts")

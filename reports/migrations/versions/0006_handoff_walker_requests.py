@@ -11,28 +11,29 @@ Revises: 0005
 * ``resends.template_version`` and ``resends.updated_at``: a request is written when it is made
   and carries what reconcile needs to send it again if its message is lost.
 """
+
 from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = '0006'
-down_revision: str | Sequence[str] | None = '0005'
+revision: str = "0006"
+down_revision: str | Sequence[str] | None = "0005"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    op.add_column('period_runs', sa.Column('walker', sa.String(length=36), nullable=True))
-    op.add_column('period_runs', sa.Column('paused_at', sa.DateTime(), nullable=True))
-    op.add_column('resends', sa.Column('template_version', sa.String(length=32), nullable=True))
-    op.add_column('resends', sa.Column('updated_at', sa.DateTime(), nullable=True))
+    op.add_column("period_runs", sa.Column("walker", sa.String(length=36), nullable=True))
+    op.add_column("period_runs", sa.Column("paused_at", sa.DateTime(), nullable=True))
+    op.add_column("resends", sa.Column("template_version", sa.String(length=32), nullable=True))
+    op.add_column("resends", sa.Column("updated_at", sa.DateTime(), nullable=True))
 
 
 def downgrade() -> None:
-    with op.batch_alter_table('resends') as batch:
-        batch.drop_column('updated_at')
-        batch.drop_column('template_version')
-    with op.batch_alter_table('period_runs') as batch:
-        batch.drop_column('paused_at')
-        batch.drop_column('walker')
+    with op.batch_alter_table("resends") as batch:
+        batch.drop_column("updated_at")
+        batch.drop_column("template_version")
+    with op.batch_alter_table("period_runs") as batch:
+        batch.drop_column("paused_at")
+        batch.drop_column("walker")
