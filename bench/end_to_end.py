@@ -306,7 +306,7 @@ def main() -> int:
     )
     print(
         f"queue / plain wall time = {queue / plain:.3f}: the queue's overhead is {(queue / plain - 1):+.1%} "
-        f"(target: within +25%)"
+        f"(target: within +10%)"
     )
     if failed:
         print("FAILED: not every user got exactly one email", file=sys.stderr)
