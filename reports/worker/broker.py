@@ -11,7 +11,7 @@ from typing import Any, cast
 import dramatiq
 import redis
 from dramatiq.brokers.redis import RedisBroker
-from dramatiq.middleware import CurrentMessage, Retries, default_middleware
+from dramatiq.middleware import CurrentMessage, TimeLimit
 
 from reports.jobs import PLAN_PERIOD, ActorSpec
 from reports.settings import Settings
@@ -33,10 +33,11 @@ def build_broker(settings: Settings) -> RedisBroker:
     requeues a dead worker's messages runs inside whichever process's broker call wins the
     ``maintenance_chance`` draw.
     """
-    # Dramatiq's Retries is left out: workers add reports.worker.retries.JitteredRetries, which
-    # needs the dead-letter store.
-    middleware = [m() for m in default_middleware if m is not Retries]
-    middleware.append(CurrentMessage())
+    # Of Dramatiq's defaults only the time limit: no actor uses max_age, callbacks, pipelines or
+    # shutdown notifications, and every middleware is called at each of a message's signals.
+    # Retries are reports.worker.retries.JitteredRetries, added by the workers (it needs the
+    # dead-letter store).
+    middleware = [TimeLimit(), CurrentMessage()]
     return UndecodableAsDeadLetters(
         url=settings.broker_url,
         namespace=settings.broker_namespace,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import email.policy
 from email.message import EmailMessage
 
 import pytest
@@ -38,3 +39,18 @@ def test_a_connection_the_provider_dropped_is_replaced_before_the_next_message(s
     smtp_server.start()
     mailer.send(_message("b@example.test"), recipient="b@example.test")
     assert [m["To"] for m in smtp_server.messages] == ["a@example.test", "b@example.test"]
+
+
+def test_lines_that_start_with_a_dot_arrive_as_written(smtp_server):
+    # SMTP ends the content at a line holding only "."; the client doubles every leading dot and
+    # the server takes one off, so what arrives is what was sent.
+    mailer = SmtpMailer(smtp_server.url, timeout_seconds=5, sender="reports@reports.test")
+    body = ".\n..\n.starts with a dot\nmiddle . dot\n.\n"
+    message = EmailMessage()
+    message["To"] = "a@example.test"
+    message.set_content(body, cte="7bit")
+    mailer.send(message.as_bytes(policy=email.policy.SMTP), recipient="a@example.test")  # CRLF, as composed
+    mailer.send(_message("b@example.test"), recipient="b@example.test")
+    first, second = smtp_server.messages
+    assert first.get_content().replace("\r\n", "\n") == body
+    assert second["To"] == "b@example.test"

@@ -113,6 +113,20 @@ class _DeadlineSMTP(smtplib.SMTP):
             self.file = _DeadlineReader(self)
         return super().getreply()
 
+    def data(self, msg: bytes | str) -> tuple[int, bytes]:  # type: ignore[override]  # smtplib takes any buffer
+        """smtplib's DATA, its dot-stuffing done by one ``bytes.replace``: the same lines doubled
+        (every "." that starts the message or follows a "\\n"), but smtplib's multiline regular
+        expression over the whole message cost half as much as encoding the report's HTML."""
+        if not isinstance(msg, bytes):
+            return super().data(msg)
+        self.putcmd("data")
+        code, reply = self.getreply()
+        if code != 354:
+            raise smtplib.SMTPDataError(code, reply)
+        stuffed = (b"." if msg.startswith(b".") else b"") + msg.replace(b"\n.", b"\n..")
+        self.send(stuffed + (b".\r\n" if stuffed.endswith(b"\r\n") else b"\r\n.\r\n"))
+        return self.getreply()
+
 
 class _DeadlineSMTPSSL(_DeadlineSMTP, smtplib.SMTP_SSL):
     pass
