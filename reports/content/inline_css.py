@@ -62,6 +62,10 @@ def inline(source: str, css: str, *, variables: Mapping[str, str]) -> str:
     protected = _TAG.sub(protect, resolve_variables(source, variables))
     # Comments would be sent in every email (css-inline keeps them in the at-rules it keeps).
     css = resolve_variables(_CSS_COMMENT.sub("", css), variables)
+    if not css.isascii():
+        # The HTML part may travel with its other characters as character references, which
+        # the <style> that keeps the media queries would not decode (CSS has its own: \2014).
+        raise TemplateBuildError("The stylesheet must be ASCII: write other characters as CSS escapes, such as \\2014.")
     # No remote stylesheets: building a template must not fetch anything.
     inliner = css_inline.CSSInliner(extra_css=css, keep_at_rules=True, minify_css=True, load_remote_stylesheets=False)
     try:

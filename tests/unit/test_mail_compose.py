@@ -5,6 +5,7 @@ from __future__ import annotations
 import email
 import email.header
 import email.policy
+import html
 import re
 from datetime import UTC, datetime
 from email.headerregistry import Address
@@ -30,7 +31,14 @@ def rendered_factory(**overrides: str) -> RenderedReport:
     return RenderedReport(**{**fields, **overrides})
 
 
-def compose_for(to: Address, *, user_id: int = 42, period: Period = OCTOBER, **overrides: object) -> bytes:
+def compose_for(
+    to: Address,
+    *,
+    user_id: int = 42,
+    period: Period = OCTOBER,
+    rendered: RenderedReport | None = None,
+    **overrides: object,
+) -> bytes:
     arguments: dict[str, object] = {
         "to": to,
         "mail_from": "Monthly Reports <reports@reports.test>",
@@ -41,7 +49,7 @@ def compose_for(to: Address, *, user_id: int = 42, period: Period = OCTOBER, **o
         "unsubscribe_url": f"https://reports.test/u/{user_id}.abcd.0123456789abcdefghij_-",
         **overrides,
     }
-    return compose(rendered_factory(), **arguments)  # type: ignore[arg-type]
+    return compose(rendered or rendered_factory(), **arguments)  # type: ignore[arg-type]
 
 
 def header_lines(raw: bytes) -> list[bytes]:
@@ -240,9 +248,55 @@ def test_the_message_is_multipart_alternative_with_a_text_and_an_html_part() -> 
     assert parsed.get_content_type() == "multipart/alternative"
     parts = list(parsed.iter_parts())
     assert [part.get_content_type() for part in parts] == ["text/plain", "text/html"]
-    # On the wire every line ends in CRLF; the content is otherwise what was rendered.
+    # On the wire every line ends in CRLF; the content is otherwise what was rendered (in the
+    # HTML, "€" may travel as the character reference "&#8364;": the same text to a reader).
     assert parts[0].get_content().replace("\r\n", "\n") == rendered.text
-    assert parts[1].get_content().replace("\r\n", "\n") == rendered.html
+    assert html.unescape(parts[1].get_content().replace("\r\n", "\n")) == rendered.html
+
+
+def parts_of(rendered: RenderedReport) -> list[EmailMessage]:
+    return list(reparse(compose_for(recipient("ada@example.com", "Ada"), rendered=rendered)).iter_parts())
+
+
+def test_an_ascii_report_travels_unencoded() -> None:
+    rendered = rendered_factory(
+        text="Hello Ada,\nTotal: $1,234.56\n", html='<p style="color:#111">Total: $1,234.56</p>\n'
+    )
+    text, page = parts_of(rendered)
+    assert [text["Content-Transfer-Encoding"], page["Content-Transfer-Encoding"]] == ["7bit", "7bit"]
+    assert (text.get_content().replace("\r\n", "\n"), page.get_content().replace("\r\n", "\n")) == (
+        rendered.text,
+        rendered.html,
+    )
+
+
+def test_non_ascii_html_travels_as_character_references_and_reads_the_same() -> None:
+    rendered = rendered_factory(html="<p>Gr\u00fc\u00dfe, Zo\u00eb \u25b2 1.234,56\u00a0\u20ac \U0001f600</p>\n")
+    page = parts_of(rendered)[1]
+    assert page["Content-Transfer-Encoding"] == "7bit"
+    assert page.get_content().isascii()
+    assert html.unescape(page.get_content().replace("\r\n", "\n")) == rendered.html
+
+
+@pytest.mark.parametrize(
+    ("text", "page", "encodings"),
+    [
+        pytest.param("Gr\u00fc\u00dfe\n", "<p>ok</p>\n", ("quoted-printable", "7bit"), id="non-ascii-text"),
+        pytest.param(
+            "ok\n", "<p>" + "x" * 999 + "</p>\n", ("7bit", "quoted-printable"), id="html-line-longer-than-smtp-carries"
+        ),
+        pytest.param("a\x00b\n", "<p>a\rb</p>\n", ("quoted-printable", "quoted-printable"), id="nul-and-bare-cr"),
+    ],
+)
+def test_a_part_that_cannot_travel_as_it_is_is_quoted_printable_and_decodes_exactly(
+    text: str, page: str, encodings: tuple[str, str]
+) -> None:
+    raw = compose_for(recipient("ada@example.com", "Ada"), rendered=rendered_factory(text=text, html=page))
+    assert all(len(line) <= 998 for line in raw.split(b"\r\n"))
+    parts = list(reparse(raw).iter_parts())
+    assert tuple(part["Content-Transfer-Encoding"] for part in parts) == encodings
+    for part, written in zip(parts, (text, page), strict=True):
+        assert part.get_payload(decode=True).decode("utf-8").replace("\r\n", "\n") == written
 
 
 def test_the_serialized_message_uses_crlf_line_endings_only() -> None:

@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import email
+import email.policy
+import html
 import re
 from dataclasses import dataclass, field
+from datetime import datetime
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
 
 from reports.content.activity import CategoryTotal, Summary
+from reports.content.inline_css import TemplateBuildError, inline
 from reports.content.render import render
 from reports.content.view import display_width, should_send
+from reports.delivery.mail.compose import compose, recipient
 from reports.look import ReportLook
+from reports.periods import Period
 from tests.unit.test_render import summary_factory
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
@@ -281,3 +288,34 @@ def test_the_v2_subject_is_one_line_with_the_month_and_the_total() -> None:
 
 def test_the_rendered_html_is_the_same_whatever_the_number_of_renders() -> None:
     assert v2() == v2()
+
+
+@pytest.mark.parametrize(
+    "look",
+    [
+        pytest.param(ReportLook(), id="en_US"),
+        pytest.param(ReportLook(locale="de_DE", currency="EUR"), id="de_DE-with-no-break-spaces-and-euro"),
+    ],
+)
+def test_a_report_travels_unencoded_with_every_line_within_smtps_limit(look: ReportLook) -> None:
+    # Quoted-printable would turn every "=" of the inlined styles into "=3D": the HTML is sent as
+    # 7bit, its other characters as character references, which needs the template's lines short.
+    rendered = render(TEMPLATES, "v2", name="Zoë", summary=many_categories(40), look=look, unsubscribe_url=UNSUBSCRIBE)
+    raw = compose(
+        rendered,
+        to=recipient("zoe@example.com", "Zoë"),
+        mail_from="Reports <reports@example.com>",
+        period=Period(2026, 10),
+        user_id=1,
+        date=datetime(2026, 11, 1),
+        message_id="<report.2026-10.1@example.com>",
+    )
+    page = [part for part in email.message_from_bytes(raw, policy=email.policy.default).walk()][-1]
+    assert page.get_content_type() == "text/html"
+    assert page["Content-Transfer-Encoding"] == "7bit"
+    assert html.unescape(page.get_content().replace("\r\n", "\n")) == html.unescape(rendered.html)
+
+
+def test_a_stylesheet_with_other_characters_than_ascii_is_refused_when_the_template_is_built() -> None:
+    with pytest.raises(TemplateBuildError, match="ASCII"):
+        inline("<p class='a'>x</p>", ".a { content: '\u2014' }", variables={})

@@ -95,14 +95,15 @@ def compose(
     Written directly rather than through ``EmailMessage``, whose header registry cost a
     millisecond a report: every header here is either fixed (``From``, folded once per setting),
     generated from ids, or built by :func:`to_header` and :func:`subject_header`; the header
-    block is then checked as a whole (:func:`check_header_block`). Both parts are
-    quoted-printable, whose output never holds the boundary's ``=_``.
+    block is then checked as a whole (:func:`check_header_block`). Each part is 7bit where its
+    text allows and quoted-printable otherwise (:func:`_encoded`); the boundary is one neither holds.
 
     :param unsubscribe_url: the user's one-click link (:meth:`reports.unsubscribe.tokens.Links.url`),
         written as ``List-Unsubscribe`` with ``List-Unsubscribe-Post`` (RFC 8058); ``None`` writes
         neither (a message not for a user's report).
     """
-    boundary = f"=_{secrets.token_hex(12)}".encode("ascii")
+    text_part, html_part = _part(b"plain", rendered.text), _part(b"html", rendered.html)
+    boundary = _boundary(text_part, html_part)
     headers = b"".join(
         (
             _from_line(mail_from),
@@ -141,11 +142,11 @@ def compose(
             b"--",
             boundary,
             CRLF,
-            _part(b"plain", rendered.text),
+            text_part,
             b"--",
             boundary,
             CRLF,
-            _part(b"html", rendered.html),
+            html_part,
             b"--",
             boundary,
             b"--",
@@ -155,6 +156,19 @@ def compose(
 
 
 CRLF = b"\r\n"
+
+#: Longest line SMTP carries, CRLF excluded (RFC 5322 section 2.1.1).
+MAX_WIRE_LINE = 998
+
+
+def _boundary(*parts: bytes) -> bytes:
+    """A random boundary no part contains (quoted-printable never holds ``=_``; 7bit text could,
+    by a chance of one in 2**96, which is still checked rather than trusted)."""
+    while True:
+        boundary = f"=_{secrets.token_hex(12)}".encode("ascii")
+        if not any(boundary in part for part in parts):
+            return boundary
+
 
 #: The header names :func:`compose` writes: a line of the header block is one of them or a
 #: continuation of the one before.
@@ -214,14 +228,15 @@ def _from_line(mail_from: str) -> bytes:
 
 
 def _part(subtype: bytes, text: str) -> bytes:
-    body = binascii.b2a_qp(text.replace("\r\n", "\n").encode("utf-8"), istext=True).replace(b"\n", CRLF)
+    encoding, body = _encoded(text, html=subtype == b"html")
     return b"".join(
         (
             b"Content-Type: text/",
             subtype,
             b'; charset="utf-8"',
             CRLF,
-            b"Content-Transfer-Encoding: quoted-printable",
+            b"Content-Transfer-Encoding: ",
+            encoding,
             CRLF,
             CRLF,
             # The CRLF before the next boundary belongs to the boundary, not to the text (RFC 2046).
@@ -229,6 +244,25 @@ def _part(subtype: bytes, text: str) -> bytes:
             CRLF,
         )
     )
+
+
+def _encoded(text: str, *, html: bool) -> tuple[bytes, bytes]:
+    """The part's transfer encoding and its body with CRLF line ends.
+
+    7bit when the text can go as it is: ASCII (HTML gets numeric character references, which
+    mean the same there; the stylesheet is ASCII, checked when the template is built), no NUL
+    and no CR (rendered text ends its lines in LF alone), and no line longer than SMTP carries.
+    Otherwise quoted-printable, which costs more than rendering the HTML: every ``=`` of every
+    attribute becomes ``=3D``.
+    """
+    try:
+        data = text.encode("ascii", "xmlcharrefreplace" if html else "strict")
+    except UnicodeEncodeError:
+        data = b"\r"  # not ASCII: quoted-printable
+    if b"\r" not in data and b"\0" not in data and max(map(len, data.split(b"\n"))) <= MAX_WIRE_LINE:
+        return b"7bit", data.replace(b"\n", CRLF)
+    source = text.replace("\r\n", "\n").encode("utf-8")
+    return b"quoted-printable", binascii.b2a_qp(source, istext=True).replace(b"\n", CRLF)
 
 
 def to_header(to: Address) -> str:
