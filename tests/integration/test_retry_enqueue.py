@@ -14,10 +14,10 @@ import redis
 from dramatiq.broker import MessageProxy
 from dramatiq.brokers.redis import RedisBroker
 
-from bench.support import free_port
 from reports.errors import ProviderUnavailable
 from reports.worker.retries import JitteredRetries
-from tests.conftest import missing
+from tests.support.environment import missing
+from tests.support.processes import free_port
 
 
 def _redis_on(port: int, folder: Path) -> subprocess.Popen[bytes]:
