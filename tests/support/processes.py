@@ -29,16 +29,20 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def redis_server(folder: str | Path | None = None) -> Iterator[str]:
-    """A throwaway redis-server (no persistence) on a free loopback port; yields its URL once it answers.
+def redis_server(folder: str | Path | None = None, *, port: int | None = None) -> Iterator[str]:
+    """A throwaway redis-server (no persistence) on ``port`` or a free loopback port; yields its URL once
+    it answers.
 
     It works in ``folder``, or in a temporary folder removed after.
     """
     if folder is None:
-        with tempfile.TemporaryDirectory(prefix="redis-server-") as temporary, redis_server(temporary) as url:
+        with (
+            tempfile.TemporaryDirectory(prefix="redis-server-") as temporary,
+            redis_server(temporary, port=port) as url,
+        ):
             yield url
         return
-    port = free_port()
+    port = port or free_port()
     server = subprocess.Popen(
         [
             shutil.which("redis-server") or "redis-server",
