@@ -7,13 +7,13 @@ import threading
 import redis
 
 from reports import counters
-from reports.content.render import ReportLook
 from reports.database import create_db_engine, session_factory
 from reports.delivery import send_rate
 from reports.delivery.breaker import STATE_CACHE_MS, CircuitBreaker, mail_breaker_name
 from reports.delivery.mail.backend import build_mailer
 from reports.delivery.pipeline import Context
 from reports.failures.alerts import WebhookAlerts
+from reports.look import ReportLook
 from reports.settings import Settings
 from reports.worker.dead_letter_sink import DeadLetterSink
 

@@ -1,5 +1,5 @@
-"""What the benchmarks (and the test suite) set up: a PostgreSQL database of their own, dropped after;
-and, for the benchmarks, a private redis-server, seeded users, real worker pools and their memory."""
+"""What the benchmarks set up: seeded users, real worker pools and their memory, and (from tests/support,
+shared with the test suite) a PostgreSQL database of their own, dropped after, and a private redis-server."""
 
 from __future__ import annotations
 
@@ -7,12 +7,10 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -20,7 +18,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import psycopg
-import redis
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -32,27 +29,20 @@ from reports.ops.seed import seed
 from reports.periods import Period, previous_month
 from reports.settings import ENVIRONMENT, Settings
 
-if TYPE_CHECKING:
-    from smtp_sink import SmtpSink
-
-#: The server the benchmarks make their databases on (the test suite's variable).
-ADMIN_URL = os.environ.get("TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 #: The repository's root: where worker pools run (``dramatiq actors`` imports ``actors`` from there).
 ROOT = Path(__file__).resolve().parent.parent
+# A benchmark runs as a plain script, with bench/ on sys.path but not the repository, which holds
+# the helpers the benchmarks share with the tests.
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
+# Defined once, in tests/support; the benchmarks import them from here.
+from tests.support.databases import temporary_database as temporary_database
+from tests.support.processes import free_port as free_port
+from tests.support.processes import redis_server as redis_server
 
-@contextlib.contextmanager
-def temporary_database(admin_url: str = ADMIN_URL, *, prefix: str = "reports_bench") -> Iterator[str]:
-    """Create an empty database; yield its SQLAlchemy URL; drop it (and its connections) after."""
-    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(admin_url, autocommit=True) as connection:
-        connection.execute(f'CREATE DATABASE "{name}"')
-    base = admin_url.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
-    try:
-        yield f"{base}/{name}"
-    finally:
-        with psycopg.connect(admin_url, autocommit=True) as connection:
-            connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+if TYPE_CHECKING:
+    from smtp_sink import SmtpSink
 
 
 def interrupt_on_sigterm() -> None:
@@ -62,59 +52,6 @@ def interrupt_on_sigterm() -> None:
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
     signal.signal(signal.SIGTERM, interrupted)
-
-
-def free_port() -> int:
-    """A TCP port on the loopback that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextlib.contextmanager
-def redis_server(folder: str | Path | None = None) -> Iterator[str]:
-    """A throwaway redis-server (no persistence) on a free loopback port; yields its URL once it answers.
-
-    It works in ``folder``, or in a temporary folder removed after.
-    """
-    if folder is None:
-        with tempfile.TemporaryDirectory(prefix="bench-redis-") as temporary, redis_server(temporary) as url:
-            yield url
-        return
-    port = free_port()
-    server = subprocess.Popen(
-        [
-            shutil.which("redis-server") or "redis-server",
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(folder),
-        ],
-        stdout=subprocess.DEVNULL,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
-    try:
-        client = redis.Redis.from_url(url)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"redis-server on port {port} did not start") from None
-                time.sleep(0.05)
-        client.close()
-        yield url
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
 
 
 def seed_users(

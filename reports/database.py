@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -13,9 +13,12 @@ from reports.errors import DatabaseMissing
 from reports.settings import Settings
 
 if TYPE_CHECKING:
+    import sqlite3
+
     # Alembic is imported only where a migration runs: every worker imports this module for its
     # engine, and importing Alembic (1.16+) logs seven INFO lines of plugin set-up per process.
     from alembic.config import Config
+    from sqlalchemy.pool import ConnectionPoolEntry
 
 _MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 
@@ -59,7 +62,7 @@ def create_db_engine(url: str, *, create: bool = True) -> Engine:
     )
 
     @event.listens_for(engine, "connect")
-    def _configure(dbapi_connection, _record):
+    def _configure(dbapi_connection: sqlite3.Connection, _record: ConnectionPoolEntry) -> None:
         # Let SQLAlchemy's "begin" event open transactions, so they can be IMMEDIATE.
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
@@ -69,7 +72,7 @@ def create_db_engine(url: str, *, create: bool = True) -> Engine:
         cursor.close()
 
     @event.listens_for(engine, "begin")
-    def _begin(connection):
+    def _begin(connection: Connection) -> None:
         # A deferred transaction that reads and then writes fails at once with "database is
         # locked" when another process wrote in between; IMMEDIATE waits for the lock instead.
         connection.exec_driver_sql("BEGIN IMMEDIATE")

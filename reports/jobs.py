@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from reports.errors import BadInput, InvalidPayload
 from reports.periods import Period
@@ -32,7 +32,7 @@ MAX_USER_ID = 2**31 - 1
 _TEMPLATE_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,31}")
 
 
-def is_version_name(value: object) -> bool:
+def is_version_name(value: object) -> TypeGuard[str]:
     """Whether ``value`` can name a template folder: one path segment that cannot climb out."""
     return isinstance(value, str) and _TEMPLATE_VERSION.fullmatch(value) is not None
 

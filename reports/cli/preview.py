@@ -16,10 +16,11 @@ from sqlalchemy.orm import Session
 from reports.cli.app import Obj, cli, pass_obj, period_argument
 from reports.clock import utcnow
 from reports.content.activity import load_summary
-from reports.content.render import RenderedReport, ReportLook, render
+from reports.content.render import RenderedReport, render
 from reports.delivery.mail.compose import compose, message_id, recipient
 from reports.errors import BadInput, PermanentError
 from reports.jobs import MAX_USER_ID, is_version_name
+from reports.look import ReportLook
 from reports.models import PeriodRun, User
 from reports.periods import Period
 from reports.settings import Settings

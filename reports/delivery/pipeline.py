@@ -33,7 +33,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from reports.clock import utcnow
 from reports.content.activity import load_summary
-from reports.content.render import RenderedReport, ReportLook, render
+from reports.content.render import RenderedReport, render
 from reports.content.view import should_send
 from reports.delivery import claims, statements
 from reports.delivery.breaker import CircuitBreaker, Permit, State
@@ -43,6 +43,7 @@ from reports.delivery.send_rate import SendRate, pace
 from reports.errors import CircuitOpen, Deferred, MailRejected, PermanentError, is_provider_failure
 from reports.fanout import items
 from reports.jobs import ReportJob, SendNowJob
+from reports.look import ReportLook
 from reports.models import FINAL_STATES, ItemState, Report, ReportItem, RunState, SuppressionReason, User
 from reports.periods import Period
 from reports.settings import CLAIM_LEASE_MARGIN_SECONDS, Settings

@@ -118,7 +118,7 @@ class ReportsCollector(Collector):
     def _unacked(self, queue: str) -> int:
         total = 0
         for acks in self.client.scan_iter(match=f"{self.namespace}:__acks__.*.{queue}", count=1000):
-            total += cast(int, self.client.scard(acks))
+            total += self.client.scard(acks)
         return total
 
     def _age(self, key: str, head: bytes | None, now: float) -> float:
@@ -127,7 +127,8 @@ class ReportsCollector(Collector):
         raw = cast(bytes | None, self.client.hget(f"{key}.msgs", head))
         if raw is None:
             return 0.0
-        return max(now - json.loads(raw)["message_timestamp"] / 1000, 0.0)
+        timestamp_ms: int = json.loads(raw)["message_timestamp"]
+        return max(now - timestamp_ms / 1000, 0.0)
 
     def _counters(self) -> Iterator[Metric]:
         dead = CounterMetricFamily(

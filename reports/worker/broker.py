@@ -12,6 +12,7 @@ import dramatiq
 import redis
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import CurrentMessage, TimeLimit
+from redis.typing import EncodableT, FieldT
 
 from reports.jobs import PLAN_PERIOD, ActorSpec
 from reports.settings import Settings
@@ -38,7 +39,8 @@ def build_broker(settings: Settings) -> RedisBroker:
     # Retries are reports.worker.retries.JitteredRetries, added by the workers (it needs the
     # dead-letter store).
     middleware = [TimeLimit(), CurrentMessage()]
-    return UndecodableAsDeadLetters(
+    # Dramatiq's RedisBroker.__init__, which this class keeps, has no annotations.
+    return UndecodableAsDeadLetters(  # type: ignore[no-untyped-call]
         url=settings.broker_url,
         namespace=settings.broker_namespace,
         heartbeat_timeout=settings.heartbeat_timeout_ms,
@@ -147,7 +149,7 @@ def send_many(broker: dramatiq.Broker, spec: ActorSpec, payloads: Iterable[Mappi
 
 
 def _enqueue_chunk(broker: RedisBroker, queue: str, messages: list[dramatiq.Message[Any]]) -> int:
-    encoded: dict[str, bytes] = {}
+    encoded: dict[FieldT, EncodableT] = {}
     for message in messages:
         broker.emit_before("enqueue", message, None)
         encoded[message.options["redis_message_id"]] = message.encode()

@@ -125,7 +125,7 @@ def absorb_broker_dead_letters(client: redis.Redis, namespace: str, on_dead: Cal
             raw = cast(bytes | None, client.hget(f"{xq_key}.msgs", redis_id))
             if raw is not None:
                 try:
-                    on_dead(_broker_dead_message(raw, cast(bytes, redis_id).decode(), queue, int(died_ms)))
+                    on_dead(_broker_dead_message(raw, redis_id.decode(), queue, int(died_ms)))
                 except Exception:
                     # One entry that cannot be stored must not keep every later one in .XQ.
                     logger.exception("Could not store broker dead letter %s; leaving it in %s.", redis_id, xq_key)

@@ -41,7 +41,8 @@ class _Consumer(_RedisConsumer):
     def __next__(self) -> MessageProxy | None:
         while True:
             try:
-                return cast(MessageProxy | None, super().__next__())
+                # Dramatiq's _RedisConsumer.__next__ has no annotations.
+                return cast(MessageProxy | None, super().__next__())  # type: ignore[no-untyped-call]
             except DecodeError as error:
                 # The rest of the prefetched batch is still in the cache: the next turn takes it.
                 self._dead_letter(error.data)

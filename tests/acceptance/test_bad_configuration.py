@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from reports.settings import Settings
-from tests.conftest import REPO
+from tests.support.environment import REPO
 
 pytestmark = pytest.mark.acceptance
 

@@ -21,16 +21,12 @@ from reports.database import create_db_engine
 from reports.jobs import MAX_USER_ID, PlanJob
 from reports.periods import Period
 from reports.settings import Settings
-from tests.conftest import (
-    REPO,
-    jobs_in_queue,
-    load_users,
-    messages_in_queue,
-    month_from_now,
-    queue_counts,
-    run_cli,
-    wait_until,
-)
+from tests.support.broker import jobs_in_queue, messages_in_queue, queue_counts
+from tests.support.databases import load_users
+from tests.support.environment import REPO
+from tests.support.periods import month_from_now
+from tests.support.processes import run_cli
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.acceptance
 

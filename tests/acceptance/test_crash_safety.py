@@ -13,7 +13,9 @@ from sqlalchemy import select
 from reports.fanout.progress import count
 from reports.models import PeriodRun
 from reports.periods import Period
-from tests.conftest import load_users, run_cli, wait_until
+from tests.support.databases import load_users
+from tests.support.processes import run_cli
+from tests.support.waiting import wait_until
 
 # The issue asks for these on PostgreSQL; the pipeline's SQLite path is covered end to end elsewhere.
 pytestmark = [pytest.mark.acceptance, pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)]

@@ -27,7 +27,9 @@ from tests.acceptance.test_failures import (
     trigger,
     wait_complete,
 )
-from tests.conftest import load_users, run_cli, wait_until
+from tests.support.databases import load_users
+from tests.support.processes import run_cli
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)]
 

@@ -22,9 +22,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from bench.support import temporary_database
 from reports.settings import ENVIRONMENT
-from tests.conftest import month_from_now
+from tests.support.databases import temporary_database
+from tests.support.periods import month_from_now
 
 pytestmark = pytest.mark.acceptance
 

@@ -18,7 +18,8 @@ import redis
 
 from reports.failures import dead_letters
 from reports.worker.retries import DeadMessage
-from tests.conftest import queued_messages, run_cli
+from tests.support.broker import queued_messages
+from tests.support.processes import run_cli
 
 pytestmark = pytest.mark.acceptance
 

@@ -12,7 +12,8 @@ from reports.fanout.progress import count
 from reports.jobs import BUILD_REPORT
 from reports.periods import Period
 from reports.worker.broker import build_broker, send_many
-from tests.conftest import load_users, wait_until
+from tests.support.databases import load_users
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.acceptance
 

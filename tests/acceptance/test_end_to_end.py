@@ -8,7 +8,9 @@ from dataclasses import replace
 
 import pytest
 
-from tests.conftest import load_users, run_cli, wait_until
+from tests.support.databases import load_users
+from tests.support.processes import run_cli
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.acceptance
 

@@ -29,7 +29,11 @@ from reports.fanout.progress import count
 from reports.periods import Period
 from reports.worker.broker import build_broker
 from reports.worker.retries import DeadMessage
-from tests.conftest import DeadProvider, load_users, queued_messages, run_cli, wait_until
+from tests.support.broker import queued_messages
+from tests.support.databases import load_users
+from tests.support.processes import run_cli
+from tests.support.smtp import DeadProvider
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.acceptance
 

@@ -24,7 +24,10 @@ from reports.fanout.progress import count
 from reports.jobs import BUILD_REPORT
 from reports.periods import Period
 from reports.worker.broker import build_broker, send_many
-from tests.conftest import REPO, free_port, load_users, run_cli, wait_until
+from tests.support.databases import load_users
+from tests.support.environment import REPO
+from tests.support.processes import free_port, run_cli
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.acceptance
 

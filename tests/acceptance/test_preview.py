@@ -18,7 +18,8 @@ from reports.fanout.runs import trigger
 from reports.models import Base
 from reports.periods import Period
 from reports.settings import DEFAULT_TEMPLATES_DIR
-from tests.conftest import load_users, run_cli
+from tests.support.databases import load_users
+from tests.support.processes import run_cli
 
 pytestmark = pytest.mark.acceptance
 

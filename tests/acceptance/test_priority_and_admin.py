@@ -39,16 +39,13 @@ from reports.jobs import BULK_QUEUE, CRITICAL_QUEUE, DEFAULT_QUEUE, SEND_NOW, Se
 from reports.periods import Period
 from reports.settings import Settings
 from reports.worker.broker import build_broker, send, send_many
-from tests.conftest import (
-    REPO,
-    SmtpServer,
-    WorkerGroup,
-    load_users,
-    month_from_now,
-    queued_messages,
-    run_cli,
-    wait_until,
-)
+from tests.support.broker import queued_messages
+from tests.support.databases import load_users
+from tests.support.environment import REPO
+from tests.support.periods import month_from_now
+from tests.support.processes import WorkerGroup, run_cli
+from tests.support.smtp import SmtpServer
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.acceptance
 

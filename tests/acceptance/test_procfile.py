@@ -44,7 +44,10 @@ from reports.jobs import (
 from reports.periods import Period
 from reports.settings import Settings
 from reports.worker.broker import build_broker, send, send_many
-from tests.conftest import REPO, free_port, kill_group, load_users, wait_until
+from tests.support.databases import load_users
+from tests.support.environment import REPO
+from tests.support.processes import free_port, kill_group
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)]
 

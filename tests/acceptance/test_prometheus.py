@@ -24,7 +24,10 @@ import pytest
 
 from reports.fanout.progress import count
 from reports.periods import Period
-from tests.conftest import REPO, free_port, load_users, missing, run_cli, wait_until
+from tests.support.databases import load_users
+from tests.support.environment import REPO, missing
+from tests.support.processes import free_port, run_cli
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.acceptance
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from reports.models import ReportItem, RunState
-from tests.conftest import month_from_now, run_cli
 from tests.integration.test_retention import USERS, add_users, dead_letter, everything, fill_period, rows
+from tests.support.periods import month_from_now
+from tests.support.processes import run_cli
 
 pytestmark = pytest.mark.acceptance
 

@@ -17,7 +17,9 @@ from reports.jobs import PlanJob, ReportJob
 from reports.models import ReportItem
 from reports.periods import Period
 from reports.settings import Settings
-from tests.conftest import jobs_in_queue, load_users, messages_in_queue, queue_counts, run_cli
+from tests.support.broker import jobs_in_queue, messages_in_queue, queue_counts
+from tests.support.databases import load_users
+from tests.support.processes import run_cli
 
 pytestmark = pytest.mark.acceptance
 

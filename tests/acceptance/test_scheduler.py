@@ -27,7 +27,9 @@ from reports.periods import Period, previous_month
 from reports.settings import Settings
 from scheduler.process import last_trigger_key
 from scheduler.schedule import due_periods
-from tests.conftest import REPO, jobs_in_queue, messages_in_queue, wait_until
+from tests.support.broker import jobs_in_queue, messages_in_queue
+from tests.support.environment import REPO
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.acceptance
 

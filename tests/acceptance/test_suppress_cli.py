@@ -7,7 +7,8 @@ import json
 import pytest
 from sqlalchemy import text
 
-from tests.conftest import load_users, run_cli
+from tests.support.databases import load_users
+from tests.support.processes import run_cli
 
 pytestmark = pytest.mark.acceptance
 

@@ -26,8 +26,11 @@ from reports.periods import Period
 from reports.settings import Settings
 from reports.unsubscribe import suppressions, tokens
 from reports.unsubscribe.tokens import Signer
-from tests.conftest import REPO, free_port, load_users, missing, run_cli, wait_until
 from tests.integration.conftest import PERIOD, RecordingSender, plan_everything
+from tests.support.databases import load_users
+from tests.support.environment import REPO, missing
+from tests.support.processes import free_port, run_cli
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.acceptance
 

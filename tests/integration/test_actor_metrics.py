@@ -21,7 +21,9 @@ from redis.retry import Retry
 
 from reports.counters import SEP, counter_key
 from reports.worker.actor_metrics import ActorMetrics
-from tests.conftest import free_port, redis_commands, wait_until
+from tests.support.broker import redis_commands
+from tests.support.processes import free_port
+from tests.support.waiting import wait_until
 
 NAMESPACE = "metrics-test"
 #: Longer than any test: the flusher thread never runs, so the test decides when a flush happens.

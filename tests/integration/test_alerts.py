@@ -21,7 +21,8 @@ import redis
 
 from reports.failures.alerts import SAMPLE_SIZE, WebhookAlerts
 from reports.worker.retries import DeadMessage
-from tests.conftest import free_port, wait_until
+from tests.support.processes import free_port
+from tests.support.waiting import wait_until
 
 WINDOW_SECONDS = 1.0
 

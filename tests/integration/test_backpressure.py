@@ -10,7 +10,7 @@ from reports.fanout.progress import count
 from reports.jobs import BUILD_REPORT
 from reports.periods import Period
 from reports.worker.broker import backlog, send_many
-from tests.conftest import load_users
+from tests.support.databases import load_users
 
 PERIOD = Period(2026, 10)
 

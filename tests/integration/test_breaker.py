@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from reports.delivery.breaker import STATE_CACHE_MS, CircuitBreaker, Permit, State
-from tests.conftest import redis_commands
+from tests.support.broker import redis_commands
 
 THRESHOLD = 5
 WINDOW_MS = 10_000

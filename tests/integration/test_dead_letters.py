@@ -23,8 +23,9 @@ from reports.settings import Settings
 from reports.worker.broker import message_for
 from reports.worker.dead_letter_sink import BrokerDeadLetters, DeadLetterSink, absorb_broker_dead_letters
 from reports.worker.retries import DeadMessage
-from tests.conftest import load_users, wait_until
 from tests.integration.conftest import PERIOD, plan_everything, queued_user_ids
+from tests.support.databases import load_users
+from tests.support.waiting import wait_until
 
 #: A fixed "now" (naive UTC, as the schema stores it) and the same instant in epoch milliseconds.
 NOW = datetime(2026, 11, 5, 12, 0, 0)

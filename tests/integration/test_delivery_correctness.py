@@ -38,8 +38,8 @@ from reports.models import Delivery, DeliveryState, ItemState, ReportItem
 from reports.settings import Settings
 from reports.worker.broker import backlog, build_broker
 from reports.worker.retries import DeadMessage
-from tests.conftest import load_users
 from tests.integration.conftest import PERIOD, plan_everything, trigger
+from tests.support.databases import load_users
 
 THRESHOLD = 5
 COOLDOWN_MS = 30_000

@@ -24,7 +24,7 @@ from reports import counters
 from reports.jobs import BUILD_REPORT
 from reports.ops.metrics import CachedCollector, ReportsCollector
 from reports.settings import Settings
-from tests.conftest import free_port
+from tests.support.processes import free_port
 
 #: The cache window of these tests, in seconds: long enough that ten scrapes fit in it.
 WINDOW_SECONDS = 2.0
@@ -127,7 +127,7 @@ def test_the_exporter_counts_suppressed_users_by_reason(settings, sessions):
     from reports.clock import utcnow
     from reports.models import SuppressionReason
     from reports.unsubscribe import suppressions
-    from tests.conftest import load_users
+    from tests.support.databases import load_users
 
     load_users(sessions, count=4)
     with sessions.begin() as session:

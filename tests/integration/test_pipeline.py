@@ -17,8 +17,9 @@ from reports.delivery.mail.backend import build_mailer
 from reports.errors import ClaimHeld, InvalidRecipient, ProviderUnavailable
 from reports.jobs import ReportJob
 from reports.models import Delivery, DeliveryState, ItemState, Report, ReportItem
-from tests.conftest import free_port, load_users
 from tests.integration.conftest import PERIOD, plan_everything
+from tests.support.databases import load_users
+from tests.support.processes import free_port
 
 BCC_NAME = "Mallory\r\nBcc: attacker@example.com"
 HTML_NAME = "<b>Eve</b> & co"

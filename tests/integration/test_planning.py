@@ -15,7 +15,6 @@ from reports.jobs import BUILD_REPORT
 from reports.models import ItemState, PeriodRun, ReportItem
 from reports.periods import Period
 from reports.worker.broker import send_many
-from tests.conftest import load_users, queued_messages
 from tests.integration.conftest import (
     PERIOD,
     RecordingSender,
@@ -25,6 +24,8 @@ from tests.integration.conftest import (
     run_together,
     trigger,
 )
+from tests.support.broker import queued_messages
+from tests.support.databases import load_users
 
 
 class SenderCrash(RuntimeError):

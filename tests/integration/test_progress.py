@@ -13,8 +13,8 @@ from reports.fanout import items, progress
 from reports.fanout.coordinator import plan_slice
 from reports.models import ItemState, ReportItem
 from reports.periods import Period
-from tests.conftest import load_users
 from tests.integration.conftest import PERIOD, RecordingSender, plan_everything, run_together, trigger
+from tests.support.databases import load_users
 
 
 def counted(sessions: sessionmaker[Session], period: Period = PERIOD) -> progress.Progress:

@@ -23,8 +23,8 @@ from reports.delivery.mail.backend import build_mailer
 from reports.jobs import ReportJob
 from reports.models import Activity, User
 from reports.settings import Settings
-from tests.conftest import SmtpServer
 from tests.integration.conftest import PERIOD, plan_everything
+from tests.support.smtp import SmtpServer
 
 #: Statements one monthly report sends to the database today. On PostgreSQL: lock the item and read
 #: the run, the user and the activity; store the report, count the attempt and take the claim; mark

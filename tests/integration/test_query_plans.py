@@ -18,8 +18,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from reports.clock import utcnow
 from reports.fanout import items
 from reports.models import ItemState
-from tests.conftest import wait_until
 from tests.integration.conftest import PERIOD
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
 

@@ -24,8 +24,9 @@ from reports.models import ItemState, ReportItem
 from reports.periods import Period
 from reports.settings import Settings
 from reports.worker.broker import send_coordinator, send_many
-from tests.conftest import load_users, queued_messages
 from tests.integration.conftest import PERIOD, item_user_ids, plan_everything, queued_user_ids, run_together, trigger
+from tests.support.broker import queued_messages
+from tests.support.databases import load_users
 
 STUCK_AFTER = timedelta(minutes=10)
 

@@ -3,65 +3,32 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
 import threading
-import time
-from pathlib import Path
 
 import dramatiq
-import pytest
 import redis
 from dramatiq.broker import MessageProxy
 from dramatiq.brokers.redis import RedisBroker
 
-from bench.support import free_port
 from reports.errors import ProviderUnavailable
 from reports.worker.retries import JitteredRetries
-from tests.conftest import missing
-
-
-def _redis_on(port: int, folder: Path) -> subprocess.Popen[bytes]:
-    server = subprocess.Popen(
-        [
-            shutil.which("redis-server") or "redis-server",
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(folder),
-        ],
-        stdout=subprocess.DEVNULL,
-    )
-    client = redis.Redis(port=port)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            client.ping()
-            return server
-        except redis.ConnectionError:
-            if time.monotonic() > deadline:
-                server.kill()
-                pytest.fail("redis-server did not start")
-            time.sleep(0.05)
+from tests.support.environment import missing
+from tests.support.processes import free_port, redis_server
 
 
 def test_a_retry_that_cannot_be_enqueued_holds_the_message_until_redis_is_back(tmp_path):
     if shutil.which("redis-server") is None:
         missing("redis-server is not installed")
     port = free_port()
-    server = _redis_on(port, tmp_path)
-    broker = RedisBroker(url=f"redis://127.0.0.1:{port}/0", namespace="retry-test")
-    retries = JitteredRetries(max_retries=5, min_backoff_ms=10, max_backoff_ms=20, on_dead=lambda _dead: None)
-    message = MessageProxy(
-        dramatiq.Message(queue_name="bulk", actor_name="build_report", args=("2026-10", 7, "v1"), kwargs={}, options={})
-    )
-    server.terminate()
-    server.wait(timeout=10)  # a failover: the enqueue of the retry fails
+    with redis_server(tmp_path, port=port) as url:
+        broker = RedisBroker(url=url, namespace="retry-test")
+        retries = JitteredRetries(max_retries=5, min_backoff_ms=10, max_backoff_ms=20, on_dead=lambda _dead: None)
+        message = MessageProxy(
+            dramatiq.Message(
+                queue_name="bulk", actor_name="build_report", args=("2026-10", 7, "v1"), kwargs={}, options={}
+            )
+        )
+    # The server is gone (a failover): the enqueue of the retry fails.
 
     hook = threading.Thread(
         target=retries.after_process_message,
@@ -74,8 +41,7 @@ def test_a_retry_that_cannot_be_enqueued_holds_the_message_until_redis_is_back(t
     # Dramatiq acks the message as soon as this hook returns: it must not return while Redis is away.
     assert hook.is_alive(), "the retry middleware gave up on the enqueue and let the message be acked"
 
-    server = _redis_on(port, tmp_path)
-    try:
+    with redis_server(tmp_path, port=port):
         hook.join(timeout=10)
         assert not hook.is_alive()
         client = redis.Redis(port=port)
@@ -86,6 +52,3 @@ def test_a_retry_that_cannot_be_enqueued_holds_the_message_until_redis_is_back(t
             ("2026-10", 7, "v1"),
             1,
         )
-    finally:
-        server.terminate()
-        server.wait(timeout=10)

@@ -21,7 +21,8 @@ from aiosmtpd.smtp import SMTP
 
 from reports.delivery.mail.smtp import SmtpMailer
 from reports.errors import MailDeferred, MailRejected, ProviderUnavailable
-from tests.conftest import LoopbackServer, RecordingHandler, free_port
+from tests.support.processes import free_port
+from tests.support.smtp import LoopbackServer, RecordingHandler
 
 SENDER = "reports@reports.test"
 

@@ -17,8 +17,8 @@ from reports.fanout import progress
 from reports.jobs import ReportJob
 from reports.models import ItemState, ReportItem, SuppressionReason
 from reports.unsubscribe import suppressions, tokens
-from tests.conftest import load_users
 from tests.integration.conftest import PERIOD, RecordingSender, plan_everything
+from tests.support.databases import load_users
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from dramatiq.middleware import Middleware, Retries, default_middleware
 
 from reports.errors import InvalidPayload, InvalidRecipient, MailDeferred, ProviderUnavailable
 from reports.worker.retries import DeadMessage, JitteredRetries
-from tests.conftest import wait_until
+from tests.support.waiting import wait_until
 
 QUEUE = "mail"
 

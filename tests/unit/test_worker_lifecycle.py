@@ -16,7 +16,7 @@ from reports.settings import Settings
 from reports.worker import lifecycle
 from reports.worker.broker import build_broker
 from reports.worker.lifecycle import DrainOnce, Heartbeat, coalesce_term_signals, draining
-from tests.conftest import wait_until
+from tests.support.waiting import wait_until
 
 
 class FakeClock:

@@ -1,0 +1,49 @@
+"""What Redis holds and ran: the messages in the broker's queues, and a server's command counts."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import TypeVar
+
+import redis
+
+from reports.jobs import PlanJob, ReportJob, SendNowJob
+from reports.settings import Settings
+
+
+def redis_commands(client: redis.Redis) -> Counter[str]:
+    """Commands the server has run since it started, by name (``INFO commandstats``), not counting
+    INFO itself: on a private server, the difference of two readings is what ran in between."""
+    stats = client.info("commandstats")
+    return Counter(
+        {name.removeprefix("cmdstat_"): int(stat["calls"]) for name, stat in stats.items() if name != "cmdstat_info"}
+    )
+
+
+def queue_counts(settings: Settings) -> dict[str, int]:
+    """Messages waiting in the default and bulk queues of the test's namespace."""
+    return {
+        queue: queued_messages(settings.broker_url, settings.broker_namespace, queue) for queue in ("default", "bulk")
+    }
+
+
+def messages_in_queue(settings: Settings, queue: str) -> list[dict]:
+    """The decoded messages ready in ``queue``, in queue order."""
+    client = redis.Redis.from_url(settings.broker_url)
+    key = f"{settings.broker_namespace}:{queue}"
+    return [json.loads(client.hget(f"{key}.msgs", message_id)) for message_id in client.lrange(key, 0, -1)]
+
+
+JobT = TypeVar("JobT", PlanJob, ReportJob, SendNowJob)
+
+
+def jobs_in_queue(settings: Settings, queue: str, job: type[JobT]) -> list[JobT]:
+    """The messages ready in ``queue``, parsed into jobs as their actor parses them."""
+    return [job.parse(m["args"], m["kwargs"]) for m in messages_in_queue(settings, queue)]
+
+
+def queued_messages(redis_url: str, namespace: str, queue: str) -> int:
+    """Messages waiting in ``queue`` (ready and delayed)."""
+    client = redis.Redis.from_url(redis_url)
+    return client.llen(f"{namespace}:{queue}") + client.llen(f"{namespace}:{queue}.DQ")

@@ -1,0 +1,29 @@
+"""Where the tests run: the repository, the services' addresses, and what a missing service does.
+
+Services are found at the usual local addresses (override with TEST_POSTGRES_URL and
+TEST_REDIS_URL). Locally a missing service skips its tests; in CI (``CI`` set) it fails them.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import NoReturn
+
+import pytest
+
+POSTGRES_ADMIN_URL = os.environ.get("TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+IN_CI = bool(os.environ.get("CI"))
+REPO = Path(__file__).resolve().parent.parent.parent
+
+
+def missing(message: str) -> NoReturn:
+    """A service or tool the test needs is not there: skip locally, fail in CI (which installs it)."""
+    if IN_CI:
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def unavailable(what: str, error: Exception) -> NoReturn:
+    missing(f"{what} is not reachable ({type(error).__name__}: {error})")

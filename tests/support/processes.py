@@ -1,0 +1,124 @@
+"""Processes and ports: a free loopback port, a private redis-server, worker groups, the CLI."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+
+from reports.settings import Settings
+from tests.support.environment import REPO
+
+
+def free_port() -> int:
+    """A TCP port on the loopback that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def redis_server(folder: str | Path | None = None, *, port: int | None = None) -> Iterator[str]:
+    """A throwaway redis-server (no persistence) on ``port`` or a free loopback port; yields its URL once
+    it answers.
+
+    It works in ``folder``, or in a temporary folder removed after.
+    """
+    if folder is None:
+        with (
+            tempfile.TemporaryDirectory(prefix="redis-server-") as temporary,
+            redis_server(temporary, port=port) as url,
+        ):
+            yield url
+        return
+    port = port or free_port()
+    server = subprocess.Popen(
+        [
+            shutil.which("redis-server") or "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(folder),
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        client = redis.Redis.from_url(url)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"redis-server on port {port} did not start") from None
+                time.sleep(0.05)
+        client.close()
+        yield url
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+@dataclass
+class WorkerGroup:
+    """One ``dramatiq actors`` master process and its worker children (one process group)."""
+
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, timeout: float = 30) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.process.returncode
+
+    def kill(self) -> None:
+        kill_group(self.process)
+
+
+def kill_group(process: subprocess.Popen[bytes]) -> None:
+    """SIGKILL ``process``'s whole process group (it leads one) and reap it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def run_cli(settings: Settings, *args: str | bytes, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run the ``reports`` command as an operator would, in a process of its own.
+
+    An argument may be bytes, to pass what a shell would (including bytes that are not UTF-8).
+    """
+    return subprocess.run(
+        [sys.executable, "-m", "reports", *args],
+        env={**os.environ, **settings.as_environ()},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )

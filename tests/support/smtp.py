@@ -1,0 +1,127 @@
+"""Mail providers for the tests: one that records what it accepts (and refuses on cue), and loopback
+TCP servers for scripted, dead and slow ones."""
+
+from __future__ import annotations
+
+import asyncio
+import email
+import email.policy
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from email.message import EmailMessage
+
+from aiosmtpd.controller import Controller
+
+#: Decides a reply for one delivery: given (recipient, 1-based attempt for that recipient), an SMTP
+#: reply such as "550 5.1.1 No such user" to refuse it, or None to accept it.
+Fault = Callable[[str, int], "str | None"]
+
+
+class RecordingHandler:
+    """Keeps every accepted message, parsed, with its envelope recipients; refuses what ``fault`` says."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.messages: list[tuple[list[str], EmailMessage]] = []
+        self.attempts: dict[str, int] = {}
+        self.refused: list[tuple[str, str]] = []
+        self.fault: Fault | None = None
+        #: Decides a reply to RCPT TO, given the address: an SMTP reply to refuse it, or None.
+        self.rcpt_fault: Callable[[str], str | None] | None = None
+        #: Seconds each message takes, to stretch a run so it can be interrupted. Spent before the
+        #: data, as a slow network or a slow provider would; the final "." is answered at once.
+        self.delay_seconds = 0.0
+
+    async def handle_RCPT(self, server, session, envelope, address, rcpt_options):  # type: ignore[no-untyped-def]
+        if self.delay_seconds:
+            await asyncio.sleep(self.delay_seconds)
+        if self.rcpt_fault is not None and (reply := self.rcpt_fault(address)) is not None:
+            return reply
+        envelope.rcpt_tos.append(address)
+        return "250 OK"
+
+    async def handle_DATA(self, server, session, envelope):  # type: ignore[no-untyped-def]
+        recipient = envelope.rcpt_tos[0]
+        with self.lock:
+            attempt = self.attempts[recipient] = self.attempts.get(recipient, 0) + 1
+            reply = self.fault(recipient, attempt) if self.fault else None
+            if reply is not None:
+                self.refused.append((recipient, reply))
+                return reply
+            parsed = email.message_from_bytes(envelope.content, policy=email.policy.default)
+            self.messages.append((list(envelope.rcpt_tos), parsed))
+        return "250 Message accepted for delivery"
+
+
+@dataclass
+class SmtpServer:
+    url: str
+    handler: RecordingHandler
+    controller: Controller
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
+
+    running: bool = True
+
+    def stop(self) -> None:
+        """Take the provider down (its port is free until :meth:`start`)."""
+        if self.running:
+            self.controller.stop()
+            self.running = False
+
+    def start(self) -> None:
+        """Bring the provider back on the same port, keeping what it recorded."""
+        self.controller = Controller(self.handler, hostname="127.0.0.1", port=self.port)
+        self.controller.start()
+        self.running = True
+
+    @property
+    def messages(self) -> list[EmailMessage]:
+        with self.handler.lock:
+            return [message for _, message in self.handler.messages]
+
+    def by_user(self) -> dict[int, list[EmailMessage]]:
+        grouped: dict[int, list[EmailMessage]] = {}
+        for message in self.messages:
+            grouped.setdefault(int(message["X-Report-User-Id"]), []).append(message)
+        return grouped
+
+
+class LoopbackServer:
+    """A TCP server on the loopback that hands each connection it accepts to ``handle``, in a thread
+    of its own, and counts them; port 0 takes a free one."""
+
+    def __init__(self, handle: Callable[[socket.socket], None], port: int = 0) -> None:
+        self.handle = handle
+        self.connections = 0
+        self._server = socket.create_server(("127.0.0.1", port), reuse_port=False)
+        self._server.settimeout(0.2)
+        self.port = int(self._server.getsockname()[1])
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                connection, _ = self._server.accept()
+            except TimeoutError:
+                continue
+            self.connections += 1
+            threading.Thread(target=self.handle, args=(connection,), daemon=True).start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._thread.join()
+        self._server.close()
+
+
+class DeadProvider(LoopbackServer):
+    """A mail provider that is down: it accepts TCP connections, counts them, and drops them at once."""
+
+    def __init__(self, port: int) -> None:
+        super().__init__(lambda connection: connection.close(), port)
