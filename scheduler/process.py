@@ -38,7 +38,6 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from types import FrameType
 
-import dramatiq
 import redis
 import sqlalchemy.exc
 from apscheduler.events import EVENT_SCHEDULER_STARTED, SchedulerEvent  # type: ignore[import-untyped]
@@ -58,7 +57,7 @@ from reports.models import PeriodRun
 from reports.ops import retention
 from reports.periods import Period
 from reports.settings import Settings
-from reports.worker.broker import build_broker, send_coordinator
+from reports.worker.broker import Broker, build_broker, send_coordinator
 from scheduler.schedule import Schedule
 
 logger = logging.getLogger(__name__)
@@ -104,7 +103,7 @@ class SchedulerProcess:
         schedule: Schedule,
         *,
         sessions: sessionmaker[Session],
-        broker: dramatiq.Broker,
+        broker: Broker,
         redis_client: redis.Redis,
         clock: Callable[[], datetime] = utcnow,
     ) -> None:

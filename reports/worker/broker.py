@@ -46,8 +46,9 @@ def build_broker(settings: Settings) -> RedisBroker:
     )
 
 
-#: The broker as the library passes it around: only this package imports Dramatiq.
-Broker = dramatiq.Broker
+#: The broker as the library passes it around: only this package imports Dramatiq. Always Redis:
+#: the bulk enqueue and the backlog read its key layout.
+Broker = RedisBroker
 
 
 def message_for(
@@ -118,7 +119,7 @@ def enqueue_until_sent(
 ENQUEUE_CHUNK = 1000
 
 
-def send_many(broker: dramatiq.Broker, spec: ActorSpec, payloads: Iterable[Mapping[str, Any]]) -> int:
+def send_many(broker: Broker, spec: ActorSpec, payloads: Iterable[Mapping[str, Any]]) -> int:
     """Enqueue one message per payload, a chunk per Redis round trip; returns how many were sent.
 
     Dramatiq has no bulk enqueue: ``actor.send`` costs one round trip and one script call per
@@ -126,12 +127,6 @@ def send_many(broker: dramatiq.Broker, spec: ActorSpec, payloads: Iterable[Mappi
     ``dispatch`` script writes for each (the message in the queue's hash, its id on the queue's
     list), as one HSET and one RPUSH. It leans on the broker's key layout; Dramatiq is pinned.
     """
-    if not isinstance(broker, RedisBroker):
-        sent = 0
-        for payload in payloads:
-            broker.enqueue(message_for(spec, payload))
-            sent += 1
-        return sent
     sent = 0
     chunk: list[dramatiq.Message[Any]] = []
     for payload in payloads:
