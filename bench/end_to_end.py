@@ -48,7 +48,7 @@ from reports.clock import utcnow
 from reports.database import create_db_engine, session_factory
 from reports.delivery import pipeline
 from reports.fanout import coordinator, progress, runs
-from reports.jobs import BULK_QUEUE, DEFAULT_QUEUE, ReportJob
+from reports.jobs import BUILD_REPORT, BULK_QUEUE, DEFAULT_QUEUE, ReportJob
 from reports.worker.broker import build_broker
 
 #: Tables a run leaves alone; every other one (runs, items and their counts, reports, deliveries…) is
@@ -180,7 +180,9 @@ def plain_process(environ: dict[str, str], threads: int, jobs: Any, results: Any
     def work() -> None:
         while (payload := jobs.get()) is not None:
             try:
-                job = ReportJob.parse((), payload)  # what the build_report actor does with its message
+                job = ReportJob.parse(
+                    BUILD_REPORT.arguments(payload), {}
+                )  # what the build_report actor does with its message
                 outcome = str(pipeline.run(runtime.context, job))
             except Exception as error:  # noqa: BLE001  (counted and shown, like a worker would log it)
                 outcome = f"error {type(error).__name__}: {error}"

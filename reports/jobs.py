@@ -6,8 +6,7 @@ that does not parse will never parse: it is a permanent failure, not something t
 On the wire a payload's fields travel positionally, in the order its ``ActorSpec.fields`` names
 them. The bulk queue holds up to ``PLAN_HIGH_WATER`` messages in Redis, and the field names would
 add about 40 bytes to each, enough to push every message into the allocator's next size class.
-Named fields still parse: messages enqueued by an earlier release, and dead letters stored then,
-carry them.
+No release ever sent named fields, so a message that carries them is malformed.
 """
 
 from __future__ import annotations
@@ -59,19 +58,11 @@ _REQUEST_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a
 
 
 def _fields(args: Sequence[Any], kwargs: Mapping[str, Any], spec: ActorSpec) -> Mapping[str, Any]:
-    if args and kwargs:
-        raise InvalidPayload(
-            f"Fields come either all positional or all named, got {len(args)} positional and {sorted(kwargs)}."
-        )
-    if args:
-        if len(args) != len(spec.fields):
-            raise InvalidPayload(f"Expected {len(spec.fields)} positional fields {list(spec.fields)}, got {len(args)}.")
-        return dict(zip(spec.fields, args, strict=True))
-    expected = set(spec.fields)
-    missing, extra = expected - kwargs.keys(), kwargs.keys() - expected
-    if missing or extra:
-        raise InvalidPayload(f"Payload fields: missing {sorted(missing)}, unexpected {sorted(extra)}.")
-    return kwargs
+    if kwargs:
+        raise InvalidPayload(f"Fields travel positionally, got named fields {sorted(kwargs)}.")
+    if len(args) != len(spec.fields):
+        raise InvalidPayload(f"Expected {len(spec.fields)} positional fields {list(spec.fields)}, got {len(args)}.")
+    return dict(zip(spec.fields, args, strict=True))
 
 
 def _period(value: Any) -> Period:

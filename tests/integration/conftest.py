@@ -70,7 +70,7 @@ class RecordingSender:
 
     def __call__(self, payloads: Iterable[dict[str, Any]]) -> int:
         batch = list(payloads)
-        jobs = [ReportJob.parse((), payload) for payload in batch]
+        jobs = [ReportJob.parse(BUILD_REPORT.arguments(payload), {}) for payload in batch]
         with self.lock:
             self.calls += 1
             self.user_ids.extend(job.user_id for job in jobs)

@@ -38,7 +38,7 @@ class Recorder:
         self.coordinators: list[dict[str, Any]] = []
 
     def send_jobs(self, payloads: Iterable[dict[str, Any]]) -> int:
-        batch = [ReportJob.parse((), payload) for payload in payloads]
+        batch = [ReportJob.parse(BUILD_REPORT.arguments(payload), {}) for payload in payloads]
         assert all(job.period == PERIOD for job in batch)
         self.batches.append([job.user_id for job in batch])
         return len(batch)
