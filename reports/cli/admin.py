@@ -29,14 +29,8 @@ def periods(obj: Obj, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps([summary.as_dict() for summary in summaries]))
         return
-    # One plain line per period: nothing to cut on a narrow terminal, easy to grep.
     for summary in summaries:
-        p = summary.progress
-        click.echo(
-            f"{p.period}  {summary.status:<9}  {p.finished}/{p.total} finished (delivered {p.delivered}, "
-            f"skipped {p.skipped}, dead {p.dead}, pending {p.pending})  planned={str(p.planned).lower()} "
-            f"complete={str(p.complete).lower()}"
-        )
+        click.echo(f"{summary.progress.period}  {summary.status:<9}  {summary.progress.line()}")
     click.echo(f"{len(summaries)} period(s).")
 
 
