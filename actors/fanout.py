@@ -12,7 +12,7 @@ from dramatiq.middleware import CurrentMessage
 from actors import broker, runtime
 from reports.fanout import coordinator
 from reports.jobs import BUILD_REPORT, PLAN_PERIOD, PlanJob
-from reports.worker.broker import WALKER_OPTION, backlog, send, send_many
+from reports.worker.broker import WALKER_OPTION, backlog, send, sender
 from reports.worker.lifecycle import draining
 
 logger = logging.getLogger(__name__)
@@ -27,7 +27,7 @@ def plan_period(*args: Any, **kwargs: Any) -> None:
     outcome = coordinator.plan_slice(
         runtime.context.sessions,
         job.period,
-        lambda payloads: send_many(broker, BUILD_REPORT, payloads),
+        sender(broker, BUILD_REPORT),
         walker=walker,
         page_size=runtime.settings.plan_page_size,
         budget_seconds=runtime.settings.plan_slice_seconds,

@@ -34,7 +34,7 @@ from reports.fanout import coordinator, runs
 from reports.jobs import BUILD_REPORT
 from reports.periods import Period
 from reports.settings import Settings
-from reports.worker.broker import backlog, build_broker, message_for, send_many
+from reports.worker.broker import backlog, build_broker, message_for, sender
 
 
 def _used_memory(client: redis.Redis) -> int:
@@ -131,7 +131,7 @@ def main() -> None:
                 outcome = coordinator.plan_slice(
                     sessions,
                     period,
-                    lambda p: send_many(broker, BUILD_REPORT, p),
+                    sender(broker, BUILD_REPORT),
                     page_size=args.page_size,
                     budget_seconds=3600,
                 )
@@ -168,7 +168,7 @@ def main() -> None:
                     outcome = coordinator.plan_slice(
                         sessions,
                         second,
-                        lambda p: send_many(broker, BUILD_REPORT, p),
+                        sender(broker, BUILD_REPORT),
                         page_size=args.page_size,
                         budget_seconds=3600,
                         backlog=lambda: backlog(broker, BUILD_REPORT.queue),

@@ -17,7 +17,7 @@ Lost is told from waiting by facts, not by age alone:
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -26,14 +26,13 @@ from sqlalchemy import and_, exists, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from reports.fanout import progress
-from reports.jobs import BULK_QUEUE, CRITICAL_QUEUE, PlanJob, ReportJob, SendNowJob
+from reports.jobs import BULK_QUEUE, CRITICAL_QUEUE, PlanJob, ReportJob, SendJobs, SendNowJob
 from reports.models import Delivery, DeliveryState, ItemState, PeriodRun, ReportItem, Resend, Suppression, User
 from reports.periods import Period
 
 #: Stuck items re-enqueued per transaction.
 CHUNK = 1000
 
-SendJobs = Callable[[Iterable[dict[str, Any]]], int]
 #: Starts a coordinator chain: (walker token, payload).
 SendCoordinator = Callable[[str, dict[str, Any]], None]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -16,7 +17,7 @@ from reports.jobs import BUILD_REPORT, SEND_NOW, PlanJob
 from reports.models import DeliveryState, ItemState, PeriodRun, ReportItem, Resend, RunState
 from reports.periods import Period
 from reports.sql import insert_ignoring_conflicts
-from reports.worker.broker import Broker, backlog, send_coordinator, send_many
+from reports.worker.broker import Broker, backlog, send_coordinator, sender
 
 
 @dataclass(frozen=True)
@@ -93,8 +94,8 @@ def trigger_and_enqueue(
         reconcile(
             sessions,
             period,
-            send_jobs=lambda payloads: send_many(broker, BUILD_REPORT, payloads),
-            send_coordinator=lambda walker, payload: send_coordinator(broker, walker, payload),
+            send_jobs=sender(broker, BUILD_REPORT),
+            send_coordinator=functools.partial(send_coordinator, broker),
             stuck_after=timedelta(0),
             now=now,
             resume=True,
@@ -134,9 +135,9 @@ def reconcile_through(
     return reconcile(
         sessions,
         period,
-        send_jobs=lambda payloads: send_many(broker, BUILD_REPORT, payloads),
-        send_coordinator=lambda walker, payload: send_coordinator(broker, walker, payload),
-        send_requests=lambda payloads: send_many(broker, SEND_NOW, payloads),
+        send_jobs=sender(broker, BUILD_REPORT),
+        send_coordinator=functools.partial(send_coordinator, broker),
+        send_requests=sender(broker, SEND_NOW),
         in_flight=_in_flight(broker, namespace),
         stuck_after=stuck_after,
         now=now,
@@ -157,7 +158,7 @@ def reconcile_every_request(
         return 0
     return reconcile_requests(
         sessions,
-        lambda payloads: send_many(broker, SEND_NOW, payloads),
+        sender(broker, SEND_NOW),
         period=None,
         untouched_since=now - stuck_after,
         now=now,

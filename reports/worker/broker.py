@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import uuid
@@ -13,7 +14,7 @@ import redis
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import CurrentMessage, Retries, default_middleware
 
-from reports.jobs import PLAN_PERIOD, ActorSpec
+from reports.jobs import PLAN_PERIOD, ActorSpec, SendJobs
 from reports.settings import Settings
 from reports.worker.undecodable import UndecodableAsDeadLetters
 
@@ -138,6 +139,11 @@ def send_many(broker: Broker, spec: ActorSpec, payloads: Iterable[Mapping[str, A
     if chunk:
         sent += _enqueue_chunk(broker, spec.queue, chunk)
     return sent
+
+
+def sender(broker: Broker, spec: ActorSpec) -> SendJobs:
+    """:func:`send_many` to ``spec``'s actor on ``broker``: how the coordinator and reconcile hand jobs out."""
+    return functools.partial(send_many, broker, spec)
 
 
 def _enqueue_chunk(broker: RedisBroker, queue: str, messages: list[dramatiq.Message[Any]]) -> int:

@@ -38,7 +38,7 @@ from reports.jobs import BUILD_REPORT as BUILD_REPORT_SPEC
 from reports.jobs import BULK_QUEUE, CRITICAL_QUEUE, DEFAULT_QUEUE, SEND_NOW, SendNowJob
 from reports.periods import Period
 from reports.settings import Settings
-from reports.worker.broker import build_broker, send, send_many
+from reports.worker.broker import build_broker, send, send_many, sender
 from tests.conftest import (
     REPO,
     SmtpServer,
@@ -447,7 +447,7 @@ def test_periods_lists_every_triggered_period_newest_first_with_state_and_counts
     planned = coordinator.plan_slice(
         sessions,
         Period(2026, 9),
-        lambda payloads: send_many(broker, BUILD_REPORT_SPEC, payloads),
+        sender(broker, BUILD_REPORT_SPEC),
         page_size=7,
         budget_seconds=60,
     )

@@ -43,7 +43,7 @@ from reports.jobs import (
 )
 from reports.periods import Period
 from reports.settings import Settings
-from reports.worker.broker import build_broker, send, send_many
+from reports.worker.broker import build_broker, send, sender
 from tests.conftest import REPO, free_port, kill_group, load_users, wait_until
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)]
@@ -293,9 +293,7 @@ def test_each_worker_line_as_written_consumes_its_own_queue_and_no_other(
     # bulk: September planned here, its build_report messages waiting.
     with sessions.begin() as session:
         runs.trigger(session, september, template_version=settings.template_version, now=utcnow())
-    coordinator.plan_slice(
-        sessions, september, lambda payloads: send_many(broker, BUILD_REPORT, payloads), page_size=7, budget_seconds=60
-    )
+    coordinator.plan_slice(sessions, september, sender(broker, BUILD_REPORT), page_size=7, budget_seconds=60)
     # default: October triggered, its coordinator waiting.
     runs.trigger_and_enqueue(sessions, broker, october, template_version=settings.template_version, now=utcnow())
     # critical: user 1's October report, asked for now.

@@ -14,7 +14,7 @@ from reports.fanout.reconcile import InFlight, reconcile
 from reports.jobs import BUILD_REPORT
 from reports.models import ItemState, PeriodRun, ReportItem
 from reports.periods import Period
-from reports.worker.broker import send_many
+from reports.worker.broker import sender
 from tests.conftest import load_users, queued_messages
 from tests.integration.conftest import (
     PERIOD,
@@ -152,7 +152,7 @@ def test_a_coordinator_crash_between_recording_and_enqueueing_a_page_loses_no_us
     found = reconcile(
         sessions,
         PERIOD,
-        lambda payloads: send_many(broker, BUILD_REPORT, payloads),
+        sender(broker, BUILD_REPORT),
         lambda _walker, _payload: None,
         stuck_after=timedelta(minutes=10),
         now=utcnow() + timedelta(minutes=11),

@@ -23,7 +23,7 @@ from reports.jobs import BUILD_REPORT, PLAN_PERIOD, ReportJob
 from reports.models import ItemState, ReportItem
 from reports.periods import Period
 from reports.settings import Settings
-from reports.worker.broker import send_coordinator, send_many
+from reports.worker.broker import send_coordinator, sender
 from tests.conftest import load_users, queued_messages
 from tests.integration.conftest import PERIOD, item_user_ids, plan_everything, queued_user_ids, run_together, trigger
 
@@ -431,7 +431,7 @@ def test_re_enqueued_items_are_really_in_redis_once_each(sessions, settings: Set
     found = reconciling.reconcile(
         sessions,
         PERIOD,
-        lambda payloads: send_many(broker, BUILD_REPORT, payloads),
+        sender(broker, BUILD_REPORT),
         lambda walker, payload: send_coordinator(broker, walker, payload),
         stuck_after=STUCK_AFTER,
         now=later(),
@@ -449,7 +449,7 @@ def test_an_unfinished_walk_really_gets_a_plan_period_message(sessions, settings
     found = reconciling.reconcile(
         sessions,
         PERIOD,
-        lambda payloads: send_many(broker, BUILD_REPORT, payloads),
+        sender(broker, BUILD_REPORT),
         lambda walker, payload: send_coordinator(broker, walker, payload),
         stuck_after=STUCK_AFTER,
         now=later(),
