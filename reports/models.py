@@ -208,6 +208,16 @@ class Resend(_ClaimColumns, Base):
     updated_at: Mapped[datetime | None] = mapped_column(DateTime())
 
 
+class DeadLetterReason(enum.StrEnum):
+    #: The error says retrying cannot help (a malformed payload, an address refused for good).
+    PERMANENT = "permanent"
+    RETRIES_EXHAUSTED = "retries_exhausted"
+    #: Dead-lettered by Dramatiq itself (for example: no worker declares the actor).
+    BROKER = "broker"
+    #: The message's bytes did not decode: there is nothing to replay.
+    UNDECODABLE = "undecodable"
+
+
 class DeadLetter(Base):
     """A message that failed for good: kept with its payload and error until an operator acts."""
 
@@ -224,7 +234,7 @@ class DeadLetter(Base):
     period: Mapped[str | None] = mapped_column(String(7))
     user_id: Mapped[int | None] = mapped_column(Integer)
     attempts: Mapped[int] = mapped_column(Integer)
-    #: ``permanent``, ``retries_exhausted`` or ``broker`` (dead-lettered by Dramatiq itself).
+    #: A :class:`DeadLetterReason`.
     reason: Mapped[str] = mapped_column(String(32))
     error_class: Mapped[str] = mapped_column(Text)
     error_message: Mapped[str] = mapped_column(Text)

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from reports.errors import InvalidPayload
 from reports.fanout import items
 from reports.jobs import BUILD_REPORT, SEND_NOW, PlanJob, ReportJob, SendNowJob
-from reports.models import DeadLetter, DeliveryState, ItemState, ReportItem, Resend
+from reports.models import DeadLetter, DeadLetterReason, DeliveryState, ItemState, ReportItem, Resend
 from reports.sql import insert_ignoring_conflicts, rowcount
 from reports.worker.broker import Broker, enqueue_again
 from reports.worker.retries import DeadMessage
@@ -28,9 +28,6 @@ logger = logging.getLogger(__name__)
 
 #: Dead letters replayed per transaction.
 REPLAY_CHUNK = 500
-
-#: The reason of a message whose bytes did not decode: there is nothing to replay.
-UNDECODABLE = "undecodable"
 
 
 def _from_ms(ms: int) -> datetime:
@@ -165,7 +162,7 @@ def replay(sessions: sessionmaker[Session], broker: Broker, where: Filter, *, no
     for chunk in _chunks(sessions, where, ceiling):
         with sessions.begin() as session:
             for letter in session.scalars(select(DeadLetter).where(DeadLetter.id.in_(chunk)).with_for_update()):
-                if letter.replayed_at is not None or letter.reason == UNDECODABLE:
+                if letter.replayed_at is not None or letter.reason == DeadLetterReason.UNDECODABLE:
                     continue  # replayed concurrently by another operator, or no message to send
                 outcome.replayed.append(letter.id)
                 if dry_run:

@@ -27,11 +27,11 @@ from reports.delivery import send_rate
 from reports.delivery.breaker import STATE_VALUES, State
 from reports.fanout import progress
 from reports.jobs import BUILD_REPORT, PLAN_PERIOD, SEND_NOW
-from reports.models import DeadLetter, PeriodRun, RunState
+from reports.models import DeadLetter, DeadLetterReason, PeriodRun, RunState
 from reports.unsubscribe import suppressions
 
-#: Why a message died (see :mod:`reports.worker.retries` and :mod:`reports.failures.dead_letters`).
-DEAD_REASONS = ("permanent", "retries_exhausted", "broker")
+#: Why a message of a known actor died; an undecodable message has no actor to count it under.
+DEAD_REASONS = (DeadLetterReason.PERMANENT, DeadLetterReason.RETRIES_EXHAUSTED, DeadLetterReason.BROKER)
 
 #: Periods whose item counts are exported: the most recent ones.
 PERIODS_EXPORTED = 12
@@ -161,7 +161,7 @@ class ReportsCollector(Collector):
             "Sends held back by the fleet's send rate: waited for a slot, or deferred.",
             labels=["outcome"],
         )
-        counts = {send_rate.WAITED: 0.0, send_rate.DEFERRED: 0.0}
+        counts = {str(outcome): 0.0 for outcome in send_rate.ThrottleOutcome}
         counts.update({labels[0]: value for labels, value in self._hash(send_rate.THROTTLED_COUNTER)})
         for outcome, value in sorted(counts.items()):
             throttled.add_metric([outcome], value)
