@@ -27,7 +27,7 @@ from reports.delivery import send_rate
 from reports.delivery.breaker import STATE_VALUES, State
 from reports.fanout import progress
 from reports.jobs import BUILD_REPORT, PLAN_PERIOD, SEND_NOW
-from reports.models import DeadLetter, DeadLetterReason, PeriodRun, RunState
+from reports.models import DeadLetter, DeadLetterReason, ItemState, PeriodRun, RunState
 from reports.unsubscribe import suppressions
 
 #: Why a message of a known actor died; an undecodable message has no actor to count it under.
@@ -236,8 +236,8 @@ class ReportsCollector(Collector):
             suppressed = suppressions.count_by_reason(session)
         for period, is_planned, triggered_at, state in runs:
             by_state = counts.get(period, {})
-            for state in ("pending", "delivered", "skipped", "dead"):
-                items.add_metric([period, state], by_state.get(state, 0))
+            for item_state in ItemState:
+                items.add_metric([period, item_state], by_state.get(item_state, 0))
             total.add_metric([period], sum(by_state.values()))
             planned.add_metric([period], 1.0 if is_planned else 0.0)
             triggered.add_metric([period], triggered_at.replace(tzinfo=UTC).timestamp())
