@@ -14,7 +14,7 @@ seeded by `reports.ops.seed.seed` (what `reports seed --users N` runs) for last 
 2. plain: the same period afresh (every table but the users' and activities' emptied), done by
    --processes plain multiprocessing processes of --threads threads each, no broker. The clock
    starts, the period is triggered (runs.trigger) and walked by the coordinator's own code
-   (coordinator.plan_slice), which hands each page's jobs to the processes' threads through a
+   (coordinator.walk_slice), which hands each page's jobs to the processes' threads through a
    multiprocessing queue (a pipe) instead of Redis; each thread runs `pipeline.run(context, job)`,
    what the build_report actor runs, with the context actors/runtime.py builds. The clock stops
    when every job has returned.
@@ -228,7 +228,7 @@ def plain_run(args: argparse.Namespace, bench: MailBench, sessions: sessionmaker
             runs.trigger(session, period, template_version=settings.template_version, now=utcnow())
         outcome = coordinator.SliceOutcome()
         while not outcome.planned:
-            outcome = coordinator.plan_slice(
+            outcome = coordinator.walk_slice(
                 sessions,
                 period,
                 hand_over,

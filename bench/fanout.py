@@ -1,10 +1,10 @@
-"""Fan-out: how fast the coordinator plans and enqueues, and what the broker's memory holds.
+"""Fan-out: how fast the coordinator walks and enqueues, and what the broker's memory holds.
 
 Usage: python bench/fanout.py [--users 1000000] [--loop-messages 20000] [--high-water 100000]
                               [--drain-rate 8000] [--pause-seconds 1]
 
 On a PostgreSQL database of its own (TEST_POSTGRES_URL's server) and a private redis-server:
-1. the coordinator (reports.fanout.coordinator.plan_slice, batched inserts, pipelined enqueue) plans every
+1. the coordinator (reports.fanout.coordinator.walk_slice, batched inserts, pipelined enqueue) walks every
    user with no high-water mark; prints users/s, Redis used_memory and bytes per queued message;
 2. a loop of `broker.enqueue` (what `actor.send` does) for --loop-messages, in the same run: msg/s,
    and the ratio;
@@ -128,7 +128,7 @@ def main() -> None:
             started = time.perf_counter()
             outcome = coordinator.SliceOutcome()
             while not outcome.planned:
-                outcome = coordinator.plan_slice(
+                outcome = coordinator.walk_slice(
                     sessions,
                     period,
                     sender(broker, BUILD_REPORT),
@@ -165,7 +165,7 @@ def main() -> None:
                 pauses = 0
                 outcome = coordinator.SliceOutcome()
                 while not outcome.planned:
-                    outcome = coordinator.plan_slice(
+                    outcome = coordinator.walk_slice(
                         sessions,
                         second,
                         sender(broker, BUILD_REPORT),

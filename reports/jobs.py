@@ -53,7 +53,9 @@ class ActorSpec:
         return tuple(payload[field] for field in self.fields)
 
 
-PLAN_PERIOD = ActorSpec("plan_period", DEFAULT_QUEUE, ("period",))
+# Actor and queue names travel inside queued messages: renaming one strands the messages already
+# in Redis during a deploy, hence the coordinator's older name.
+COORDINATOR = ActorSpec("plan_period", DEFAULT_QUEUE, ("period",))
 BUILD_REPORT = ActorSpec("build_report", BULK_QUEUE, ("period", "user_id", "template_version"))
 SEND_NOW = ActorSpec("send_report_now", CRITICAL_QUEUE, ("period", "user_id", "request_id", "template_version"))
 
@@ -90,14 +92,14 @@ def _version(value: Any) -> str:
 
 
 @dataclass(frozen=True)
-class PlanJob:
+class CoordinatorJob:
     """Walk the active users of ``period`` and enqueue one report job for each."""
 
     period: Period
 
     @classmethod
-    def parse(cls, args: Sequence[Any], kwargs: Mapping[str, Any]) -> PlanJob:
-        fields = _fields(args, kwargs, PLAN_PERIOD)
+    def parse(cls, args: Sequence[Any], kwargs: Mapping[str, Any]) -> CoordinatorJob:
+        fields = _fields(args, kwargs, COORDINATOR)
         return cls(_period(fields["period"]))
 
     def payload(self) -> dict[str, Any]:

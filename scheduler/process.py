@@ -52,7 +52,7 @@ from reports.database import create_db_engine, session_factory
 from reports.endpoints import redact_url
 from reports.errors import ConfigurationError
 from reports.fanout import runs
-from reports.jobs import PlanJob
+from reports.jobs import CoordinatorJob
 from reports.models import PeriodRun
 from reports.ops import retention
 from reports.periods import Period
@@ -138,7 +138,7 @@ class SchedulerProcess:
             # Committed before the send: if the send fails, reconcile re-enqueues the coordinator
             # of a walk that has not moved for RECONCILE_STUCK_AFTER_SECONDS.
             if run.created:
-                send_coordinator(self.broker, str(run.run.walker), PlanJob(period).payload())
+                send_coordinator(self.broker, str(run.run.walker), CoordinatorJob(period).payload())
                 self._record_trigger(period)
                 triggered.append(period)
                 logger.info(

@@ -37,7 +37,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from bench.support import free_port, redis_server, temporary_database
 from reports.database import create_db_engine, session_factory, upgrade
-from reports.jobs import PlanJob, ReportJob, SendNowJob
+from reports.jobs import CoordinatorJob, ReportJob, SendNowJob
 from reports.settings import Settings
 
 POSTGRES_ADMIN_URL = os.environ.get("TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -133,7 +133,7 @@ def messages_in_queue(settings: Settings, queue: str) -> list[dict]:
     return [json.loads(client.hget(f"{key}.msgs", message_id)) for message_id in client.lrange(key, 0, -1)]
 
 
-JobT = TypeVar("JobT", PlanJob, ReportJob, SendNowJob)
+JobT = TypeVar("JobT", CoordinatorJob, ReportJob, SendNowJob)
 
 
 def jobs_in_queue(settings: Settings, queue: str, job: type[JobT]) -> list[JobT]:

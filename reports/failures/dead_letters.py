@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from reports.errors import InvalidPayload
 from reports.fanout import items
-from reports.jobs import BUILD_REPORT, SEND_NOW, PlanJob, ReportJob, SendNowJob
+from reports.jobs import BUILD_REPORT, SEND_NOW, CoordinatorJob, ReportJob, SendNowJob
 from reports.models import DeadLetter, DeadLetterReason, DeliveryState, ItemState, ReportItem, Resend
 from reports.sql import insert_ignoring_conflicts, rowcount
 from reports.worker.broker import Broker, enqueue_again
@@ -34,16 +34,16 @@ def _from_ms(ms: int) -> datetime:
     return datetime.fromtimestamp(ms / 1000, UTC).replace(tzinfo=None)
 
 
-_PARSERS: dict[str, Callable[[Sequence[Any], dict[str, Any]], ReportJob | PlanJob | SendNowJob]] = {
+_PARSERS: dict[str, Callable[[Sequence[Any], dict[str, Any]], ReportJob | CoordinatorJob | SendNowJob]] = {
     BUILD_REPORT.name: ReportJob.parse,
     SEND_NOW.name: SendNowJob.parse,
 }
 
 
-def _job(actor: str, args: Sequence[Any], kwargs: dict[str, Any]) -> ReportJob | PlanJob | SendNowJob | None:
+def _job(actor: str, args: Sequence[Any], kwargs: dict[str, Any]) -> ReportJob | CoordinatorJob | SendNowJob | None:
     """The job a dead payload describes, when it parses."""
     try:
-        return _PARSERS.get(actor, PlanJob.parse)(args, kwargs)
+        return _PARSERS.get(actor, CoordinatorJob.parse)(args, kwargs)
     except InvalidPayload:
         return None
 
@@ -53,7 +53,7 @@ def ids(dead: DeadMessage) -> dict[str, Any]:
     job = _job(dead.actor, dead.args, dead.kwargs)
     if job is None:
         return {}
-    return {"period": str(job.period), **({} if isinstance(job, PlanJob) else {"user_id": job.user_id})}
+    return {"period": str(job.period), **({} if isinstance(job, CoordinatorJob) else {"user_id": job.user_id})}
 
 
 def record(session: Session, dead: DeadMessage) -> bool:
@@ -67,7 +67,7 @@ def record(session: Session, dead: DeadMessage) -> bool:
             queue=dead.queue,
             payload=json.dumps({"args": list(dead.args), "kwargs": dead.kwargs}, default=repr),
             period=str(job.period) if job else None,
-            user_id=None if job is None or isinstance(job, PlanJob) else job.user_id,
+            user_id=None if job is None or isinstance(job, CoordinatorJob) else job.user_id,
             attempts=dead.attempts,
             reason=dead.reason,
             error_class=dead.error_class,

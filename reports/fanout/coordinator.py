@@ -64,7 +64,7 @@ class _Page:
     planned: bool
 
 
-def plan_slice(
+def walk_slice(
     sessions: sessionmaker[Session],
     period: Period,
     send_jobs: SendJobs,

@@ -26,7 +26,7 @@ from sqlalchemy import and_, exists, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from reports.fanout import progress
-from reports.jobs import BULK_QUEUE, CRITICAL_QUEUE, PlanJob, ReportJob, SendJobs, SendNowJob
+from reports.jobs import BULK_QUEUE, CRITICAL_QUEUE, CoordinatorJob, ReportJob, SendJobs, SendNowJob
 from reports.models import Delivery, DeliveryState, ItemState, PeriodRun, ReportItem, Resend, Suppression, User
 from reports.periods import Period
 
@@ -117,7 +117,7 @@ def reconcile(
         if coordinator_enqueued:
             # A new chain: whichever chain was out there stops at its next slice.
             run.walker, run.updated_at = str(uuid.uuid4()), now
-            send_coordinator(run.walker, PlanJob(period).payload())
+            send_coordinator(run.walker, CoordinatorJob(period).payload())
 
     may_be_waiting = not resume and (facts.breaker_open() or facts.backlog(BULK_QUEUE) > 0)
     lost = _lost(period, untouched_since, now, handed_out_too=not may_be_waiting)

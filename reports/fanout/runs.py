@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from reports.delivery.breaker import State, mail_breaker_name, state_of
 from reports.errors import BadInput
 from reports.fanout.reconcile import InFlight, Reconciliation, reconcile, reconcile_requests
-from reports.jobs import BUILD_REPORT, SEND_NOW, PlanJob
+from reports.jobs import BUILD_REPORT, SEND_NOW, CoordinatorJob
 from reports.models import DeliveryState, ItemState, PeriodRun, ReportItem, Resend, RunState
 from reports.periods import Period
 from reports.sql import insert_ignoring_conflicts
@@ -102,7 +102,7 @@ def trigger_and_enqueue(
         )
     elif triggered.needs_coordinator:
         assert triggered.run.walker is not None
-        send_coordinator(broker, triggered.run.walker, PlanJob(period).payload())
+        send_coordinator(broker, triggered.run.walker, CoordinatorJob(period).payload())
     return triggered
 
 

@@ -26,7 +26,7 @@ from reports.counters import DURATION_BUCKETS, SEP, counter_key
 from reports.delivery import send_rate
 from reports.delivery.breaker import STATE_VALUES, State
 from reports.fanout import progress
-from reports.jobs import BUILD_REPORT, PLAN_PERIOD, SEND_NOW
+from reports.jobs import BUILD_REPORT, COORDINATOR, SEND_NOW
 from reports.models import DeadLetter, DeadLetterReason, ItemState, PeriodRun, RunState
 from reports.unsubscribe import suppressions
 
@@ -138,7 +138,7 @@ class ReportsCollector(Collector):
         # Every known series from 0, so the first dead letter is an increase Prometheus can see.
         counts = {
             SEP.join((spec.queue, spec.name, reason)): 0.0
-            for spec in (PLAN_PERIOD, BUILD_REPORT, SEND_NOW)
+            for spec in (COORDINATOR, BUILD_REPORT, SEND_NOW)
             for reason in DEAD_REASONS
         }
         counts.update({SEP.join(labels): value for labels, value in self._hash("dead_letters")})

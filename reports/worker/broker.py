@@ -14,7 +14,7 @@ import redis
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import CurrentMessage, Retries, default_middleware
 
-from reports.jobs import PLAN_PERIOD, ActorSpec, SendJobs
+from reports.jobs import COORDINATOR, ActorSpec, SendJobs
 from reports.settings import Settings
 from reports.worker.undecodable import UndecodableAsDeadLetters
 
@@ -72,7 +72,7 @@ def enqueue_again(broker: Broker, *, queue: str, actor: str, args: list[Any], kw
 
 def send_coordinator(broker: dramatiq.Broker, walker: str, payload: Mapping[str, Any]) -> None:
     """Start the coordinator chain ``walker``, which the run must name (``PeriodRun.walker``)."""
-    send(broker, PLAN_PERIOD, payload, options={WALKER_OPTION: walker})
+    send(broker, COORDINATOR, payload, options={WALKER_OPTION: walker})
 
 
 def send(

@@ -96,7 +96,7 @@ def test_the_exporter_serves_queue_depths_dead_letters_breaker_state_and_period_
     with sessions.begin() as session:
         runs.trigger(session, period, template_version="v1", now=utcnow())
     broker = build_broker(settings)
-    coordinator.plan_slice(sessions, period, sender(broker, BUILD_REPORT), page_size=50, budget_seconds=60)
+    coordinator.walk_slice(sessions, period, sender(broker, BUILD_REPORT), page_size=50, budget_seconds=60)
 
     # Before any worker: every message waits in the bulk queue, the oldest for a while now.
     time.sleep(1.1)

@@ -228,7 +228,7 @@ def test_send_now_for_a_user_never_mailed_is_the_monthly_email_and_the_monthly_r
     if before == "planned, bulk not running":
         cli_ok(settings, "trigger", PERIOD)
         groups.append(start_workers(settings, processes=1, threads=2, queues=(DEFAULT_QUEUE,)))
-        wait_until(lambda: progress_json(settings)["planned"], timeout=30, what="planning")
+        wait_until(lambda: progress_json(settings)["planned"], timeout=30, what="the walk")
         assert waiting(settings, BULK_QUEUE) == len(population.active)
         assert item_state(sessions, user) == "pending"
 
@@ -444,7 +444,7 @@ def test_periods_lists_every_triggered_period_newest_first_with_state_and_counts
     cli_ok(settings, "trigger", "2026-09")
     cli_ok(settings, "trigger", "2026-10")
     broker = build_broker(settings)
-    planned = coordinator.plan_slice(
+    planned = coordinator.walk_slice(
         sessions,
         Period(2026, 9),
         sender(broker, BUILD_REPORT_SPEC),
@@ -534,7 +534,7 @@ def test_a_critical_message_is_processed_within_a_second_behind_a_50000_message_
         batch = list(payloads)
         return send_many(broker, BUILD_REPORT_SPEC, (p for _ in range(copies) for p in batch))
 
-    outcome = coordinator.plan_slice(sessions, period, flood, page_size=LATENCY_USERS, budget_seconds=120)
+    outcome = coordinator.walk_slice(sessions, period, flood, page_size=LATENCY_USERS, budget_seconds=120)
     assert outcome.planned and outcome.enqueued == BACKLOG
 
     def backlog() -> int:

@@ -27,7 +27,7 @@ from reports.settings import Settings
 from reports.unsubscribe import suppressions, tokens
 from reports.unsubscribe.tokens import Signer
 from tests.conftest import REPO, free_port, load_users, missing, run_cli, wait_until
-from tests.integration.conftest import PERIOD, RecordingSender, plan_everything
+from tests.integration.conftest import PERIOD, RecordingSender, walk_everything
 
 pytestmark = pytest.mark.acceptance
 
@@ -114,7 +114,7 @@ def test_the_one_click_post_of_a_received_email_unsubscribes_and_the_next_period
 ):
     web = start_web()
     load_users(sessions, count=4)
-    plan_everything(sessions, settings)
+    walk_everything(sessions, settings)
     mail_settings = replace(web.settings, smtp_url=smtp_server.url, template_version="v2")
     context = pipeline.Context(settings=mail_settings, sessions=sessions, mailer=build_mailer(mail_settings))
     assert pipeline.run(context, ReportJob(PERIOD, 3, "v2")) == pipeline.Outcome.DELIVERED
@@ -133,7 +133,7 @@ def test_the_one_click_post_of_a_received_email_unsubscribes_and_the_next_period
     assert suppressed(sessions) == {3: "unsubscribed"}
 
     sender = RecordingSender()
-    plan_everything(sessions, settings, Period.parse("2026-11"), sender=sender)
+    walk_everything(sessions, settings, Period.parse("2026-11"), sender=sender)
     assert sorted(sender.user_ids) == [1, 2, 4]
 
 

@@ -16,7 +16,7 @@ PERIOD = Period(2026, 10)
 
 
 def _walk(sessions, broker, *, high_water: int):
-    return coordinator.plan_slice(
+    return coordinator.walk_slice(
         sessions,
         PERIOD,
         sender(broker, BUILD_REPORT),

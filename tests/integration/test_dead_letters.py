@@ -17,14 +17,14 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from reports.clock import utcnow
 from reports.failures import dead_letters
-from reports.jobs import BUILD_REPORT, PLAN_PERIOD
+from reports.jobs import BUILD_REPORT, COORDINATOR
 from reports.models import DeadLetter, ItemState, ReportItem
 from reports.settings import Settings
 from reports.worker.broker import message_for
 from reports.worker.dead_letter_sink import BrokerDeadLetters, DeadLetterSink, absorb_broker_dead_letters
 from reports.worker.retries import DeadMessage
 from tests.conftest import load_users, wait_until
-from tests.integration.conftest import PERIOD, plan_everything, queued_user_ids
+from tests.integration.conftest import PERIOD, queued_user_ids, walk_everything
 
 #: A fixed "now" (naive UTC, as the schema stores it) and the same instant in epoch milliseconds.
 NOW = datetime(2026, 11, 5, 12, 0, 0)
@@ -78,7 +78,7 @@ def item(sessions: sessionmaker[Session], user_id: int, period: str = str(PERIOD
 def planned(sessions: sessionmaker[Session], settings: Settings, count: int = 6) -> list[int]:
     """Users 1..count loaded and planned (items pending, nothing enqueued); returns the active ids."""
     population = load_users(sessions, count=count, inactive_every=5)
-    plan_everything(sessions, settings)
+    walk_everything(sessions, settings)
     return population.active
 
 
@@ -156,7 +156,7 @@ MALFORMED = {
     "missing-field": (BUILD_REPORT.name, ("2026-10", 4), {}),
     "named": (BUILD_REPORT.name, (), {"period": "2026-10", "user_id": 4, "template_version": "v1"}),
     "unserialisable": (BUILD_REPORT.name, (), {"period": "2026-10", "user_id": 4, "extra": object()}),
-    "plan-bad-period": (PLAN_PERIOD.name, (["2026-10"],), {}),
+    "plan-bad-period": (COORDINATOR.name, (["2026-10"],), {}),
     "unknown-actor": ("no_such_actor", (), {"anything": 1}),
 }
 
@@ -194,8 +194,8 @@ def test_a_malformed_payload_is_stored_without_period_or_user(sessions, settings
 def test_a_dead_plan_job_is_stored_with_its_period_and_no_user(sessions) -> None:
     dead = DeadMessage(
         message_id="plan-1",
-        actor=PLAN_PERIOD.name,
-        queue=PLAN_PERIOD.queue,
+        actor=COORDINATOR.name,
+        queue=COORDINATOR.queue,
         args=("2026-10",),
         kwargs={},
         attempts=6,
@@ -209,7 +209,7 @@ def test_a_dead_plan_job_is_stored_with_its_period_and_no_user(sessions) -> None
 
     assert record(sessions, dead) is True
     [stored] = letters(sessions)
-    assert (stored.period, stored.user_id, stored.actor) == ("2026-10", None, PLAN_PERIOD.name)
+    assert (stored.period, stored.user_id, stored.actor) == ("2026-10", None, COORDINATOR.name)
 
 
 def test_a_dead_letter_whose_user_id_parses_but_exceeds_the_column_is_still_stored(sessions) -> None:
@@ -495,7 +495,7 @@ def test_messages_in_dramatiqs_xq_are_moved_into_the_store(sessions, settings, r
     client = redis.Redis.from_url(redis_url)
     report = message_for(BUILD_REPORT, {"period": str(PERIOD), "user_id": active[0], "template_version": "v1"})
     report = report.copy(options={"redis_message_id": "r-1", "retries": 2, "first_failed_ms": NOW_MS - 9_000})
-    plan = message_for(PLAN_PERIOD, {"period": str(PERIOD)}).copy(options={"redis_message_id": "r-2"})
+    plan = message_for(COORDINATOR, {"period": str(PERIOD)}).copy(options={"redis_message_id": "r-2"})
     # Exactly what Dramatiq's dispatch script writes on a nack.
     client.hset(f"{namespace}:bulk.XQ.msgs", "r-1", report.encode())
     client.zadd(f"{namespace}:bulk.XQ", {"r-1": NOW_MS})
@@ -515,7 +515,7 @@ def test_messages_in_dramatiqs_xq_are_moved_into_the_store(sessions, settings, r
     assert from_bulk.first_failed_at == NOW - timedelta(seconds=9)
     assert item(sessions, active[0]).state == ItemState.DEAD  # type: ignore[union-attr]
     from_default = stored[plan.message_id]
-    assert (from_default.reason, from_default.queue, from_default.actor) == ("broker", "default", PLAN_PERIOD.name)
+    assert (from_default.reason, from_default.queue, from_default.actor) == ("broker", "default", COORDINATOR.name)
     assert from_default.died_at == NOW + timedelta(seconds=1)
     # A second sweep finds nothing.
     assert absorb_broker_dead_letters(client, namespace, DeadLetterSink(sessions, alerts=None)) == 0

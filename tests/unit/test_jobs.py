@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from reports.errors import InvalidPayload, PermanentError
-from reports.jobs import BUILD_REPORT, PlanJob, ReportJob
+from reports.jobs import BUILD_REPORT, CoordinatorJob, ReportJob
 from reports.periods import Period
 
 
@@ -169,12 +169,12 @@ def test_a_report_payload_round_trips_through_json_and_parse(job: ReportJob) -> 
     assert ReportJob.parse(BUILD_REPORT.arguments(payload), {}) == job
 
 
-# --- PlanJob ---------------------------------------------------------------------------------
+# --- CoordinatorJob ---------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(("text", "period"), [("2026-10", Period(2026, 10)), ("1970-01", Period(1970, 1))])
 def test_a_valid_plan_payload_is_parsed(text: str, period: Period) -> None:
-    assert PlanJob.parse((text,), {}) == PlanJob(period)
+    assert CoordinatorJob.parse((text,), {}) == CoordinatorJob(period)
 
 
 @pytest.mark.parametrize(
@@ -192,12 +192,12 @@ def test_a_valid_plan_payload_is_parsed(text: str, period: Period) -> None:
 )
 def test_an_invalid_plan_payload_is_rejected(args: tuple[Any, ...], kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(InvalidPayload, match=message):
-        PlanJob.parse(args, kwargs)
+        CoordinatorJob.parse(args, kwargs)
 
 
 @pytest.mark.parametrize("period", [Period(2026, 10), Period(2026, 1), Period(1999, 12)])
 def test_a_plan_payload_round_trips_through_json_and_parse(period: Period) -> None:
-    job = PlanJob(period)
+    job = CoordinatorJob(period)
     payload = json.loads(json.dumps(job.payload()))
     assert payload == {"period": str(period)}
-    assert PlanJob.parse((payload["period"],), {}) == job
+    assert CoordinatorJob.parse((payload["period"],), {}) == job
