@@ -223,7 +223,7 @@ def run(args: argparse.Namespace) -> None:
                 f"{args.worker_timeout_ms or os.environ.get(WORKER_TIMEOUT_VARIABLE, 'default (1000 ms)')}"
             )
 
-            # Wait until user 1's monthly email is out, so every request below is a resend with a
+            # Wait until user 1's monthly email is out, so every request below is a send-now email with a
             # Message-ID of its own.
             monthly = f"<report.{PERIOD}.1@{DOMAIN}>"
             if recorder.wait_for(monthly, timeout=60) is None:

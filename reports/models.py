@@ -193,9 +193,11 @@ class Delivery(_ClaimColumns, Base):
     user_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
 
 
-class Resend(_ClaimColumns, Base):
+class SendNowRequest(_ClaimColumns, Base):
     """The claim on one ``send-now`` request: at most one email per request, however often it runs."""
 
+    # The table keeps its first name: renaming it would break the previous release's workers,
+    # still running while a deploy's release phase migrates.
     __tablename__ = "resends"
 
     request_id: Mapped[str] = mapped_column(String(36), primary_key=True)

@@ -67,7 +67,7 @@ def send_now(obj: Obj, user_id: int, period: Period, include_inactive: bool) -> 
             period, user_id, request_id, run.template_version if run is not None else obj.settings.template_version
         )
         # Written before the message exists: if Redis loses it, reconcile sends the request again.
-        claims.record_request(
+        claims.record_send_now_request(
             session,
             request_id,
             period,

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from reports.errors import InvalidPayload
 from reports.fanout import items
 from reports.jobs import BUILD_REPORT, SEND_NOW, CoordinatorJob, ReportJob, SendNowJob
-from reports.models import DeadLetter, DeadLetterReason, DeliveryState, ItemState, ReportItem, Resend
+from reports.models import DeadLetter, DeadLetterReason, DeliveryState, ItemState, ReportItem, SendNowRequest
 from reports.sql import insert_ignoring_conflicts, rowcount
 from reports.worker.broker import Broker, enqueue_again
 from reports.worker.retries import DeadMessage
@@ -96,8 +96,8 @@ def record(session: Session, dead: DeadMessage) -> bool:
 def _set_request_state(session: Session, request_id: str, state: DeliveryState, *, unless: DeliveryState) -> int:
     return rowcount(
         session.execute(
-            update(Resend)
-            .where(Resend.request_id == request_id, Resend.state != unless)
+            update(SendNowRequest)
+            .where(SendNowRequest.request_id == request_id, SendNowRequest.state != unless)
             .values(state=state)
             .execution_options(synchronize_session=False)
         )

@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from reports.fanout import progress
 from reports.jobs import BULK_QUEUE, CRITICAL_QUEUE, CoordinatorJob, ReportJob, SendJobs, SendNowJob
-from reports.models import Delivery, DeliveryState, ItemState, PeriodRun, ReportItem, Resend, Suppression, User
+from reports.models import Delivery, DeliveryState, ItemState, PeriodRun, ReportItem, SendNowRequest, Suppression, User
 from reports.periods import Period
 
 #: Stuck items re-enqueued per transaction.
@@ -224,16 +224,21 @@ def reconcile_requests(
     """
     with sessions.begin() as session:
         requests = session.execute(
-            update(Resend)
+            update(SendNowRequest)
             .where(
-                *([Resend.period == str(period)] if period is not None else []),
-                Resend.state.in_((DeliveryState.REQUESTED, DeliveryState.CLAIMED)),
-                Resend.lease_expires_at <= now,
-                or_(Resend.updated_at.is_(None), Resend.updated_at < untouched_since),
-                Resend.template_version.is_not(None),
+                *([SendNowRequest.period == str(period)] if period is not None else []),
+                SendNowRequest.state.in_((DeliveryState.REQUESTED, DeliveryState.CLAIMED)),
+                SendNowRequest.lease_expires_at <= now,
+                or_(SendNowRequest.updated_at.is_(None), SendNowRequest.updated_at < untouched_since),
+                SendNowRequest.template_version.is_not(None),
             )
             .values(updated_at=now)
-            .returning(Resend.period, Resend.user_id, Resend.request_id, Resend.template_version)
+            .returning(
+                SendNowRequest.period,
+                SendNowRequest.user_id,
+                SendNowRequest.request_id,
+                SendNowRequest.template_version,
+            )
             .execution_options(synchronize_session=False)
         ).all()
         payloads = [

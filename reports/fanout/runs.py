@@ -14,7 +14,7 @@ from reports.delivery.breaker import State, mail_breaker_name, state_of
 from reports.errors import BadInput
 from reports.fanout.reconcile import InFlight, Reconciliation, reconcile, reconcile_requests
 from reports.jobs import BUILD_REPORT, SEND_NOW, CoordinatorJob
-from reports.models import DeliveryState, ItemState, PeriodRun, ReportItem, Resend, RunState
+from reports.models import DeliveryState, ItemState, PeriodRun, ReportItem, RunState, SendNowRequest
 from reports.periods import Period
 from reports.sql import insert_ignoring_conflicts
 from reports.worker.broker import Broker, backlog, send_coordinator, sender
@@ -111,7 +111,8 @@ def unfinished(session: Session) -> list[Period]:
     send-now request, oldest first."""
     pending = exists().where(ReportItem.period == PeriodRun.period, ReportItem.state == ItemState.PENDING)
     requested = exists().where(
-        Resend.period == PeriodRun.period, Resend.state.in_((DeliveryState.REQUESTED, DeliveryState.CLAIMED))
+        SendNowRequest.period == PeriodRun.period,
+        SendNowRequest.state.in_((DeliveryState.REQUESTED, DeliveryState.CLAIMED)),
     )
     rows = session.scalars(
         select(PeriodRun.period)

@@ -286,10 +286,10 @@ def test_send_now_after_the_monthly_email_sends_one_new_email_per_request_even_i
 
     # An operator asks for user 2's report again: a new email with a Message-ID of its own.
     first_request = request_id_in(cli_ok(settings, "send-now", str(user), PERIOD))
-    wait_until(lambda: messages_with(smtp_server, first_request), timeout=30, what="the first resend")
-    [resend] = messages_with(smtp_server, first_request)
-    assert resend["Message-ID"].strip() == f"<report.{PERIOD}.{user}.{first_request}@{DOMAIN}>"
-    assert resend["X-Report-User-Id"] == str(user) and resend["X-Report-Period"] == PERIOD
+    wait_until(lambda: messages_with(smtp_server, first_request), timeout=30, what="the first send-now email")
+    [sent_now] = messages_with(smtp_server, first_request)
+    assert sent_now["Message-ID"].strip() == f"<report.{PERIOD}.{user}.{first_request}@{DOMAIN}>"
+    assert sent_now["X-Report-User-Id"] == str(user) and sent_now["X-Report-Period"] == PERIOD
 
     # The same request delivered twice (two copies of one payload at once) is still one email.
     broker = build_broker(settings)
@@ -306,7 +306,7 @@ def test_send_now_after_the_monthly_email_sends_one_new_email_per_request_even_i
     # Another request sends one more.
     second_request = request_id_in(cli_ok(settings, "send-now", str(user), PERIOD))
     assert second_request not in (first_request, twice.request_id)
-    wait_until(lambda: messages_with(smtp_server, second_request), timeout=30, what="the second resend")
+    wait_until(lambda: messages_with(smtp_server, second_request), timeout=30, what="the second send-now email")
     wait_until(lambda: queue_settled(settings, CRITICAL_QUEUE), timeout=30, what="the critical queue to settle")
     stop_all(workers)
 
@@ -316,7 +316,7 @@ def test_send_now_after_the_monthly_email_sends_one_new_email_per_request_even_i
     assert ids[0] == monthly_id(user)
     others = {u: len(ms) for u, ms in smtp_server.by_user().items() if u != user}
     assert others == {u: 1 for u in population.active if u != user}
-    # Resends change nothing in the monthly count.
+    # Send-now emails change nothing in the monthly count.
     assert progress_json(settings)["delivered"] == len(population.active)
 
 
