@@ -49,4 +49,4 @@ broker.add_middleware(Heartbeat(interval_seconds=_settings.heartbeat_timeout_ms 
 broker.add_middleware(DrainOnce(window_seconds=REPEATED_SIGTERM_WINDOW_SECONDS))
 dramatiq.set_broker(broker)
 
-from actors import fanout, report  # noqa: E402, F401  (declared against the broker set above)
+from actors import coordinator, report  # noqa: E402, F401  (declared against the broker set above)

@@ -14,6 +14,7 @@ from reports.errors import Deferred
 from reports.jobs import BUILD_REPORT, SEND_NOW, ReportJob, SendNowJob
 from reports.worker.actor_metrics import note_outcome
 from reports.worker.broker import defer_current
+from reports.worker.retries import MessageOutcome
 
 #: Added to a deferral, as a fraction of its wait, so deferred copies do not return together.
 DEFER_JITTER = 0.5
@@ -28,7 +29,7 @@ def _deferring(step: Callable[[], pipeline.Outcome]) -> None:
         # without spending a retry.
         wait_ms = deferred.retry_after_seconds * 1000
         defer_current(broker, delay_ms=int(wait_ms + random.uniform(100, 100 + wait_ms * DEFER_JITTER)))
-        note_outcome("deferred")  # after the copy is enqueued, so the copy does not carry it
+        note_outcome(MessageOutcome.DEFERRED)  # after the copy is enqueued, so the copy does not carry it
 
 
 @dramatiq.actor(actor_name=BUILD_REPORT.name, queue_name=BUILD_REPORT.queue)

@@ -10,7 +10,7 @@ What it sets up, all of its own and all removed on the way out (Ctrl-C included)
   ``reports.database.upgrade``, dropped at the end) with ``--users`` active users;
 - a private key namespace on the Redis at ``--redis-url`` (its keys deleted at the end);
 - a local aiosmtpd server that records when each message arrives;
-- the period triggered and planned in-process (``reports.fanout.coordinator.plan_slice``) with a sender that
+- the period triggered and planned in-process (``reports.fanout.coordinator.walk_slice``) with a sender that
   enqueues every real payload many times over (``reports.worker.broker.send_many``), so the bulk queue holds
   ``--backlog`` *valid* ``build_report`` messages: the first copy per user sends the monthly email, the
   rest are absorbed by the idempotent consumer. A feeder keeps the bulk queue topped up to the backlog
@@ -202,7 +202,7 @@ def run(args: argparse.Namespace) -> None:
                 return send_many(broker, BUILD_REPORT, (payload for _ in range(copies) for payload in page))
 
             started = time.monotonic()
-            outcome = coordinator.plan_slice(sessions, PERIOD, flood, page_size=1000, budget_seconds=600)
+            outcome = coordinator.walk_slice(sessions, PERIOD, flood, page_size=1000, budget_seconds=600)
             fill_seconds = time.monotonic() - started
             assert outcome.planned, outcome
             print(
@@ -223,7 +223,7 @@ def run(args: argparse.Namespace) -> None:
                 f"{args.worker_timeout_ms or os.environ.get(WORKER_TIMEOUT_VARIABLE, 'default (1000 ms)')}"
             )
 
-            # Wait until user 1's monthly email is out, so every request below is a resend with a
+            # Wait until user 1's monthly email is out, so every request below is a send-now email with a
             # Message-ID of its own.
             monthly = f"<report.{PERIOD}.1@{DOMAIN}>"
             if recorder.wait_for(monthly, timeout=60) is None:

@@ -14,7 +14,7 @@ seeded by `reports.ops.seed.seed` (what `reports seed --users N` runs) for last 
 2. plain: the same period afresh (every table but the users' and activities' emptied), done by
    --processes plain multiprocessing processes of --threads threads each, no broker. The clock
    starts, the period is triggered (runs.trigger) and walked by the coordinator's own code
-   (coordinator.plan_slice), which hands each page's jobs to the processes' threads through a
+   (coordinator.walk_slice), which hands each page's jobs to the processes' threads through a
    multiprocessing queue (a pipe) instead of Redis; each thread runs `pipeline.run(context, job)`,
    what the build_report actor runs, with the context actors/runtime.py builds. The clock stops
    when every job has returned.
@@ -48,7 +48,7 @@ from reports.clock import utcnow
 from reports.database import create_db_engine, session_factory
 from reports.delivery import pipeline
 from reports.fanout import coordinator, progress, runs
-from reports.jobs import BULK_QUEUE, DEFAULT_QUEUE, ReportJob
+from reports.jobs import BUILD_REPORT, BULK_QUEUE, DEFAULT_QUEUE, ReportJob
 from reports.worker.broker import build_broker
 
 #: Tables a run leaves alone; every other one (runs, items and their counts, reports, deliveries…) is
@@ -180,7 +180,9 @@ def plain_process(environ: dict[str, str], threads: int, jobs: Any, results: Any
     def work() -> None:
         while (payload := jobs.get()) is not None:
             try:
-                job = ReportJob.parse((), payload)  # what the build_report actor does with its message
+                job = ReportJob.parse(
+                    BUILD_REPORT.arguments(payload), {}
+                )  # what the build_report actor does with its message
                 outcome = str(pipeline.run(runtime.context, job))
             except Exception as error:  # noqa: BLE001  (counted and shown, like a worker would log it)
                 outcome = f"error {type(error).__name__}: {error}"
@@ -226,7 +228,7 @@ def plain_run(args: argparse.Namespace, bench: MailBench, sessions: sessionmaker
             runs.trigger(session, period, template_version=settings.template_version, now=utcnow())
         outcome = coordinator.SliceOutcome()
         while not outcome.planned:
-            outcome = coordinator.plan_slice(
+            outcome = coordinator.walk_slice(
                 sessions,
                 period,
                 hand_over,

@@ -19,6 +19,7 @@ import redis
 from items import period_of_items  # bench/items.py, beside this script
 from support import temporary_database  # bench/support.py, beside this script
 
+from reports.delivery.breaker import mail_breaker_name
 from reports.models import ItemState
 from reports.ops.metrics import ReportsCollector
 
@@ -44,7 +45,7 @@ def measure(url: str, args: argparse.Namespace) -> None:
             namespace=namespace,
             sessions=sessions,
             queues=("critical", "default", "bulk"),
-            breaker_name=f"{namespace}:breaker:mail",
+            breaker_name=mail_breaker_name(namespace),
         )
         timings = []
         for _ in range(args.scrapes):

@@ -1,10 +1,10 @@
-"""Fan-out: how fast the coordinator plans and enqueues, and what the broker's memory holds.
+"""Fan-out: how fast the coordinator walks and enqueues, and what the broker's memory holds.
 
 Usage: python bench/fanout.py [--users 1000000] [--loop-messages 20000] [--high-water 100000]
                               [--drain-rate 8000] [--pause-seconds 1]
 
 On a PostgreSQL database of its own (TEST_POSTGRES_URL's server) and a private redis-server:
-1. the coordinator (reports.fanout.coordinator.plan_slice, batched inserts, pipelined enqueue) plans every
+1. the coordinator (reports.fanout.coordinator.walk_slice, batched inserts, pipelined enqueue) walks every
    user with no high-water mark; prints users/s, Redis used_memory and bytes per queued message;
 2. a loop of `broker.enqueue` (what `actor.send` does) for --loop-messages, in the same run: msg/s,
    and the ratio;
@@ -34,7 +34,7 @@ from reports.fanout import coordinator, runs
 from reports.jobs import BUILD_REPORT
 from reports.periods import Period
 from reports.settings import Settings
-from reports.worker.broker import backlog, build_broker, message_for, send_many
+from reports.worker.broker import backlog, build_broker, message_for, sender
 
 
 def _used_memory(client: redis.Redis) -> int:
@@ -128,10 +128,10 @@ def main() -> None:
             started = time.perf_counter()
             outcome = coordinator.SliceOutcome()
             while not outcome.planned:
-                outcome = coordinator.plan_slice(
+                outcome = coordinator.walk_slice(
                     sessions,
                     period,
-                    lambda p: send_many(broker, BUILD_REPORT, p),
+                    sender(broker, BUILD_REPORT),
                     page_size=args.page_size,
                     budget_seconds=3600,
                 )
@@ -165,10 +165,10 @@ def main() -> None:
                 pauses = 0
                 outcome = coordinator.SliceOutcome()
                 while not outcome.planned:
-                    outcome = coordinator.plan_slice(
+                    outcome = coordinator.walk_slice(
                         sessions,
                         second,
-                        lambda p: send_many(broker, BUILD_REPORT, p),
+                        sender(broker, BUILD_REPORT),
                         page_size=args.page_size,
                         budget_seconds=3600,
                         backlog=lambda: backlog(broker, BUILD_REPORT.queue),

@@ -3,7 +3,7 @@
     python bench/per_report.py [--users 2000] [--repeats 3]
 
 On a PostgreSQL database of its own (seeded as ``reports seed`` does) and a private redis-server
-holding the mail breaker, it plans a period and runs ``pipeline.run`` once per active user in a
+holding the mail breaker, it walks a period and runs ``pipeline.run`` once per active user in a
 loop, with a mailer that builds the message's bytes and sends them nowhere. It prints:
 
 * CPU per report (``time.process_time``, median over ``--repeats`` passes, a fresh period each),
@@ -41,7 +41,7 @@ from reports.delivery import pipeline
 from reports.delivery.breaker import CircuitBreaker, mail_breaker_name
 from reports.delivery.mail.compose import compose, message_id, recipient
 from reports.fanout import runs
-from reports.fanout.coordinator import plan_slice
+from reports.fanout.coordinator import walk_slice
 from reports.jobs import ReportJob
 from reports.periods import Period, previous_month
 from reports.settings import Settings
@@ -121,7 +121,7 @@ def fresh_period(sessions: sessionmaker[Session], period: Period, settings: Sett
         for table in ("item_counts", "report_items", "deliveries", "reports", "period_runs"):
             session.execute(text(f"DELETE FROM {table}"))
         runs.trigger(session, period, template_version=settings.template_version, now=datetime.now(UTC))
-    assert plan_slice(
+    assert walk_slice(
         sessions, period, lambda payloads: len(list(payloads)), page_size=1000, budget_seconds=600
     ).planned
 

@@ -6,14 +6,13 @@ that does not parse will never parse: it is a permanent failure, not something t
 On the wire a payload's fields travel positionally, in the order its ``ActorSpec.fields`` names
 them. The bulk queue holds up to ``PLAN_HIGH_WATER`` messages in Redis, and the field names would
 add about 40 bytes to each, enough to push every message into the allocator's next size class.
-Named fields still parse: messages enqueued by an earlier release, and dead letters stored then,
-carry them.
+No release ever sent named fields, so a message that carries them is malformed.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
@@ -24,6 +23,9 @@ from reports.periods import Period
 CRITICAL_QUEUE = "critical"
 DEFAULT_QUEUE = "default"
 BULK_QUEUE = "bulk"
+
+#: Hands a batch of job payloads to the broker; returns how many were sent.
+SendJobs = Callable[[Iterable[dict[str, Any]]], int]
 
 #: ``users.id`` is a 32-bit integer: no user has a larger id.
 MAX_USER_ID = 2**31 - 1
@@ -51,7 +53,9 @@ class ActorSpec:
         return tuple(payload[field] for field in self.fields)
 
 
-PLAN_PERIOD = ActorSpec("plan_period", DEFAULT_QUEUE, ("period",))
+# Actor and queue names travel inside queued messages: renaming one strands the messages already
+# in Redis during a deploy, hence the coordinator's older name.
+COORDINATOR = ActorSpec("plan_period", DEFAULT_QUEUE, ("period",))
 BUILD_REPORT = ActorSpec("build_report", BULK_QUEUE, ("period", "user_id", "template_version"))
 SEND_NOW = ActorSpec("send_report_now", CRITICAL_QUEUE, ("period", "user_id", "request_id", "template_version"))
 
@@ -59,19 +63,11 @@ _REQUEST_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a
 
 
 def _fields(args: Sequence[Any], kwargs: Mapping[str, Any], spec: ActorSpec) -> Mapping[str, Any]:
-    if args and kwargs:
-        raise InvalidPayload(
-            f"Fields come either all positional or all named, got {len(args)} positional and {sorted(kwargs)}."
-        )
-    if args:
-        if len(args) != len(spec.fields):
-            raise InvalidPayload(f"Expected {len(spec.fields)} positional fields {list(spec.fields)}, got {len(args)}.")
-        return dict(zip(spec.fields, args, strict=True))
-    expected = set(spec.fields)
-    missing, extra = expected - kwargs.keys(), kwargs.keys() - expected
-    if missing or extra:
-        raise InvalidPayload(f"Payload fields: missing {sorted(missing)}, unexpected {sorted(extra)}.")
-    return kwargs
+    if kwargs:
+        raise InvalidPayload(f"Fields travel positionally, got named fields {sorted(kwargs)}.")
+    if len(args) != len(spec.fields):
+        raise InvalidPayload(f"Expected {len(spec.fields)} positional fields {list(spec.fields)}, got {len(args)}.")
+    return dict(zip(spec.fields, args, strict=True))
 
 
 def _period(value: Any) -> Period:
@@ -96,14 +92,14 @@ def _version(value: Any) -> str:
 
 
 @dataclass(frozen=True)
-class PlanJob:
+class CoordinatorJob:
     """Walk the active users of ``period`` and enqueue one report job for each."""
 
     period: Period
 
     @classmethod
-    def parse(cls, args: Sequence[Any], kwargs: Mapping[str, Any]) -> PlanJob:
-        fields = _fields(args, kwargs, PLAN_PERIOD)
+    def parse(cls, args: Sequence[Any], kwargs: Mapping[str, Any]) -> CoordinatorJob:
+        fields = _fields(args, kwargs, COORDINATOR)
         return cls(_period(fields["period"]))
 
     def payload(self) -> dict[str, Any]:

@@ -193,9 +193,11 @@ class Delivery(_ClaimColumns, Base):
     user_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
 
 
-class Resend(_ClaimColumns, Base):
+class SendNowRequest(_ClaimColumns, Base):
     """The claim on one ``send-now`` request: at most one email per request, however often it runs."""
 
+    # The table keeps its first name: renaming it would break the previous release's workers,
+    # still running while a deploy's release phase migrates.
     __tablename__ = "resends"
 
     request_id: Mapped[str] = mapped_column(String(36), primary_key=True)
@@ -206,6 +208,16 @@ class Resend(_ClaimColumns, Base):
     template_version: Mapped[str | None] = mapped_column(String(32))
     #: Last time the request was made, taken or re-enqueued; reconcile re-sends one untouched too long.
     updated_at: Mapped[datetime | None] = mapped_column(DateTime())
+
+
+class DeadLetterReason(enum.StrEnum):
+    #: The error says retrying cannot help (a malformed payload, an address refused for good).
+    PERMANENT = "permanent"
+    RETRIES_EXHAUSTED = "retries_exhausted"
+    #: Dead-lettered by Dramatiq itself (for example: no worker declares the actor).
+    BROKER = "broker"
+    #: The message's bytes did not decode: there is nothing to replay.
+    UNDECODABLE = "undecodable"
 
 
 class DeadLetter(Base):
@@ -224,7 +236,7 @@ class DeadLetter(Base):
     period: Mapped[str | None] = mapped_column(String(7))
     user_id: Mapped[int | None] = mapped_column(Integer)
     attempts: Mapped[int] = mapped_column(Integer)
-    #: ``permanent``, ``retries_exhausted`` or ``broker`` (dead-lettered by Dramatiq itself).
+    #: A :class:`DeadLetterReason`.
     reason: Mapped[str] = mapped_column(String(32))
     error_class: Mapped[str] = mapped_column(Text)
     error_message: Mapped[str] = mapped_column(Text)

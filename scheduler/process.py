@@ -38,7 +38,6 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from types import FrameType
 
-import dramatiq
 import redis
 import sqlalchemy.exc
 from apscheduler.events import EVENT_SCHEDULER_STARTED, SchedulerEvent  # type: ignore[import-untyped]
@@ -53,12 +52,12 @@ from reports.database import create_db_engine, session_factory
 from reports.endpoints import redact_url
 from reports.errors import ConfigurationError
 from reports.fanout import runs
-from reports.jobs import PlanJob
+from reports.jobs import CoordinatorJob
 from reports.models import PeriodRun
 from reports.ops import retention
 from reports.periods import Period
 from reports.settings import Settings
-from reports.worker.broker import build_broker, send_coordinator
+from reports.worker.broker import Broker, build_broker, send_coordinator
 from scheduler.schedule import Schedule
 
 logger = logging.getLogger(__name__)
@@ -104,7 +103,7 @@ class SchedulerProcess:
         schedule: Schedule,
         *,
         sessions: sessionmaker[Session],
-        broker: dramatiq.Broker,
+        broker: Broker,
         redis_client: redis.Redis,
         clock: Callable[[], datetime] = utcnow,
     ) -> None:
@@ -139,7 +138,7 @@ class SchedulerProcess:
             # Committed before the send: if the send fails, reconcile re-enqueues the coordinator
             # of a walk that has not moved for RECONCILE_STUCK_AFTER_SECONDS.
             if run.created:
-                send_coordinator(self.broker, str(run.run.walker), PlanJob(period).payload())
+                send_coordinator(self.broker, str(run.run.walker), CoordinatorJob(period).payload())
                 self._record_trigger(period)
                 triggered.append(period)
                 logger.info(

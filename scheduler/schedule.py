@@ -40,9 +40,6 @@ class Schedule:
             lookback_months=check_lookback(settings.schedule_lookback_months),
         )
 
-    def fire_time(self, period: Period) -> datetime:
-        return fire_time(period, self.at, self.timezone)
-
     def due_periods(self, now_utc: datetime) -> list[Period]:
         return due_periods(now_utc, self.at, self.timezone, self.lookback_months)
 

@@ -29,14 +29,8 @@ def periods(obj: Obj, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps([summary.as_dict() for summary in summaries]))
         return
-    # One plain line per period: nothing to cut on a narrow terminal, easy to grep.
     for summary in summaries:
-        p = summary.progress
-        click.echo(
-            f"{p.period}  {summary.status:<9}  {p.finished}/{p.total} finished (delivered {p.delivered}, "
-            f"skipped {p.skipped}, dead {p.dead}, pending {p.pending})  planned={str(p.planned).lower()} "
-            f"complete={str(p.complete).lower()}"
-        )
+        click.echo(f"{summary.progress.period}  {summary.status:<9}  {summary.progress.line()}")
     click.echo(f"{len(summaries)} period(s).")
 
 
@@ -73,7 +67,7 @@ def send_now(obj: Obj, user_id: int, period: Period, include_inactive: bool) -> 
             period, user_id, request_id, run.template_version if run is not None else obj.settings.template_version
         )
         # Written before the message exists: if Redis loses it, reconcile sends the request again.
-        claims.record_request(
+        claims.record_send_now_request(
             session,
             request_id,
             period,

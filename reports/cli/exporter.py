@@ -12,6 +12,7 @@ from prometheus_client import start_http_server
 from prometheus_client.registry import CollectorRegistry
 
 from reports.cli.app import Obj, cli, pass_obj
+from reports.delivery.breaker import mail_breaker_name
 from reports.errors import BadInput
 from reports.jobs import BULK_QUEUE, CRITICAL_QUEUE, DEFAULT_QUEUE
 from reports.ops.metrics import CachedCollector, ReportsCollector
@@ -38,7 +39,7 @@ def exporter(obj: Obj, host: str | None, port: int) -> None:
         namespace=settings.broker_namespace,
         sessions=obj.sessions(),
         queues=(CRITICAL_QUEUE, DEFAULT_QUEUE, BULK_QUEUE),
-        breaker_name=f"{settings.broker_namespace}:breaker:mail",
+        breaker_name=mail_breaker_name(settings.broker_namespace),
     )
     registry.register(CachedCollector(collector, max_age_seconds=settings.exporter_cache_seconds))
     click.echo(f"Serving metrics on http://{host}:{port}/metrics", err=True)

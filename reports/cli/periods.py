@@ -73,9 +73,4 @@ def progress_command(obj: Obj, period: Period, as_json: bool, watch: bool, inter
     if as_json:
         click.echo(json.dumps(current.as_dict()))
     else:
-        click.echo(
-            f"{current.period}: {current.finished}/{current.total} finished "
-            f"(delivered {current.delivered}, skipped {current.skipped}, dead {current.dead}, "
-            f"pending {current.pending}); planned={str(current.planned).lower()} "
-            f"complete={str(current.complete).lower()}"
-        )
+        click.echo(f"{current.period}: {current.line()}")

@@ -13,15 +13,13 @@ from reports.clock import utcnow
 from reports.errors import BadInput
 from reports.fanout import runs
 from reports.periods import Period
+from reports.settings import MAX_SECONDS
 from reports.worker.broker import build_broker
-
-#: Longest threshold accepted: ten years, in seconds.
-MAX_STUCK_AFTER_SECONDS = 10 * 366 * 86_400
 
 
 def _seconds(_ctx: click.Context, _param: click.Parameter, value: float | None) -> float | None:
-    if value is not None and not (math.isfinite(value) and 0 <= value <= MAX_STUCK_AFTER_SECONDS):
-        raise BadInput(f"--stuck-after must be a number of seconds from 0 to {MAX_STUCK_AFTER_SECONDS}.")
+    if value is not None and not (math.isfinite(value) and 0 <= value <= MAX_SECONDS):
+        raise BadInput(f"--stuck-after must be a number of seconds from 0 to {MAX_SECONDS}.")
     return value
 
 

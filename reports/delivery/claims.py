@@ -16,7 +16,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from reports.errors import ClaimHeld
-from reports.models import Delivery, DeliveryState, Resend
+from reports.models import Delivery, DeliveryState, SendNowRequest
 from reports.periods import Period
 from reports.sql import Executor, insert_ignoring_conflicts, rowcount
 
@@ -33,13 +33,13 @@ class Claim:
     request_id: str | None = None
 
     @property
-    def _model(self) -> type[Delivery | Resend]:
-        return Delivery if self.request_id is None else Resend
+    def _model(self) -> type[Delivery | SendNowRequest]:
+        return Delivery if self.request_id is None else SendNowRequest
 
     def _key(self) -> list[Any]:
         if self.request_id is None:
             return [Delivery.period == str(self.period), Delivery.user_id == self.user_id]
-        return [Resend.request_id == self.request_id]
+        return [SendNowRequest.request_id == self.request_id]
 
 
 def new_token() -> str:
@@ -63,7 +63,7 @@ def take(
     )
 
 
-def record_request(
+def record_send_now_request(
     session: Session,
     request_id: str,
     period: Period,
@@ -76,7 +76,7 @@ def record_request(
     """Write a ``send-now`` request when it is made, before its message exists: if the message is
     lost, reconcile finds the request and sends it again."""
     session.execute(
-        insert_ignoring_conflicts(session, Resend.__table__).values(
+        insert_ignoring_conflicts(session, SendNowRequest.__table__).values(
             request_id=request_id,
             period=str(period),
             user_id=user_id,
@@ -93,7 +93,7 @@ def record_request(
     )
 
 
-def take_request(
+def take_send_now_request(
     session: Session,
     request_id: str,
     period: Period,
@@ -149,7 +149,7 @@ def _take(
     )
     if not inserted:
         # A recorded request, or a claim whose holder's lease ran out: take it over.
-        touched = {"updated_at": now} if model is Resend else {}
+        touched = {"updated_at": now} if model is SendNowRequest else {}
         inserted = (
             rowcount(
                 session.execute(

@@ -367,7 +367,7 @@ def _prepare_now(ctx: Context, session: Session, job: SendNowJob) -> _Prepared |
     request_id = message_id(job.period, user.id, ctx.settings.mail_domain, request_id=job.request_id)
     lease = ctx.settings.claim_lease_seconds
     claimed_at, lease_ends = _claim_time(ctx)
-    request = claims.take_request(
+    request = claims.take_send_now_request(
         session,
         job.request_id,
         job.period,

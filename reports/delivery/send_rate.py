@@ -26,6 +26,7 @@ more or fewer emails in one go.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
@@ -38,9 +39,13 @@ from reports.errors import Deferred
 #: Name of the fleet-wide counter of throttled sends, by outcome (``waited``, ``deferred``).
 THROTTLED_COUNTER = "send_throttled"
 
-#: Outcomes of a throttled send, the label values of ``reports_send_throttled_total``.
-WAITED = "waited"
-DEFERRED = "deferred"
+
+class ThrottleOutcome(enum.StrEnum):
+    """Outcomes of a throttled send, the label values of ``reports_send_throttled_total``."""
+
+    WAITED = "waited"
+    DEFERRED = "deferred"
+
 
 #: Longest a send sleeps for its slot before it is deferred instead, in milliseconds. It must
 #: stay well inside a delivery claim's margin: the pipeline paces before it checks the lease.
@@ -119,7 +124,14 @@ class SendRate:
             list[bytes],
             self._acquire(
                 keys=self._keys,
-                args=[f"{now_ms:.3f}", repr(self.interval_ms), self.burst, f"{max_wait_ms:.3f}", WAITED, DEFERRED],
+                args=[
+                    f"{now_ms:.3f}",
+                    repr(self.interval_ms),
+                    self.burst,
+                    f"{max_wait_ms:.3f}",
+                    ThrottleOutcome.WAITED,
+                    ThrottleOutcome.DEFERRED,
+                ],
             ),
         )
         return Permit(wait_ms=max(float(wait_ms), 0.0), reserved=bool(int(reserved)))

@@ -18,8 +18,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from reports.errors import InvalidPayload
 from reports.fanout import items
-from reports.jobs import BUILD_REPORT, SEND_NOW, PlanJob, ReportJob, SendNowJob
-from reports.models import DeadLetter, DeliveryState, ItemState, ReportItem, Resend
+from reports.jobs import BUILD_REPORT, SEND_NOW, CoordinatorJob, ReportJob, SendNowJob
+from reports.models import DeadLetter, DeadLetterReason, DeliveryState, ItemState, ReportItem, SendNowRequest
 from reports.sql import insert_ignoring_conflicts, rowcount
 from reports.worker.broker import Broker, enqueue_again
 from reports.worker.retries import DeadMessage
@@ -29,24 +29,21 @@ logger = logging.getLogger(__name__)
 #: Dead letters replayed per transaction.
 REPLAY_CHUNK = 500
 
-#: The reason of a message whose bytes did not decode: there is nothing to replay.
-UNDECODABLE = "undecodable"
-
 
 def _from_ms(ms: int) -> datetime:
     return datetime.fromtimestamp(ms / 1000, UTC).replace(tzinfo=None)
 
 
-_PARSERS: dict[str, Callable[[Sequence[Any], dict[str, Any]], ReportJob | PlanJob | SendNowJob]] = {
+_PARSERS: dict[str, Callable[[Sequence[Any], dict[str, Any]], ReportJob | CoordinatorJob | SendNowJob]] = {
     BUILD_REPORT.name: ReportJob.parse,
     SEND_NOW.name: SendNowJob.parse,
 }
 
 
-def _job(actor: str, args: Sequence[Any], kwargs: dict[str, Any]) -> ReportJob | PlanJob | SendNowJob | None:
+def _job(actor: str, args: Sequence[Any], kwargs: dict[str, Any]) -> ReportJob | CoordinatorJob | SendNowJob | None:
     """The job a dead payload describes, when it parses."""
     try:
-        return _PARSERS.get(actor, PlanJob.parse)(args, kwargs)
+        return _PARSERS.get(actor, CoordinatorJob.parse)(args, kwargs)
     except InvalidPayload:
         return None
 
@@ -56,7 +53,7 @@ def ids(dead: DeadMessage) -> dict[str, Any]:
     job = _job(dead.actor, dead.args, dead.kwargs)
     if job is None:
         return {}
-    return {"period": str(job.period), **({} if isinstance(job, PlanJob) else {"user_id": job.user_id})}
+    return {"period": str(job.period), **({} if isinstance(job, CoordinatorJob) else {"user_id": job.user_id})}
 
 
 def record(session: Session, dead: DeadMessage) -> bool:
@@ -70,7 +67,7 @@ def record(session: Session, dead: DeadMessage) -> bool:
             queue=dead.queue,
             payload=json.dumps({"args": list(dead.args), "kwargs": dead.kwargs}, default=repr),
             period=str(job.period) if job else None,
-            user_id=None if job is None or isinstance(job, PlanJob) else job.user_id,
+            user_id=None if job is None or isinstance(job, CoordinatorJob) else job.user_id,
             attempts=dead.attempts,
             reason=dead.reason,
             error_class=dead.error_class,
@@ -99,8 +96,8 @@ def record(session: Session, dead: DeadMessage) -> bool:
 def _set_request_state(session: Session, request_id: str, state: DeliveryState, *, unless: DeliveryState) -> int:
     return rowcount(
         session.execute(
-            update(Resend)
-            .where(Resend.request_id == request_id, Resend.state != unless)
+            update(SendNowRequest)
+            .where(SendNowRequest.request_id == request_id, SendNowRequest.state != unless)
             .values(state=state)
             .execution_options(synchronize_session=False)
         )
@@ -165,7 +162,7 @@ def replay(sessions: sessionmaker[Session], broker: Broker, where: Filter, *, no
     for chunk in _chunks(sessions, where, ceiling):
         with sessions.begin() as session:
             for letter in session.scalars(select(DeadLetter).where(DeadLetter.id.in_(chunk)).with_for_update()):
-                if letter.replayed_at is not None or letter.reason == UNDECODABLE:
+                if letter.replayed_at is not None or letter.reason == DeadLetterReason.UNDECODABLE:
                     continue  # replayed concurrently by another operator, or no message to send
                 outcome.replayed.append(letter.id)
                 if dry_run:

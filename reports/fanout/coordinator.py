@@ -17,23 +17,19 @@ the run names (``walker``) walks: another stops at its next slice.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
 from sqlalchemy import DateTime, exists, func, literal, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from reports.clock import utcnow
 from reports.errors import PermanentError
-from reports.jobs import ReportJob
+from reports.jobs import ReportJob, SendJobs
 from reports.models import ItemState, PeriodRun, ReportItem, RunState, Suppression, User
 from reports.periods import Period
 from reports.sql import dialect_insert
-
-#: Hands a batch of report-job payloads to the broker.
-SendJobs = Callable[[Iterable[dict[str, Any]]], int]
 
 #: An item recorded this long ago and still not handed out was left by a crash, not by a copy
 #: of the coordinator that is handing its page out right now.
@@ -68,7 +64,7 @@ class _Page:
     planned: bool
 
 
-def plan_slice(
+def walk_slice(
     sessions: sessionmaker[Session],
     period: Period,
     send_jobs: SendJobs,

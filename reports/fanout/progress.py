@@ -41,6 +41,14 @@ class Progress:
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "complete": self.complete}
 
+    def line(self) -> str:
+        """The counts as one plain line: nothing to cut on a narrow terminal, easy to grep."""
+        return (
+            f"{self.finished}/{self.total} finished (delivered {self.delivered}, skipped {self.skipped}, "
+            f"dead {self.dead}, pending {self.pending}); planned={str(self.planned).lower()} "
+            f"complete={str(self.complete).lower()}"
+        )
+
 
 def count(session: Session, period: Period) -> Progress:
     """Count the period's items by state; :class:`BadInput` if the period was never triggered."""

@@ -17,7 +17,7 @@ Lost is told from waiting by facts, not by age alone:
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -26,14 +26,13 @@ from sqlalchemy import and_, exists, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from reports.fanout import progress
-from reports.jobs import BULK_QUEUE, CRITICAL_QUEUE, PlanJob, ReportJob, SendNowJob
-from reports.models import Delivery, DeliveryState, ItemState, PeriodRun, ReportItem, Resend, Suppression, User
+from reports.jobs import BULK_QUEUE, CRITICAL_QUEUE, CoordinatorJob, ReportJob, SendJobs, SendNowJob
+from reports.models import Delivery, DeliveryState, ItemState, PeriodRun, ReportItem, SendNowRequest, Suppression, User
 from reports.periods import Period
 
 #: Stuck items re-enqueued per transaction.
 CHUNK = 1000
 
-SendJobs = Callable[[Iterable[dict[str, Any]]], int]
 #: Starts a coordinator chain: (walker token, payload).
 SendCoordinator = Callable[[str, dict[str, Any]], None]
 
@@ -118,7 +117,7 @@ def reconcile(
         if coordinator_enqueued:
             # A new chain: whichever chain was out there stops at its next slice.
             run.walker, run.updated_at = str(uuid.uuid4()), now
-            send_coordinator(run.walker, PlanJob(period).payload())
+            send_coordinator(run.walker, CoordinatorJob(period).payload())
 
     may_be_waiting = not resume and (facts.breaker_open() or facts.backlog(BULK_QUEUE) > 0)
     lost = _lost(period, untouched_since, now, handed_out_too=not may_be_waiting)
@@ -225,16 +224,21 @@ def reconcile_requests(
     """
     with sessions.begin() as session:
         requests = session.execute(
-            update(Resend)
+            update(SendNowRequest)
             .where(
-                *([Resend.period == str(period)] if period is not None else []),
-                Resend.state.in_((DeliveryState.REQUESTED, DeliveryState.CLAIMED)),
-                Resend.lease_expires_at <= now,
-                or_(Resend.updated_at.is_(None), Resend.updated_at < untouched_since),
-                Resend.template_version.is_not(None),
+                *([SendNowRequest.period == str(period)] if period is not None else []),
+                SendNowRequest.state.in_((DeliveryState.REQUESTED, DeliveryState.CLAIMED)),
+                SendNowRequest.lease_expires_at <= now,
+                or_(SendNowRequest.updated_at.is_(None), SendNowRequest.updated_at < untouched_since),
+                SendNowRequest.template_version.is_not(None),
             )
             .values(updated_at=now)
-            .returning(Resend.period, Resend.user_id, Resend.request_id, Resend.template_version)
+            .returning(
+                SendNowRequest.period,
+                SendNowRequest.user_id,
+                SendNowRequest.request_id,
+                SendNowRequest.template_version,
+            )
             .execution_options(synchronize_session=False)
         ).all()
         payloads = [

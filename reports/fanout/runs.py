@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -12,11 +13,11 @@ from sqlalchemy.orm import Session, sessionmaker
 from reports.delivery.breaker import State, mail_breaker_name, state_of
 from reports.errors import BadInput
 from reports.fanout.reconcile import InFlight, Reconciliation, reconcile, reconcile_requests
-from reports.jobs import BUILD_REPORT, SEND_NOW, PlanJob
-from reports.models import DeliveryState, ItemState, PeriodRun, ReportItem, Resend, RunState
+from reports.jobs import BUILD_REPORT, SEND_NOW, CoordinatorJob
+from reports.models import DeliveryState, ItemState, PeriodRun, ReportItem, RunState, SendNowRequest
 from reports.periods import Period
 from reports.sql import insert_ignoring_conflicts
-from reports.worker.broker import Broker, backlog, send_coordinator, send_many
+from reports.worker.broker import Broker, backlog, send_coordinator, sender
 
 
 @dataclass(frozen=True)
@@ -93,15 +94,15 @@ def trigger_and_enqueue(
         reconcile(
             sessions,
             period,
-            send_jobs=lambda payloads: send_many(broker, BUILD_REPORT, payloads),
-            send_coordinator=lambda walker, payload: send_coordinator(broker, walker, payload),
+            send_jobs=sender(broker, BUILD_REPORT),
+            send_coordinator=functools.partial(send_coordinator, broker),
             stuck_after=timedelta(0),
             now=now,
             resume=True,
         )
     elif triggered.needs_coordinator:
         assert triggered.run.walker is not None
-        send_coordinator(broker, triggered.run.walker, PlanJob(period).payload())
+        send_coordinator(broker, triggered.run.walker, CoordinatorJob(period).payload())
     return triggered
 
 
@@ -110,7 +111,8 @@ def unfinished(session: Session) -> list[Period]:
     send-now request, oldest first."""
     pending = exists().where(ReportItem.period == PeriodRun.period, ReportItem.state == ItemState.PENDING)
     requested = exists().where(
-        Resend.period == PeriodRun.period, Resend.state.in_((DeliveryState.REQUESTED, DeliveryState.CLAIMED))
+        SendNowRequest.period == PeriodRun.period,
+        SendNowRequest.state.in_((DeliveryState.REQUESTED, DeliveryState.CLAIMED)),
     )
     rows = session.scalars(
         select(PeriodRun.period)
@@ -134,9 +136,9 @@ def reconcile_through(
     return reconcile(
         sessions,
         period,
-        send_jobs=lambda payloads: send_many(broker, BUILD_REPORT, payloads),
-        send_coordinator=lambda walker, payload: send_coordinator(broker, walker, payload),
-        send_requests=lambda payloads: send_many(broker, SEND_NOW, payloads),
+        send_jobs=sender(broker, BUILD_REPORT),
+        send_coordinator=functools.partial(send_coordinator, broker),
+        send_requests=sender(broker, SEND_NOW),
         in_flight=_in_flight(broker, namespace),
         stuck_after=stuck_after,
         now=now,
@@ -157,7 +159,7 @@ def reconcile_every_request(
         return 0
     return reconcile_requests(
         sessions,
-        lambda payloads: send_many(broker, SEND_NOW, payloads),
+        sender(broker, SEND_NOW),
         period=None,
         untouched_since=now - stuck_after,
         now=now,

@@ -42,7 +42,7 @@ def print_summary(
         ("users reported", final.total),
         ("delivered", final.delivered),
         # Inactive users are never planned (the walk reads active users only), so they have no
-        # item; "skipped" counts the users deactivated or deleted after planning.
+        # item; "skipped" counts the users deactivated or deleted after the walk recorded their item.
         ("not planned (inactive)", inactive),
         ("skipped (deactivated since planned)", final.skipped),
         ("dead", final.dead),

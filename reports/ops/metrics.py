@@ -26,12 +26,12 @@ from reports.counters import DURATION_BUCKETS, SEP, counter_key
 from reports.delivery import send_rate
 from reports.delivery.breaker import STATE_VALUES, State
 from reports.fanout import progress
-from reports.jobs import BUILD_REPORT, PLAN_PERIOD, SEND_NOW
-from reports.models import DeadLetter, PeriodRun, RunState
+from reports.jobs import BUILD_REPORT, COORDINATOR, SEND_NOW
+from reports.models import DeadLetter, DeadLetterReason, ItemState, PeriodRun, RunState
 from reports.unsubscribe import suppressions
 
-#: Why a message died (see :mod:`reports.worker.retries` and :mod:`reports.failures.dead_letters`).
-DEAD_REASONS = ("permanent", "retries_exhausted", "broker")
+#: Why a message of a known actor died; an undecodable message has no actor to count it under.
+DEAD_REASONS = (DeadLetterReason.PERMANENT, DeadLetterReason.RETRIES_EXHAUSTED, DeadLetterReason.BROKER)
 
 #: Periods whose item counts are exported: the most recent ones.
 PERIODS_EXPORTED = 12
@@ -139,7 +139,7 @@ class ReportsCollector(Collector):
         # Every known series from 0, so the first dead letter is an increase Prometheus can see.
         counts = {
             SEP.join((spec.queue, spec.name, reason)): 0.0
-            for spec in (PLAN_PERIOD, BUILD_REPORT, SEND_NOW)
+            for spec in (COORDINATOR, BUILD_REPORT, SEND_NOW)
             for reason in DEAD_REASONS
         }
         counts.update({SEP.join(labels): value for labels, value in self._hash("dead_letters")})
@@ -162,7 +162,7 @@ class ReportsCollector(Collector):
             "Sends held back by the fleet's send rate: waited for a slot, or deferred.",
             labels=["outcome"],
         )
-        counts = {send_rate.WAITED: 0.0, send_rate.DEFERRED: 0.0}
+        counts = {str(outcome): 0.0 for outcome in send_rate.ThrottleOutcome}
         counts.update({labels[0]: value for labels, value in self._hash(send_rate.THROTTLED_COUNTER)})
         for outcome, value in sorted(counts.items()):
             throttled.add_metric([outcome], value)
@@ -237,8 +237,8 @@ class ReportsCollector(Collector):
             suppressed = suppressions.count_by_reason(session)
         for period, is_planned, triggered_at, state in runs:
             by_state = counts.get(period, {})
-            for state in ("pending", "delivered", "skipped", "dead"):
-                items.add_metric([period, state], by_state.get(state, 0))
+            for item_state in ItemState:
+                items.add_metric([period, item_state], by_state.get(item_state, 0))
             total.add_metric([period], sum(by_state.values()))
             planned.add_metric([period], 1.0 if is_planned else 0.0)
             triggered.add_metric([period], triggered_at.replace(tzinfo=UTC).timestamp())

@@ -36,7 +36,7 @@ from reports.models import (
     PeriodRun,
     Report,
     ReportItem,
-    Resend,
+    SendNowRequest,
 )
 from reports.periods import Period
 from reports.sql import rowcount
@@ -93,7 +93,8 @@ def unfinished_periods(session: Session) -> set[str]:
     """Periods whose run is not done, active or cancelled: their rows are still a work list."""
     pending = exists().where(ReportItem.period == PeriodRun.period, ReportItem.state == ItemState.PENDING)
     requested = exists().where(
-        Resend.period == PeriodRun.period, Resend.state.in_((DeliveryState.REQUESTED, DeliveryState.CLAIMED))
+        SendNowRequest.period == PeriodRun.period,
+        SendNowRequest.state.in_((DeliveryState.REQUESTED, DeliveryState.CLAIMED)),
     )
     return set(session.scalars(select(PeriodRun.period).where(or_(PeriodRun.planned.is_(False), pending, requested))))
 
@@ -113,7 +114,7 @@ def old_periods(session: Session, before: Period) -> list[str]:
         ) is not None:
             found.add(period)
             last = period
-    found.update(session.scalars(select(Resend.period).where(Resend.period < str(before)).distinct()))
+    found.update(session.scalars(select(SendNowRequest.period).where(SendNowRequest.period < str(before)).distinct()))
     return sorted(found)
 
 
@@ -211,19 +212,19 @@ def _delete_in_batches(sessions: sessionmaker[Session], table: Table, period: st
 def _small_tables(session: Session, period: str, *, dry_run: bool) -> tuple[int, int]:
     """Finished send-now requests and replayed dead letters of ``period``: few rows, one statement each."""
     finished_requests = and_(
-        Resend.period == period,
-        Resend.state.in_((DeliveryState.SENT, DeliveryState.DEAD)),
+        SendNowRequest.period == period,
+        SendNowRequest.state.in_((DeliveryState.SENT, DeliveryState.DEAD)),
         ~exists().where(
-            DeadLetter.period == period, DeadLetter.user_id == Resend.user_id, DeadLetter.replayed_at.is_(None)
+            DeadLetter.period == period, DeadLetter.user_id == SendNowRequest.user_id, DeadLetter.replayed_at.is_(None)
         ),
     )
     replayed = and_(DeadLetter.period == period, DeadLetter.replayed_at.is_not(None))
     if dry_run:
         return (
-            session.scalar(select(func.count()).select_from(Resend).where(finished_requests)) or 0,
+            session.scalar(select(func.count()).select_from(SendNowRequest).where(finished_requests)) or 0,
             session.scalar(select(func.count()).select_from(DeadLetter).where(replayed)) or 0,
         )
     return (
-        rowcount(session.execute(delete(Resend).where(finished_requests))),
+        rowcount(session.execute(delete(SendNowRequest).where(finished_requests))),
         rowcount(session.execute(delete(DeadLetter).where(replayed))),
     )

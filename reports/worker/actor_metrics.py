@@ -29,7 +29,8 @@ from dramatiq.broker import MessageProxy
 from dramatiq.middleware import CurrentMessage, Middleware
 
 from reports.counters import DURATION_BUCKETS, SEP, counter_key
-from reports.worker.retries import OUTCOME_OPTION
+from reports.delivery.pipeline import Outcome
+from reports.worker.retries import OUTCOME_OPTION, MessageOutcome
 
 logger = logging.getLogger(__name__)
 
@@ -60,9 +61,9 @@ def note_outcome(outcome: str) -> None:
 def outcome_of(exception: BaseException | None, message: MessageProxy) -> str:
     """The retry verdict after a failure; otherwise ``success`` or what the actor noted."""
     if exception is not None:
-        return str(message.options.get(OUTCOME_OPTION, "retry"))
+        return str(message.options.get(OUTCOME_OPTION, MessageOutcome.RETRY))
     noted = message.options.get(OUTCOME_OPTION)
-    return "success" if noted in (None, "delivered") else str(noted)
+    return MessageOutcome.SUCCESS if noted in (None, Outcome.DELIVERED) else str(noted)
 
 
 _Key = tuple[str, str]  # (Redis hash, field)

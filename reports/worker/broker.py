@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import uuid
@@ -14,7 +15,7 @@ from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import CurrentMessage, TimeLimit
 from redis.typing import EncodableT, FieldT
 
-from reports.jobs import PLAN_PERIOD, ActorSpec
+from reports.jobs import COORDINATOR, ActorSpec, SendJobs
 from reports.settings import Settings
 from reports.worker.undecodable import UndecodableAsDeadLetters
 
@@ -49,8 +50,9 @@ def build_broker(settings: Settings) -> RedisBroker:
     )
 
 
-#: The broker as the library passes it around: only this package imports Dramatiq.
-Broker = dramatiq.Broker
+#: The broker as the library passes it around: only this package imports Dramatiq. Always Redis:
+#: the bulk enqueue and the backlog read its key layout.
+Broker = RedisBroker
 
 
 def message_for(
@@ -73,7 +75,7 @@ def enqueue_again(broker: Broker, *, queue: str, actor: str, args: list[Any], kw
 
 def send_coordinator(broker: dramatiq.Broker, walker: str, payload: Mapping[str, Any]) -> None:
     """Start the coordinator chain ``walker``, which the run must name (``PeriodRun.walker``)."""
-    send(broker, PLAN_PERIOD, payload, options={WALKER_OPTION: walker})
+    send(broker, COORDINATOR, payload, options={WALKER_OPTION: walker})
 
 
 def send(
@@ -121,7 +123,7 @@ def enqueue_until_sent(
 ENQUEUE_CHUNK = 1000
 
 
-def send_many(broker: dramatiq.Broker, spec: ActorSpec, payloads: Iterable[Mapping[str, Any]]) -> int:
+def send_many(broker: Broker, spec: ActorSpec, payloads: Iterable[Mapping[str, Any]]) -> int:
     """Enqueue one message per payload, a chunk per Redis round trip; returns how many were sent.
 
     Dramatiq has no bulk enqueue: ``actor.send`` costs one round trip and one script call per
@@ -129,12 +131,6 @@ def send_many(broker: dramatiq.Broker, spec: ActorSpec, payloads: Iterable[Mappi
     ``dispatch`` script writes for each (the message in the queue's hash, its id on the queue's
     list), as one HSET and one RPUSH. It leans on the broker's key layout; Dramatiq is pinned.
     """
-    if not isinstance(broker, RedisBroker):
-        sent = 0
-        for payload in payloads:
-            broker.enqueue(message_for(spec, payload))
-            sent += 1
-        return sent
     sent = 0
     chunk: list[dramatiq.Message[Any]] = []
     for payload in payloads:
@@ -146,6 +142,11 @@ def send_many(broker: dramatiq.Broker, spec: ActorSpec, payloads: Iterable[Mappi
     if chunk:
         sent += _enqueue_chunk(broker, spec.queue, chunk)
     return sent
+
+
+def sender(broker: Broker, spec: ActorSpec) -> SendJobs:
+    """:func:`send_many` to ``spec``'s actor on ``broker``: how the coordinator and reconcile hand jobs out."""
+    return functools.partial(send_many, broker, spec)
 
 
 def _enqueue_chunk(broker: RedisBroker, queue: str, messages: list[dramatiq.Message[Any]]) -> int:

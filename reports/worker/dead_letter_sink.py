@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from reports.failures import dead_letters
 from reports.failures.alerts import WebhookAlerts
+from reports.models import DeadLetterReason
 from reports.worker.retries import DeadMessage
 
 logger = logging.getLogger(__name__)
@@ -148,7 +149,7 @@ def _broker_dead_message(raw: bytes, redis_id: str, queue: str, died_ms: int) ->
         args=tuple(message.args),
         kwargs=dict(message.kwargs),
         attempts=int(message.options.get("retries", 0)) + 1,
-        reason="broker",
+        reason=DeadLetterReason.BROKER,
         error_class="BrokerDeadLetter",
         error_message="Dead-lettered by Dramatiq itself (for example: no worker declares this actor).",
         traceback=message.options.get("traceback") or "",
@@ -167,7 +168,7 @@ def _undecodable(raw: bytes, redis_id: str, queue: str, died_ms: int, error: dra
         args=(),
         kwargs={},
         attempts=1,
-        reason=dead_letters.UNDECODABLE,
+        reason=DeadLetterReason.UNDECODABLE,
         error_class=type(error.error).__name__,
         error_message=f"The message could not be decoded: {text}",
         traceback="",

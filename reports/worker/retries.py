@@ -8,6 +8,7 @@ into ``.XQ``, so that it is never lost.
 
 from __future__ import annotations
 
+import enum
 import logging
 import random
 import time
@@ -21,6 +22,7 @@ from dramatiq.broker import MessageProxy
 from dramatiq.middleware import Middleware
 
 from reports.errors import PermanentError
+from reports.models import DeadLetterReason
 from reports.worker.backoff import full_jitter_ms
 from reports.worker.broker import enqueue_until_sent
 
@@ -28,6 +30,16 @@ logger = logging.getLogger(__name__)
 
 #: Where the verdict is left for the metrics middleware: ``retry`` or ``dead``.
 OUTCOME_OPTION = "reports_outcome"
+
+
+class MessageOutcome(enum.StrEnum):
+    """What a message came to, besides the pipeline's own outcomes, as the actor metrics count it."""
+
+    SUCCESS = "success"
+    RETRY = "retry"
+    DEAD = "dead"
+    #: Put back without spending a retry (a claim held elsewhere, an open breaker).
+    DEFERRED = "deferred"
 
 
 @dataclass(frozen=True)
@@ -40,8 +52,7 @@ class DeadMessage:
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     attempts: int
-    #: ``permanent`` or ``retries_exhausted``.
-    reason: str
+    reason: DeadLetterReason
     error_class: str
     error_message: str
     traceback: str
@@ -98,7 +109,7 @@ class JitteredRetries(Middleware):
         max_retries = self._option(broker, message, "max_retries", self.max_retries)
         if is_permanent(exception) or retries >= max_retries:
             self._die(message, exception, retries, now_ms)
-            message.options[OUTCOME_OPTION] = "dead"
+            message.options[OUTCOME_OPTION] = MessageOutcome.DEAD
             return
         message.options["retries"] = retries + 1
         delay = full_jitter_ms(
@@ -118,7 +129,7 @@ class JitteredRetries(Middleware):
         # Dramatiq swallows an error raised here and acks the message, so the retry must not fail.
         enqueue_until_sent(broker, message, delay_ms=delay)  # type: ignore[arg-type]
         # After the enqueue, so the retried copy does not carry it.
-        message.options[OUTCOME_OPTION] = "retry"
+        message.options[OUTCOME_OPTION] = MessageOutcome.RETRY
 
     def _die(self, message: MessageProxy, exception: BaseException, retries: int, now_ms: int) -> None:
         dead = DeadMessage(
@@ -128,7 +139,7 @@ class JitteredRetries(Middleware):
             args=tuple(message.args),
             kwargs=dict(message.kwargs),
             attempts=retries + 1,
-            reason="permanent" if is_permanent(exception) else "retries_exhausted",
+            reason=DeadLetterReason.PERMANENT if is_permanent(exception) else DeadLetterReason.RETRIES_EXHAUSTED,
             error_class=type(exception).__name__,
             error_message=str(exception),
             traceback="".join(traceback.format_exception(exception)),

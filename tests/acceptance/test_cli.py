@@ -18,7 +18,7 @@ from sqlalchemy import func, inspect, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from reports.database import create_db_engine
-from reports.jobs import MAX_USER_ID, PlanJob
+from reports.jobs import MAX_USER_ID, CoordinatorJob
 from reports.periods import Period
 from reports.settings import Settings
 from tests.support.broker import jobs_in_queue, messages_in_queue, queue_counts
@@ -153,7 +153,7 @@ def test_triggering_twice_keeps_one_run_and_the_output_matches_what_is_queued(se
     assert queue_counts(settings) == {"default": 1, "bulk": 0}
     [coordinator] = messages_in_queue(settings, "default")
     assert coordinator["actor_name"] == "plan_period"
-    assert jobs_in_queue(settings, "default", PlanJob) == [PlanJob(Period.parse(LAST_MONTH))]
+    assert jobs_in_queue(settings, "default", CoordinatorJob) == [CoordinatorJob(Period.parse(LAST_MONTH))]
 
     second = run_cli(settings, "trigger", LAST_MONTH)
     assert second.returncode == 0, second.stderr
@@ -164,7 +164,7 @@ def test_triggering_twice_keeps_one_run_and_the_output_matches_what_is_queued(se
     says_enqueued = "coordinator enqueued" in second.stdout and "nothing enqueued" not in second.stdout
     assert says_enqueued, second.stdout
     assert queue_counts(settings) == {"default": 2, "bulk": 0}
-    assert jobs_in_queue(settings, "default", PlanJob) == [PlanJob(Period.parse(LAST_MONTH))] * 2
+    assert jobs_in_queue(settings, "default", CoordinatorJob) == [CoordinatorJob(Period.parse(LAST_MONTH))] * 2
 
 
 # --- progress after a full run ---------------------------------------------------------------

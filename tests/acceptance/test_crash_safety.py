@@ -142,7 +142,7 @@ def test_the_coordinator_killed_mid_walk_resumes_from_its_checkpoint(
 ):
     population = load_users(sessions, count=3000, inactive_every=4)
     settings = replace(crash_settings, plan_page_size=5)
-    planner = start_workers(settings, processes=1, threads=1, queues=("default",))
+    coordinator_pool = start_workers(settings, processes=1, threads=1, queues=("default",))
     assert run_cli(settings, "trigger", PERIOD).returncode == 0
 
     def cursor() -> tuple[int, bool]:
@@ -150,7 +150,7 @@ def test_the_coordinator_killed_mid_walk_resumes_from_its_checkpoint(
             return session.execute(select(PeriodRun.cursor, PeriodRun.planned).where(PeriodRun.period == PERIOD)).one()
 
     wait_until(lambda: cursor()[0] > 0, timeout=30, interval=0.01, what="the walk to start")
-    planner.kill()
+    coordinator_pool.kill()
     at_kill, planned = cursor()
     assert not planned, "the walk finished before the kill; the test proved nothing"
 
@@ -170,7 +170,7 @@ def test_redis_flushed_mid_run_is_repaired_by_reconcile(settings, sessions, smtp
     smtp_server.handler.delay_seconds = 0.02
     start_workers(settings, processes=1, threads=4)
     assert run_cli(settings, "trigger", PERIOD).returncode == 0
-    wait_until(lambda: progress_of(sessions).planned, timeout=30, what="planning")
+    wait_until(lambda: progress_of(sessions).planned, timeout=30, what="the walk")
     wait_for_delivered(sessions, 60)
 
     redis.Redis.from_url(private_redis).flushall()

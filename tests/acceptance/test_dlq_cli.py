@@ -53,13 +53,13 @@ def dead(
     died_ago: timedelta = timedelta(minutes=1),
 ) -> DeadMessage:
     died_ms = int((time.time() - died_ago.total_seconds()) * 1000)
-    kwargs: dict[str, Any] = {} if period is None else {"period": period, "user_id": user_id, "template_version": "v1"}
+    args: tuple[Any, ...] = () if period is None else (period, user_id, "v1")
     return DeadMessage(
         message_id=message_id,
         actor=actor,
         queue="bulk",
-        args=(),
-        kwargs=kwargs,
+        args=args,
+        kwargs={},
         attempts=attempts,
         reason=reason,
         error_class=error_class,
@@ -204,7 +204,7 @@ def test_show_prints_one_dead_letter_with_its_payload_and_traceback(settings, fo
     shown = json.loads(dlq(settings, "show", str(row["id"])).stdout)
 
     assert {k: shown[k] for k in FIELDS} == row
-    assert shown["payload"] == {"args": [], "kwargs": {"period": "2026-09", "user_id": 2, "template_version": "v1"}}
+    assert shown["payload"] == {"args": ["2026-09", 2, "v1"], "kwargs": {}}
     assert shown["traceback"].startswith("Traceback (most recent call last):")
     assert "MailDeferred: SMTP 451" in shown["traceback"]
 

@@ -32,7 +32,7 @@ def test_every_message_enqueued_twice_side_by_side_still_mails_each_user_once(
         doubled = [p for payload in payloads for p in (payload, payload)]
         return send_many(broker, BUILD_REPORT, doubled)
 
-    outcome = coordinator.plan_slice(sessions, period, send_each_twice, page_size=7, budget_seconds=60)
+    outcome = coordinator.walk_slice(sessions, period, send_each_twice, page_size=7, budget_seconds=60)
     assert outcome.planned and outcome.enqueued == 2 * len(population.active)
 
     # Eight threads take adjacent copies of one message at the same moment.

@@ -74,9 +74,9 @@ def test_a_user_deactivated_after_planning_is_skipped_not_mailed(settings, sessi
     settings = replace(settings, smtp_url=smtp_server.url)
     load_users(sessions, count=10, inactive_every=100)
     assert run_cli(settings, "trigger", PERIOD).returncode == 0
-    # Planning happens in a worker; deactivate user 3 after its item exists but before any worker runs.
+    # The walk happens in a worker; deactivate user 3 after its item exists but before any worker runs.
     group = start_workers(settings, processes=1, threads=1, queues=("default",))
-    wait_until(lambda: progress_json(settings)["planned"], timeout=30, what="planning")
+    wait_until(lambda: progress_json(settings)["planned"], timeout=30, what="the walk")
     with sessions.begin() as session:
         session.execute(text("UPDATE users SET active = false WHERE id = 3"))
     group.stop()

@@ -225,11 +225,11 @@ def test_malformed_payloads_become_dead_letters_with_a_clear_reason_and_the_work
 ):
     settings = replace(settings, smtp_url=smtp_server.url, min_backoff_ms=100, max_backoff_ms=1_000)
     load_users(sessions, count=2, inactive_every=100)
-    # Plan the period without enqueueing anything, so both users have a pending item.
+    # Walk the period without enqueueing anything, so both users have a pending item.
     period = Period.parse(PERIOD)
     with sessions.begin() as session:
         runs.trigger(session, period, template_version=settings.template_version, now=utcnow())
-    outcome = coordinator.plan_slice(
+    outcome = coordinator.walk_slice(
         sessions, period, lambda payloads: len(list(payloads)), page_size=settings.plan_page_size, budget_seconds=30
     )
     assert outcome.planned
@@ -401,8 +401,8 @@ def test_replay_mails_a_fixed_user_once_and_a_second_replay_sends_nothing(
         message_id="stale-copy-of-user-1",
         actor="build_report",
         queue="bulk",
-        args=(),
-        kwargs={"period": PERIOD, "user_id": 1, "template_version": "v1"},
+        args=(PERIOD, 1, "v1"),
+        kwargs={},
         attempts=6,
         reason="retries_exhausted",
         error_class="MailDeferred",

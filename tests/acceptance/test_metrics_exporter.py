@@ -18,12 +18,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from reports import counters
 from reports.clock import utcnow
-from reports.delivery.breaker import CircuitBreaker
+from reports.delivery.breaker import CircuitBreaker, mail_breaker_name
 from reports.fanout import coordinator, runs
 from reports.fanout.progress import count
 from reports.jobs import BUILD_REPORT
 from reports.periods import Period
-from reports.worker.broker import build_broker, send_many
+from reports.worker.broker import build_broker, sender
 from tests.support.databases import load_users
 from tests.support.environment import REPO
 from tests.support.processes import free_port, run_cli
@@ -99,9 +99,7 @@ def test_the_exporter_serves_queue_depths_dead_letters_breaker_state_and_period_
     with sessions.begin() as session:
         runs.trigger(session, period, template_version="v1", now=utcnow())
     broker = build_broker(settings)
-    coordinator.plan_slice(
-        sessions, period, lambda payloads: send_many(broker, BUILD_REPORT, payloads), page_size=50, budget_seconds=60
-    )
+    coordinator.walk_slice(sessions, period, sender(broker, BUILD_REPORT), page_size=50, budget_seconds=60)
 
     # Before any worker: every message waits in the bulk queue, the oldest for a while now.
     time.sleep(1.1)
@@ -150,7 +148,7 @@ def test_the_exporter_serves_queue_depths_dead_letters_breaker_state_and_period_
     client = redis.Redis.from_url(settings.broker_url)
     breaker = CircuitBreaker(
         client,
-        name=f"{settings.broker_namespace}:breaker:mail",
+        name=mail_breaker_name(settings.broker_namespace),
         failure_threshold=1,
         window_ms=10_000,
         cooldown_ms=60_000,

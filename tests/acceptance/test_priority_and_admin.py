@@ -38,7 +38,7 @@ from reports.jobs import BUILD_REPORT as BUILD_REPORT_SPEC
 from reports.jobs import BULK_QUEUE, CRITICAL_QUEUE, DEFAULT_QUEUE, SEND_NOW, SendNowJob
 from reports.periods import Period
 from reports.settings import Settings
-from reports.worker.broker import build_broker, send, send_many
+from reports.worker.broker import build_broker, send, send_many, sender
 from tests.support.broker import queued_messages
 from tests.support.databases import load_users
 from tests.support.environment import REPO
@@ -225,7 +225,7 @@ def test_send_now_for_a_user_never_mailed_is_the_monthly_email_and_the_monthly_r
     if before == "planned, bulk not running":
         cli_ok(settings, "trigger", PERIOD)
         groups.append(start_workers(settings, processes=1, threads=2, queues=(DEFAULT_QUEUE,)))
-        wait_until(lambda: progress_json(settings)["planned"], timeout=30, what="planning")
+        wait_until(lambda: progress_json(settings)["planned"], timeout=30, what="the walk")
         assert waiting(settings, BULK_QUEUE) == len(population.active)
         assert item_state(sessions, user) == "pending"
 
@@ -283,10 +283,10 @@ def test_send_now_after_the_monthly_email_sends_one_new_email_per_request_even_i
 
     # An operator asks for user 2's report again: a new email with a Message-ID of its own.
     first_request = request_id_in(cli_ok(settings, "send-now", str(user), PERIOD))
-    wait_until(lambda: messages_with(smtp_server, first_request), timeout=30, what="the first resend")
-    [resend] = messages_with(smtp_server, first_request)
-    assert resend["Message-ID"].strip() == f"<report.{PERIOD}.{user}.{first_request}@{DOMAIN}>"
-    assert resend["X-Report-User-Id"] == str(user) and resend["X-Report-Period"] == PERIOD
+    wait_until(lambda: messages_with(smtp_server, first_request), timeout=30, what="the first send-now email")
+    [sent_now] = messages_with(smtp_server, first_request)
+    assert sent_now["Message-ID"].strip() == f"<report.{PERIOD}.{user}.{first_request}@{DOMAIN}>"
+    assert sent_now["X-Report-User-Id"] == str(user) and sent_now["X-Report-Period"] == PERIOD
 
     # The same request delivered twice (two copies of one payload at once) is still one email.
     broker = build_broker(settings)
@@ -303,7 +303,7 @@ def test_send_now_after_the_monthly_email_sends_one_new_email_per_request_even_i
     # Another request sends one more.
     second_request = request_id_in(cli_ok(settings, "send-now", str(user), PERIOD))
     assert second_request not in (first_request, twice.request_id)
-    wait_until(lambda: messages_with(smtp_server, second_request), timeout=30, what="the second resend")
+    wait_until(lambda: messages_with(smtp_server, second_request), timeout=30, what="the second send-now email")
     wait_until(lambda: queue_settled(settings, CRITICAL_QUEUE), timeout=30, what="the critical queue to settle")
     stop_all(workers)
 
@@ -313,7 +313,7 @@ def test_send_now_after_the_monthly_email_sends_one_new_email_per_request_even_i
     assert ids[0] == monthly_id(user)
     others = {u: len(ms) for u, ms in smtp_server.by_user().items() if u != user}
     assert others == {u: 1 for u in population.active if u != user}
-    # Resends change nothing in the monthly count.
+    # Send-now emails change nothing in the monthly count.
     assert progress_json(settings)["delivered"] == len(population.active)
 
 
@@ -441,10 +441,10 @@ def test_periods_lists_every_triggered_period_newest_first_with_state_and_counts
     cli_ok(settings, "trigger", "2026-09")
     cli_ok(settings, "trigger", "2026-10")
     broker = build_broker(settings)
-    planned = coordinator.plan_slice(
+    planned = coordinator.walk_slice(
         sessions,
         Period(2026, 9),
-        lambda payloads: send_many(broker, BUILD_REPORT_SPEC, payloads),
+        sender(broker, BUILD_REPORT_SPEC),
         page_size=7,
         budget_seconds=60,
     )
@@ -531,7 +531,7 @@ def test_a_critical_message_is_processed_within_a_second_behind_a_50000_message_
         batch = list(payloads)
         return send_many(broker, BUILD_REPORT_SPEC, (p for _ in range(copies) for p in batch))
 
-    outcome = coordinator.plan_slice(sessions, period, flood, page_size=LATENCY_USERS, budget_seconds=120)
+    outcome = coordinator.walk_slice(sessions, period, flood, page_size=LATENCY_USERS, budget_seconds=120)
     assert outcome.planned and outcome.enqueued == BACKLOG
 
     def backlog() -> int:

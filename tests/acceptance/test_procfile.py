@@ -35,15 +35,15 @@ from reports.fanout.progress import count
 from reports.jobs import (
     BUILD_REPORT,
     BULK_QUEUE,
+    COORDINATOR,
     CRITICAL_QUEUE,
     DEFAULT_QUEUE,
-    PLAN_PERIOD,
     SEND_NOW,
     SendNowJob,
 )
 from reports.periods import Period
 from reports.settings import Settings
-from reports.worker.broker import build_broker, send, send_many
+from reports.worker.broker import build_broker, send, sender
 from tests.support.databases import load_users
 from tests.support.environment import REPO
 from tests.support.processes import free_port, kill_group
@@ -234,8 +234,8 @@ def test_each_worker_line_names_declared_queues_and_sets_processes_threads_and_a
     actor_queues = set(found["actors"].values())
     # Every actor is on one of the three priority queues, and each queue has an actor.
     assert actor_queues == set(QUEUES), found
-    assert {found["actors"][spec.name] for spec in (SEND_NOW, PLAN_PERIOD, BUILD_REPORT)} == set(QUEUES)
-    assert (found["actors"][SEND_NOW.name], found["actors"][PLAN_PERIOD.name], found["actors"][BUILD_REPORT.name]) == (
+    assert {found["actors"][spec.name] for spec in (SEND_NOW, COORDINATOR, BUILD_REPORT)} == set(QUEUES)
+    assert (found["actors"][SEND_NOW.name], found["actors"][COORDINATOR.name], found["actors"][BUILD_REPORT.name]) == (
         CRITICAL_QUEUE,
         DEFAULT_QUEUE,
         BULK_QUEUE,
@@ -296,9 +296,7 @@ def test_each_worker_line_as_written_consumes_its_own_queue_and_no_other(
     # bulk: September planned here, its build_report messages waiting.
     with sessions.begin() as session:
         runs.trigger(session, september, template_version=settings.template_version, now=utcnow())
-    coordinator.plan_slice(
-        sessions, september, lambda payloads: send_many(broker, BUILD_REPORT, payloads), page_size=7, budget_seconds=60
-    )
+    coordinator.walk_slice(sessions, september, sender(broker, BUILD_REPORT), page_size=7, budget_seconds=60)
     # default: October triggered, its coordinator waiting.
     runs.trigger_and_enqueue(sessions, broker, october, template_version=settings.template_version, now=utcnow())
     # critical: user 1's October report, asked for now.
@@ -321,7 +319,7 @@ def test_each_worker_line_as_written_consumes_its_own_queue_and_no_other(
             wait_until(
                 lambda: waiting(DEFAULT_QUEUE) == 0 and waiting(BULK_QUEUE) == 6,
                 timeout=30,
-                what="the default pool to plan October",
+                what="the default pool to walk October",
             )
             time.sleep(1)
             assert {q: waiting(q) for q in QUEUES} == {CRITICAL_QUEUE: 0, DEFAULT_QUEUE: 0, BULK_QUEUE: 6}

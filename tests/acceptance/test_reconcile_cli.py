@@ -12,8 +12,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from reports.clock import utcnow
 from reports.fanout import runs
-from reports.fanout.coordinator import plan_slice
-from reports.jobs import PlanJob, ReportJob
+from reports.fanout.coordinator import walk_slice
+from reports.jobs import CoordinatorJob, ReportJob
 from reports.models import ReportItem
 from reports.periods import Period
 from reports.settings import Settings
@@ -51,7 +51,7 @@ def trigger(sessions: sessionmaker[Session], settings: Settings) -> None:
 
 def walk(sessions: sessionmaker[Session], *, budget_seconds: float = 60, page_size: int = 50) -> bool:
     """Walk the period with a broker that loses every message; returns whether the walk finished."""
-    return plan_slice(
+    return walk_slice(
         sessions,
         Period.parse(PERIOD),
         lambda payloads: len(list(payloads)),
@@ -194,7 +194,7 @@ def test_reconcile_of_a_triggered_but_unplanned_period_re_enqueues_the_coordinat
     assert queue_counts(settings) == {"default": 1, "bulk": 0}
     [message] = messages_in_queue(settings, "default")
     assert message["actor_name"] == "plan_period"
-    assert jobs_in_queue(settings, "default", PlanJob) == [PlanJob(Period.parse(PERIOD))]
+    assert jobs_in_queue(settings, "default", CoordinatorJob) == [CoordinatorJob(Period.parse(PERIOD))]
 
 
 def test_the_human_form_says_the_coordinator_was_re_enqueued(settings, sessions):

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from reports.clock import utcnow
 from reports.fanout import runs
-from reports.jobs import PlanJob
+from reports.jobs import CoordinatorJob
 from reports.models import PeriodRun
 from reports.periods import Period, previous_month
 from reports.settings import Settings
@@ -91,7 +91,7 @@ def wait_for_log(scheduler: SchedulerProcess, text: str, *, timeout: float = 20)
 def plan_messages(settings: Settings) -> list[str]:
     messages = messages_in_queue(settings, "default")
     assert all(m["actor_name"] == "plan_period" and m["queue_name"] == "default" for m in messages), messages
-    return sorted(str(job.period) for job in jobs_in_queue(settings, "default", PlanJob))
+    return sorted(str(job.period) for job in jobs_in_queue(settings, "default", CoordinatorJob))
 
 
 def triggered_periods(sessions: sessionmaker[Session]) -> list[str]:

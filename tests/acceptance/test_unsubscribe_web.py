@@ -26,7 +26,7 @@ from reports.periods import Period
 from reports.settings import Settings
 from reports.unsubscribe import suppressions, tokens
 from reports.unsubscribe.tokens import Signer
-from tests.integration.conftest import PERIOD, RecordingSender, plan_everything
+from tests.integration.conftest import PERIOD, RecordingSender, walk_everything
 from tests.support.databases import load_users
 from tests.support.environment import REPO, missing
 from tests.support.processes import free_port, run_cli
@@ -117,7 +117,7 @@ def test_the_one_click_post_of_a_received_email_unsubscribes_and_the_next_period
 ):
     web = start_web()
     load_users(sessions, count=4)
-    plan_everything(sessions, settings)
+    walk_everything(sessions, settings)
     mail_settings = replace(web.settings, smtp_url=smtp_server.url, template_version="v2")
     context = pipeline.Context(settings=mail_settings, sessions=sessions, mailer=build_mailer(mail_settings))
     assert pipeline.run(context, ReportJob(PERIOD, 3, "v2")) == pipeline.Outcome.DELIVERED
@@ -136,7 +136,7 @@ def test_the_one_click_post_of_a_received_email_unsubscribes_and_the_next_period
     assert suppressed(sessions) == {3: "unsubscribed"}
 
     sender = RecordingSender()
-    plan_everything(sessions, settings, Period.parse("2026-11"), sender=sender)
+    walk_everything(sessions, settings, Period.parse("2026-11"), sender=sender)
     assert sorted(sender.user_ids) == [1, 2, 4]
 
 

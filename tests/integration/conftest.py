@@ -1,4 +1,4 @@
-"""Helpers for integration tests: a real Redis broker, a recording sender, triggering and planning."""
+"""Helpers for integration tests: a real Redis broker, a recording sender, triggering and walking."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from reports.clock import utcnow
 from reports.fanout import runs
-from reports.fanout.coordinator import SliceOutcome, plan_slice
+from reports.fanout.coordinator import SliceOutcome, walk_slice
 from reports.jobs import BUILD_REPORT, ReportJob
 from reports.models import ReportItem
 from reports.periods import Period
@@ -70,7 +70,7 @@ class RecordingSender:
 
     def __call__(self, payloads: Iterable[dict[str, Any]]) -> int:
         batch = list(payloads)
-        jobs = [ReportJob.parse((), payload) for payload in batch]
+        jobs = [ReportJob.parse(BUILD_REPORT.arguments(payload), {}) for payload in batch]
         with self.lock:
             self.calls += 1
             self.user_ids.extend(job.user_id for job in jobs)
@@ -85,7 +85,7 @@ def trigger(sessions: sessionmaker[Session], settings: Settings, period: Period 
         runs.trigger(session, period, template_version=settings.template_version, now=utcnow())
 
 
-def plan_everything(
+def walk_everything(
     sessions: sessionmaker[Session],
     settings: Settings,
     period: Period = PERIOD,
@@ -93,7 +93,7 @@ def plan_everything(
 ) -> SliceOutcome:
     """Trigger ``period`` and walk every active user, enqueueing nowhere unless ``sender`` says so."""
     trigger(sessions, settings, period)
-    outcome = plan_slice(
+    outcome = walk_slice(
         sessions, period, sender or RecordingSender(), page_size=settings.plan_page_size, budget_seconds=60
     )
     assert outcome.planned

@@ -9,17 +9,17 @@ from reports.fanout import coordinator, runs
 from reports.fanout.progress import count
 from reports.jobs import BUILD_REPORT
 from reports.periods import Period
-from reports.worker.broker import backlog, send_many
+from reports.worker.broker import backlog, send_many, sender
 from tests.support.databases import load_users
 
 PERIOD = Period(2026, 10)
 
 
 def _walk(sessions, broker, *, high_water: int):
-    return coordinator.plan_slice(
+    return coordinator.walk_slice(
         sessions,
         PERIOD,
-        lambda payloads: send_many(broker, BUILD_REPORT, payloads),
+        sender(broker, BUILD_REPORT),
         page_size=7,
         budget_seconds=60,
         backlog=lambda: backlog(broker, BUILD_REPORT.queue),

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import redis
 
-from reports.delivery.breaker import STATE_CACHE_MS, CircuitBreaker, Permit, State
+from reports.delivery.breaker import STATE_CACHE_MS, CircuitBreaker, Permit, State, mail_breaker_name
 from tests.support.broker import redis_commands
 
 THRESHOLD = 5
@@ -32,7 +32,7 @@ NewBreaker = Callable[..., CircuitBreaker]
 def new_breaker(redis_url: str, broker_namespace: str) -> Iterator[NewBreaker]:
     """Builds breakers on the test's own name; each call is another "process" with its own client."""
     clients: list[redis.Redis] = []
-    name = f"{broker_namespace}:breaker:mail"
+    name = mail_breaker_name(broker_namespace)
 
     def build(*, url: str = redis_url, **overrides: Any) -> CircuitBreaker:
         client = redis.Redis.from_url(url)

@@ -17,13 +17,13 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from reports.clock import utcnow
 from reports.failures import dead_letters
-from reports.jobs import BUILD_REPORT, PLAN_PERIOD
+from reports.jobs import BUILD_REPORT, COORDINATOR
 from reports.models import DeadLetter, ItemState, ReportItem
 from reports.settings import Settings
 from reports.worker.broker import message_for
 from reports.worker.dead_letter_sink import BrokerDeadLetters, DeadLetterSink, absorb_broker_dead_letters
 from reports.worker.retries import DeadMessage
-from tests.integration.conftest import PERIOD, plan_everything, queued_user_ids
+from tests.integration.conftest import PERIOD, queued_user_ids, walk_everything
 from tests.support.databases import load_users
 from tests.support.waiting import wait_until
 
@@ -49,8 +49,8 @@ def report_dead(
         message_id=message_id or f"msg-{period}-{user_id}-{reason}",
         actor=BUILD_REPORT.name,
         queue=BUILD_REPORT.queue,
-        args=(),
-        kwargs={"period": period, "user_id": user_id, "template_version": "v1"},
+        args=(period, user_id, "v1"),
+        kwargs={},
         attempts=attempts,
         reason=reason,
         error_class=error[0],
@@ -79,7 +79,7 @@ def item(sessions: sessionmaker[Session], user_id: int, period: str = str(PERIOD
 def planned(sessions: sessionmaker[Session], settings: Settings, count: int = 6) -> list[int]:
     """Users 1..count loaded and planned (items pending, nothing enqueued); returns the active ids."""
     population = load_users(sessions, count=count, inactive_every=5)
-    plan_everything(sessions, settings)
+    walk_everything(sessions, settings)
     return population.active
 
 
@@ -115,7 +115,7 @@ def test_a_dead_letter_is_stored_with_everything_known_and_only_once(sessions, s
     [stored] = letters(sessions)
     assert stored.message_id == dead.message_id
     assert (stored.actor, stored.queue) == (BUILD_REPORT.name, BUILD_REPORT.queue)
-    assert json.loads(stored.payload) == {"args": [], "kwargs": dead.kwargs}
+    assert json.loads(stored.payload) == {"args": list(dead.args), "kwargs": {}}
     assert (stored.period, stored.user_id) == (str(PERIOD), user_id)
     assert (stored.attempts, stored.reason) == (3, "retries_exhausted")
     assert (stored.error_class, stored.error_message) == DEFERRED
@@ -152,16 +152,12 @@ def test_a_dead_letter_never_undoes_a_delivered_item(sessions, settings) -> None
 
 
 MALFORMED = {
-    "bad-period": (BUILD_REPORT.name, (), {"period": "2026-13", "user_id": 4, "template_version": "v1"}),
-    "bad-user-id": (BUILD_REPORT.name, (), {"period": "2026-10", "user_id": "four", "template_version": "v1"}),
-    "missing-field": (BUILD_REPORT.name, (), {"period": "2026-10", "user_id": 4}),
-    "positional": (BUILD_REPORT.name, ("2026-10", 4), {}),
-    "unserialisable-extra": (
-        BUILD_REPORT.name,
-        (),
-        {"period": "2026-10", "user_id": 4, "template_version": "v1", "extra": object()},
-    ),
-    "plan-bad-period": (PLAN_PERIOD.name, (), {"period": ["2026-10"]}),
+    "bad-period": (BUILD_REPORT.name, ("2026-13", 4, "v1"), {}),
+    "bad-user-id": (BUILD_REPORT.name, ("2026-10", "four", "v1"), {}),
+    "missing-field": (BUILD_REPORT.name, ("2026-10", 4), {}),
+    "named": (BUILD_REPORT.name, (), {"period": "2026-10", "user_id": 4, "template_version": "v1"}),
+    "unserialisable": (BUILD_REPORT.name, (), {"period": "2026-10", "user_id": 4, "extra": object()}),
+    "plan-bad-period": (COORDINATOR.name, (["2026-10"],), {}),
     "unknown-actor": ("no_such_actor", (), {"anything": 1}),
 }
 
@@ -199,10 +195,10 @@ def test_a_malformed_payload_is_stored_without_period_or_user(sessions, settings
 def test_a_dead_plan_job_is_stored_with_its_period_and_no_user(sessions) -> None:
     dead = DeadMessage(
         message_id="plan-1",
-        actor=PLAN_PERIOD.name,
-        queue=PLAN_PERIOD.queue,
-        args=(),
-        kwargs={"period": "2026-10"},
+        actor=COORDINATOR.name,
+        queue=COORDINATOR.queue,
+        args=("2026-10",),
+        kwargs={},
         attempts=6,
         reason="retries_exhausted",
         error_class="OperationalError",
@@ -214,7 +210,7 @@ def test_a_dead_plan_job_is_stored_with_its_period_and_no_user(sessions) -> None
 
     assert record(sessions, dead) is True
     [stored] = letters(sessions)
-    assert (stored.period, stored.user_id, stored.actor) == ("2026-10", None, PLAN_PERIOD.name)
+    assert (stored.period, stored.user_id, stored.actor) == ("2026-10", None, COORDINATOR.name)
 
 
 def test_a_dead_letter_whose_user_id_parses_but_exceeds_the_column_is_still_stored(sessions) -> None:
@@ -223,8 +219,8 @@ def test_a_dead_letter_whose_user_id_parses_but_exceeds_the_column_is_still_stor
         message_id="huge-user",
         actor=BUILD_REPORT.name,
         queue=BUILD_REPORT.queue,
-        args=(),
-        kwargs={"period": "2026-10", "user_id": 2**40, "template_version": "v1"},
+        args=("2026-10", 2**40, "v1"),
+        kwargs={},
         attempts=1,
         reason="permanent",
         error_class="UnknownItem",
@@ -236,7 +232,7 @@ def test_a_dead_letter_whose_user_id_parses_but_exceeds_the_column_is_still_stor
 
     assert record(sessions, dead) is True
     [stored] = letters(sessions)
-    assert json.loads(stored.payload)["kwargs"]["user_id"] == 2**40
+    assert json.loads(stored.payload)["args"][1] == 2**40
 
 
 # --- find and get ----------------------------------------------------------------------------
@@ -254,8 +250,8 @@ def catalogue(sessions) -> dict[str, int]:
             message_id="malformed",
             actor=BUILD_REPORT.name,
             queue="bulk",
-            args=(),
-            kwargs={"period": "soon"},
+            args=("soon",),
+            kwargs={},
             attempts=1,
             reason="permanent",
             error_class="InvalidPayload",
@@ -348,11 +344,11 @@ def test_replay_enqueues_fresh_messages_and_resets_the_items(sessions, settings,
     assert queued_user_ids(settings) == {user_id: 1 for user_id in dead_users}
     replayed = {letter.user_id: letter for letter in letters(sessions)}
     for message in messages:
-        user_id = message.kwargs["user_id"]
+        user_id = message.args[1]
         assert message.actor_name == BUILD_REPORT.name
         assert message.queue_name == BUILD_REPORT.queue
-        assert message.args == ()
-        assert message.kwargs == {"period": str(PERIOD), "user_id": user_id, "template_version": "v1"}
+        assert message.args == (str(PERIOD), user_id, "v1")
+        assert message.kwargs == {}
         assert message.message_id not in original_ids  # a fresh message...
         assert "retries" not in message.options  # ...whose attempts start over
         assert "first_failed_ms" not in message.options
@@ -444,7 +440,7 @@ def test_replay_takes_a_bounded_snapshot_and_leaves_what_dies_meanwhile_to_the_n
         sent = enqueue(message, delay=delay)
         if not died_again:
             # The first replayed message dies again straight away, recorded by "another worker".
-            again = report_dead(message.kwargs["user_id"], message_id=message.message_id, died_ms=NOW_MS + 5_000)
+            again = report_dead(message.args[1], message_id=message.message_id, died_ms=NOW_MS + 5_000)
             died_again.append(again)
             replay_sessions.interludes.append(lambda: record(sessions, again))
         return sent
@@ -458,7 +454,7 @@ def test_replay_takes_a_bounded_snapshot_and_leaves_what_dies_meanwhile_to_the_n
     assert [letter.message_id for letter in new] == [died_again[0].message_id]  # stored, not replayed
     assert new[0].id > max(snapshot)
     assert len(queued_messages(settings)) == 3
-    again_user = died_again[0].kwargs["user_id"]
+    again_user = died_again[0].args[1]
     assert item(sessions, again_user).state == ItemState.DEAD  # type: ignore[union-attr]
 
     second = dead_letters.replay(sessions, broker, dead_letters.Filter(), now=NOW + timedelta(hours=1), dry_run=False)
@@ -500,7 +496,7 @@ def test_messages_in_dramatiqs_xq_are_moved_into_the_store(sessions, settings, r
     client = redis.Redis.from_url(redis_url)
     report = message_for(BUILD_REPORT, {"period": str(PERIOD), "user_id": active[0], "template_version": "v1"})
     report = report.copy(options={"redis_message_id": "r-1", "retries": 2, "first_failed_ms": NOW_MS - 9_000})
-    plan = message_for(PLAN_PERIOD, {"period": str(PERIOD)}).copy(options={"redis_message_id": "r-2"})
+    plan = message_for(COORDINATOR, {"period": str(PERIOD)}).copy(options={"redis_message_id": "r-2"})
     # Exactly what Dramatiq's dispatch script writes on a nack.
     client.hset(f"{namespace}:bulk.XQ.msgs", "r-1", report.encode())
     client.zadd(f"{namespace}:bulk.XQ", {"r-1": NOW_MS})
@@ -520,7 +516,7 @@ def test_messages_in_dramatiqs_xq_are_moved_into_the_store(sessions, settings, r
     assert from_bulk.first_failed_at == NOW - timedelta(seconds=9)
     assert item(sessions, active[0]).state == ItemState.DEAD  # type: ignore[union-attr]
     from_default = stored[plan.message_id]
-    assert (from_default.reason, from_default.queue, from_default.actor) == ("broker", "default", PLAN_PERIOD.name)
+    assert (from_default.reason, from_default.queue, from_default.actor) == ("broker", "default", COORDINATOR.name)
     assert from_default.died_at == NOW + timedelta(seconds=1)
     # A second sweep finds nothing.
     assert absorb_broker_dead_letters(client, namespace, DeadLetterSink(sessions, alerts=None)) == 0

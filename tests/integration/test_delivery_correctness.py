@@ -38,7 +38,7 @@ from reports.models import Delivery, DeliveryState, ItemState, ReportItem
 from reports.settings import Settings
 from reports.worker.broker import backlog, build_broker
 from reports.worker.retries import DeadMessage
-from tests.integration.conftest import PERIOD, plan_everything, trigger
+from tests.integration.conftest import PERIOD, trigger, walk_everything
 from tests.support.databases import load_users
 
 THRESHOLD = 5
@@ -64,7 +64,7 @@ def context(mail_settings: Settings, sessions: sessionmaker[Session]) -> pipelin
 def population(settings: Settings, sessions: sessionmaker[Session]):  # type: ignore[no-untyped-def]
     """Ten users (5 and 10 inactive, so they have no item), the active ones planned for the period."""
     loaded = load_users(sessions, count=10)
-    plan_everything(sessions, settings)
+    walk_everything(sessions, settings)
     return loaded
 
 

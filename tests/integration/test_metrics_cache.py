@@ -21,6 +21,7 @@ from sqlalchemy import event
 from sqlalchemy.orm import Session, sessionmaker
 
 from reports import counters
+from reports.delivery.breaker import mail_breaker_name
 from reports.jobs import BUILD_REPORT
 from reports.ops.metrics import CachedCollector, ReportsCollector
 from reports.settings import Settings
@@ -63,7 +64,7 @@ def scrape(settings: Settings, sessions: sessionmaker[Session]) -> Iterator[Call
         namespace=settings.broker_namespace,
         sessions=sessions,
         queues=(BUILD_REPORT.queue,),
-        breaker_name=f"{settings.broker_namespace}:breaker:mail",
+        breaker_name=mail_breaker_name(settings.broker_namespace),
     )
     registry = CollectorRegistry()
     registry.register(CachedCollector(collector, max_age_seconds=WINDOW_SECONDS))
@@ -142,7 +143,7 @@ def test_the_exporter_counts_suppressed_users_by_reason(settings, sessions):
         namespace=settings.broker_namespace,
         sessions=sessions,
         queues=(BUILD_REPORT.queue,),
-        breaker_name=f"{settings.broker_namespace}:breaker:mail",
+        breaker_name=mail_breaker_name(settings.broker_namespace),
     )
 
     [family] = [f for f in collector.collect() if f.name == "reports_suppressions"]

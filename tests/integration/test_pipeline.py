@@ -17,7 +17,7 @@ from reports.delivery.mail.backend import build_mailer
 from reports.errors import ClaimHeld, InvalidRecipient, ProviderUnavailable
 from reports.jobs import ReportJob
 from reports.models import Delivery, DeliveryState, ItemState, Report, ReportItem
-from tests.integration.conftest import PERIOD, plan_everything
+from tests.integration.conftest import PERIOD, walk_everything
 from tests.support.databases import load_users
 from tests.support.processes import free_port
 
@@ -35,7 +35,7 @@ def context(settings, sessions, smtp_server) -> pipeline.Context:  # type: ignor
 def population(settings, sessions):  # type: ignore[no-untyped-def]
     """Ten users (5 and 10 inactive), two with hostile names, all planned for the period."""
     loaded = load_users(sessions, count=10, names={2: HTML_NAME, 6: BCC_NAME})
-    plan_everything(sessions, settings)
+    walk_everything(sessions, settings)
     return loaded
 
 
@@ -318,7 +318,7 @@ def test_a_v2_report_goes_through_the_pipeline_with_its_currency_and_chart(setti
     settings = replace(settings, template_version="v2", smtp_url=smtp_server.url)
     context = pipeline.Context(settings=settings, sessions=sessions, mailer=build_mailer(settings))
     population = load_users(sessions, count=3, names={2: HTML_NAME})
-    plan_everything(sessions, settings)
+    walk_everything(sessions, settings)
     _, total = population.expected[2]
 
     assert pipeline.run(context, ReportJob(PERIOD, 2, "v2")) == pipeline.Outcome.DELIVERED

@@ -10,10 +10,10 @@ from reports.clock import utcnow
 from reports.database import create_db_engine, session_factory, upgrade
 from reports.errors import BadInput
 from reports.fanout import items, progress
-from reports.fanout.coordinator import plan_slice
+from reports.fanout.coordinator import walk_slice
 from reports.models import ItemState, ReportItem
 from reports.periods import Period
-from tests.integration.conftest import PERIOD, RecordingSender, plan_everything, run_together, trigger
+from tests.integration.conftest import PERIOD, RecordingSender, run_together, trigger, walk_everything
 from tests.support.databases import load_users
 
 
@@ -29,7 +29,7 @@ def finish(sessions: sessionmaker[Session], user_id: int, state: ItemState, erro
 
 def test_progress_counts_items_by_their_final_state(settings, sessions):
     population = load_users(sessions, count=20)
-    plan_everything(sessions, settings)
+    walk_everything(sessions, settings)
     delivered, skipped, dead = population.active[:3], population.active[3:5], population.active[5:6]
     for user_id in delivered:
         assert finish(sessions, user_id, ItemState.DELIVERED)
@@ -55,7 +55,7 @@ def test_progress_counts_items_by_their_final_state(settings, sessions):
 
 def test_an_item_finishes_once_and_its_first_state_is_what_progress_counts(settings, sessions):
     population = load_users(sessions, count=10)
-    plan_everything(sessions, settings)
+    walk_everything(sessions, settings)
     user_id = population.active[0]
 
     assert finish(sessions, user_id, ItemState.DELIVERED) is True
@@ -67,7 +67,7 @@ def test_an_item_finishes_once_and_its_first_state_is_what_progress_counts(setti
 
 def test_a_period_is_complete_once_planned_and_every_item_finished(settings, sessions):
     population = load_users(sessions, count=12)
-    plan_everything(sessions, settings)
+    walk_everything(sessions, settings)
     for user_id in population.active:
         finish(sessions, user_id, ItemState.DELIVERED)
 
@@ -80,7 +80,7 @@ def test_a_period_is_complete_once_planned_and_every_item_finished(settings, ses
 def test_a_period_still_being_planned_is_not_complete_even_with_nothing_pending(settings, sessions):
     population = load_users(sessions, count=40)
     trigger(sessions, settings)
-    plan_slice(sessions, PERIOD, RecordingSender(), page_size=settings.plan_page_size, budget_seconds=0)
+    walk_slice(sessions, PERIOD, RecordingSender(), page_size=settings.plan_page_size, budget_seconds=0)
     first_page = population.active[: settings.plan_page_size]
     for user_id in first_page:
         finish(sessions, user_id, ItemState.DELIVERED)
@@ -95,7 +95,7 @@ def test_a_period_still_being_planned_is_not_complete_even_with_nothing_pending(
 
 def test_progress_of_a_period_that_was_never_triggered_is_bad_input(settings, sessions):
     load_users(sessions, count=5)
-    plan_everything(sessions, settings)
+    walk_everything(sessions, settings)
 
     with pytest.raises(BadInput):
         counted(sessions, Period.parse("2026-09"))
@@ -121,7 +121,7 @@ def kept(sessions: sessionmaker[Session], period: Period = PERIOD) -> dict[str, 
 
 def test_the_kept_counts_follow_every_change_an_item_can_go_through(settings, sessions):
     population = load_users(sessions, count=60, inactive_every=100)
-    plan_everything(sessions, settings)
+    walk_everything(sessions, settings)
     users = population.active
     assert kept(sessions) == counted_item_by_item(sessions)
 
@@ -152,7 +152,7 @@ def test_the_kept_counts_follow_every_change_an_item_can_go_through(settings, se
 
 def test_items_finished_by_many_workers_at_once_are_each_counted_once(settings, sessions):
     population = load_users(sessions, count=400, inactive_every=1000)
-    plan_everything(sessions, settings)
+    walk_everything(sessions, settings)
     states = [ItemState.DELIVERED, ItemState.DELIVERED, ItemState.SKIPPED, ItemState.DEAD]
     lanes = [population.active[lane::16] for lane in range(16)]
 

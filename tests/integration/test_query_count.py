@@ -23,7 +23,7 @@ from reports.delivery.mail.backend import build_mailer
 from reports.jobs import ReportJob
 from reports.models import Activity, User
 from reports.settings import Settings
-from tests.integration.conftest import PERIOD, plan_everything
+from tests.integration.conftest import PERIOD, walk_everything
 from tests.support.smtp import SmtpServer
 
 #: Statements one monthly report sends to the database today. On PostgreSQL: lock the item and read
@@ -92,7 +92,7 @@ def population(settings: Settings, sessions: sessionmaker[Session]) -> dict[int,
     with sessions.begin() as session:
         session.execute(insert(User), users)
         session.execute(insert(Activity), activities)
-    plan_everything(sessions, settings)
+    walk_everything(sessions, settings)
     return SHAPES
 
 

@@ -17,14 +17,14 @@ from reports.delivery import claims
 from reports.errors import BadInput
 from reports.fanout import items
 from reports.fanout import reconcile as reconciling
-from reports.fanout.coordinator import plan_slice
+from reports.fanout.coordinator import walk_slice
 from reports.fanout.reconcile import Reconciliation
-from reports.jobs import BUILD_REPORT, PLAN_PERIOD, ReportJob
+from reports.jobs import BUILD_REPORT, COORDINATOR, ReportJob
 from reports.models import ItemState, ReportItem
 from reports.periods import Period
 from reports.settings import Settings
-from reports.worker.broker import send_coordinator, send_many
-from tests.integration.conftest import PERIOD, item_user_ids, plan_everything, queued_user_ids, run_together, trigger
+from reports.worker.broker import send_coordinator, sender
+from tests.integration.conftest import PERIOD, item_user_ids, queued_user_ids, run_together, trigger, walk_everything
 from tests.support.broker import queued_messages
 from tests.support.databases import load_users
 
@@ -39,7 +39,7 @@ class Recorder:
         self.coordinators: list[dict[str, Any]] = []
 
     def send_jobs(self, payloads: Iterable[dict[str, Any]]) -> int:
-        batch = [ReportJob.parse((), payload) for payload in payloads]
+        batch = [ReportJob.parse(BUILD_REPORT.arguments(payload), {}) for payload in payloads]
         assert all(job.period == PERIOD for job in batch)
         self.batches.append([job.user_id for job in batch])
         return len(batch)
@@ -86,7 +86,7 @@ def item(sessions: sessionmaker[Session], user_id: int) -> ReportItem:
 
 def test_every_pending_item_untouched_past_the_threshold_is_re_enqueued_once(sessions, settings):
     population = load_users(sessions, count=30)
-    plan_everything(sessions, settings)
+    walk_everything(sessions, settings)
     recorder = Recorder()
 
     found = run_reconcile(sessions, recorder, now=later())
@@ -112,7 +112,7 @@ def test_every_pending_item_untouched_past_the_threshold_is_re_enqueued_once(ses
 
 def test_re_enqueuing_stamps_each_item_with_reconciles_now(sessions, settings):
     population = load_users(sessions, count=10)
-    plan_everything(sessions, settings)
+    walk_everything(sessions, settings)
     now = later()
 
     run_reconcile(sessions, Recorder(), now=now)
@@ -125,7 +125,7 @@ def test_re_enqueuing_stamps_each_item_with_reconciles_now(sessions, settings):
 
 def test_reconciling_again_at_the_same_moment_re_enqueues_nothing(sessions, settings):
     population = load_users(sessions, count=20)
-    plan_everything(sessions, settings)
+    walk_everything(sessions, settings)
     now = later()
     first = Recorder()
     run_reconcile(sessions, first, now=now)
@@ -141,7 +141,7 @@ def test_reconciling_again_at_the_same_moment_re_enqueues_nothing(sessions, sett
 
 def test_items_touched_within_the_threshold_are_not_re_enqueued(sessions, settings):
     load_users(sessions, count=20)
-    plan_everything(sessions, settings)
+    walk_everything(sessions, settings)
     recorder = Recorder()
 
     # Five minutes from now, every item was touched (planned) less than ten minutes before.
@@ -154,7 +154,7 @@ def test_items_touched_within_the_threshold_are_not_re_enqueued(sessions, settin
 
 def test_only_the_items_untouched_for_longer_than_the_threshold_are_re_enqueued(sessions, settings):
     population = load_users(sessions, count=20)
-    plan_everything(sessions, settings)
+    walk_everything(sessions, settings)
     now = utcnow()
     old, fresh = population.active[::3], population.active[1::3]
     with sessions.begin() as session:
@@ -181,7 +181,7 @@ def test_only_the_items_untouched_for_longer_than_the_threshold_are_re_enqueued(
 
 def test_an_item_with_a_live_delivery_claim_waits_until_its_lease_has_run_out(sessions, settings):
     population = load_users(sessions, count=12)
-    plan_everything(sessions, settings)
+    walk_everything(sessions, settings)
     claimed_user = population.active[3]
     now = later()
     with sessions.begin() as session:
@@ -209,7 +209,7 @@ def test_an_item_with_a_live_delivery_claim_waits_until_its_lease_has_run_out(se
 
 def test_a_claim_whose_lease_runs_out_exactly_at_reconciles_now_is_not_live(sessions, settings):
     population = load_users(sessions, count=4)
-    plan_everything(sessions, settings)
+    walk_everything(sessions, settings)
     user_id = population.active[0]
     now = later()
     with sessions.begin() as session:
@@ -223,7 +223,7 @@ def test_a_claim_whose_lease_runs_out_exactly_at_reconciles_now_is_not_live(sess
 
 def test_a_sent_delivery_with_a_still_pending_item_is_re_enqueued_for_the_consumer_to_finish(sessions, settings):
     population = load_users(sessions, count=4)
-    plan_everything(sessions, settings)
+    walk_everything(sessions, settings)
     user_id = population.active[0]
     now = later()
     with sessions.begin() as session:
@@ -243,7 +243,7 @@ def test_a_sent_delivery_with_a_still_pending_item_is_re_enqueued_for_the_consum
 
 def test_finished_items_are_never_re_enqueued(sessions, settings):
     population = load_users(sessions, count=20)
-    plan_everything(sessions, settings)
+    walk_everything(sessions, settings)
     delivered, skipped, dead = population.active[:3]
     with sessions.begin() as session:
         at = utcnow()
@@ -265,7 +265,7 @@ def test_finished_items_are_never_re_enqueued(sessions, settings):
 
 def test_a_period_with_every_item_finished_re_enqueues_nothing(sessions, settings):
     population = load_users(sessions, count=8)
-    plan_everything(sessions, settings)
+    walk_everything(sessions, settings)
     with sessions.begin() as session:
         for user_id in population.active:
             items.finish(session, PERIOD, user_id, ItemState.DELIVERED, now=utcnow())
@@ -284,7 +284,7 @@ def test_a_period_with_every_item_finished_re_enqueues_nothing(sessions, setting
 def test_an_unfinished_walk_gets_its_coordinator_re_enqueued(sessions, settings):
     population = load_users(sessions, count=40)
     trigger(sessions, settings)
-    outcome = plan_slice(
+    outcome = walk_slice(
         sessions, PERIOD, lambda payloads: len(list(payloads)), page_size=settings.plan_page_size, budget_seconds=0
     )
     assert not outcome.planned
@@ -318,7 +318,7 @@ def test_a_triggered_period_with_no_items_yet_gets_its_coordinator_and_nothing_e
 
 def test_a_planned_period_does_not_get_its_coordinator_again(sessions, settings):
     load_users(sessions, count=5)
-    plan_everything(sessions, settings)
+    walk_everything(sessions, settings)
     recorder = Recorder()
 
     found = run_reconcile(sessions, recorder, now=later())
@@ -329,7 +329,7 @@ def test_a_planned_period_does_not_get_its_coordinator_again(sessions, settings)
 
 def test_active_users_added_after_the_walk_are_counted_without_an_item(sessions, settings):
     population = load_users(sessions, count=15)
-    plan_everything(sessions, settings)
+    walk_everything(sessions, settings)
     newcomer, reactivated = 10_000, population.inactive[0]
     with sessions.begin() as session:
         session.execute(
@@ -361,7 +361,7 @@ def test_a_never_triggered_period_is_bad_input(sessions, settings):
 def test_another_periods_items_are_left_alone(sessions, settings):
     population = load_users(sessions, count=10)
     other = Period.parse("2026-09")
-    plan_everything(sessions, settings, period=other)
+    walk_everything(sessions, settings, period=other)
     trigger(sessions, settings)
     recorder = Recorder()
 
@@ -380,7 +380,7 @@ def test_many_stuck_items_are_re_enqueued_once_each_in_chunks(sessions, settings
     monkeypatch.setattr(reconciling, "CHUNK", 100)
     population = load_users(sessions, count=2_500, inactive_every=10_000)
     trigger(sessions, settings)
-    assert plan_slice(
+    assert walk_slice(
         sessions, PERIOD, lambda payloads: len(list(payloads)), page_size=1_000, budget_seconds=60
     ).planned
     recorder = Recorder()
@@ -403,7 +403,7 @@ def test_two_reconciles_at_once_re_enqueue_each_stuck_item_once_between_them(ses
     monkeypatch.setattr(reconciling, "CHUNK", 50)
     population = load_users(sessions, count=400, inactive_every=10_000)
     trigger(sessions, settings)
-    assert plan_slice(sessions, PERIOD, lambda payloads: len(list(payloads)), page_size=500, budget_seconds=60).planned
+    assert walk_slice(sessions, PERIOD, lambda payloads: len(list(payloads)), page_size=500, budget_seconds=60).planned
     now = later()
     recorders = [Recorder(), Recorder()]
 
@@ -426,13 +426,13 @@ def test_two_reconciles_at_once_re_enqueue_each_stuck_item_once_between_them(ses
 
 def test_re_enqueued_items_are_really_in_redis_once_each(sessions, settings: Settings, broker):
     population = load_users(sessions, count=25)
-    plan_everything(sessions, settings)  # the walk's own messages went nowhere: the broker "lost" them
+    walk_everything(sessions, settings)  # the walk's own messages went nowhere: the broker "lost" them
     assert queued_messages(settings.broker_url, settings.broker_namespace, BUILD_REPORT.queue) == 0
 
     found = reconciling.reconcile(
         sessions,
         PERIOD,
-        lambda payloads: send_many(broker, BUILD_REPORT, payloads),
+        sender(broker, BUILD_REPORT),
         lambda walker, payload: send_coordinator(broker, walker, payload),
         stuck_after=STUCK_AFTER,
         now=later(),
@@ -440,7 +440,7 @@ def test_re_enqueued_items_are_really_in_redis_once_each(sessions, settings: Set
 
     assert found.requeued == len(population.active)
     assert queued_user_ids(settings) == Counter(population.active)
-    assert queued_messages(settings.broker_url, settings.broker_namespace, PLAN_PERIOD.queue) == 0
+    assert queued_messages(settings.broker_url, settings.broker_namespace, COORDINATOR.queue) == 0
 
 
 def test_an_unfinished_walk_really_gets_a_plan_period_message(sessions, settings: Settings, broker):
@@ -450,20 +450,20 @@ def test_an_unfinished_walk_really_gets_a_plan_period_message(sessions, settings
     found = reconciling.reconcile(
         sessions,
         PERIOD,
-        lambda payloads: send_many(broker, BUILD_REPORT, payloads),
+        sender(broker, BUILD_REPORT),
         lambda walker, payload: send_coordinator(broker, walker, payload),
         stuck_after=STUCK_AFTER,
         now=later(),
     )
 
     assert found.coordinator_enqueued
-    assert queued_messages(settings.broker_url, settings.broker_namespace, PLAN_PERIOD.queue) == 1
+    assert queued_messages(settings.broker_url, settings.broker_namespace, COORDINATOR.queue) == 1
     assert queued_messages(settings.broker_url, settings.broker_namespace, BUILD_REPORT.queue) == 0
 
 
 def test_reconcile_reads_items_it_did_not_change_unchanged(sessions, settings):
     population = load_users(sessions, count=6)
-    plan_everything(sessions, settings)
+    walk_everything(sessions, settings)
     with sessions() as session:
         before = {
             row.user_id: (row.enqueued_at, row.updated_at, row.attempts) for row in session.scalars(select(ReportItem))

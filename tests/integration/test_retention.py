@@ -20,8 +20,8 @@ from reports.models import (
     PeriodRun,
     Report,
     ReportItem,
-    Resend,
     RunState,
+    SendNowRequest,
     User,
 )
 from reports.ops import retention
@@ -36,7 +36,7 @@ OLD, CANCELLED, UNPLANNED, RECENT = "2020-01", "2020-02", "2020-03", "2021-02"
 BEFORE = Period.parse("2021-01")
 USERS = 10
 #: In OLD: user 3's message died (not replayed), user 4's died and was replayed, user 5 asked for a send-now.
-DEAD_USER, REPLAYED_USER, RESEND_USER = 3, 4, 5
+DEAD_USER, REPLAYED_USER, SEND_NOW_USER = 3, 4, 5
 
 
 def fill_period(
@@ -128,10 +128,10 @@ def filled(sessions: sessionmaker[Session]) -> sessionmaker[Session]:
         dead_letter(session, OLD, DEAD_USER, replayed=False)
         dead_letter(session, OLD, REPLAYED_USER, replayed=True)
         session.add(
-            Resend(
+            SendNowRequest(
                 request_id="00000000-0000-0000-0000-000000000001",
                 period=OLD,
-                user_id=RESEND_USER,
+                user_id=SEND_NOW_USER,
                 state=DeliveryState.SENT,
                 message_id="<r>",
                 claim_token="t",
@@ -154,7 +154,7 @@ def everything(sessions: sessionmaker[Session]) -> dict[str, int]:
     with sessions() as session:
         return {
             model.__tablename__: session.scalar(select(func.count()).select_from(model)) or 0
-            for model in (PeriodRun, ReportItem, Report, Delivery, DeadLetter, Resend, ItemCount)
+            for model in (PeriodRun, ReportItem, Report, Delivery, DeadLetter, SendNowRequest, ItemCount)
         }
 
 

@@ -17,6 +17,7 @@ import redis
 
 from reports.counters import counter_key
 from reports.delivery import send_rate
+from reports.delivery.breaker import mail_breaker_name
 from reports.delivery.send_rate import Permit, SendRate, Throttled, pace
 from reports.errors import Deferred
 from reports.ops.metrics import ReportsCollector
@@ -115,7 +116,7 @@ def test_the_exporter_counts_throttled_sends_from_zero(
         namespace=broker_namespace,
         sessions=sessions,
         queues=(),
-        breaker_name=f"{broker_namespace}:breaker:mail",
+        breaker_name=mail_breaker_name(broker_namespace),
     )
 
     def samples() -> dict[str, float]:

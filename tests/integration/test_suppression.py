@@ -1,5 +1,5 @@
 """The suppression list on both databases: suppressed users are not planned, a job finds one
-suppressed after planning and skips them, a hard bounce suppresses, and every email carries the
+suppressed after the walk and skips them, a hard bounce suppresses, and every email carries the
 user's one-click unsubscribe link."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from reports.fanout import progress
 from reports.jobs import ReportJob
 from reports.models import ItemState, ReportItem, SuppressionReason
 from reports.unsubscribe import suppressions, tokens
-from tests.integration.conftest import PERIOD, RecordingSender, plan_everything
+from tests.integration.conftest import PERIOD, RecordingSender, walk_everything
 from tests.support.databases import load_users
 
 
@@ -45,7 +45,7 @@ def test_the_coordinator_does_not_plan_suppressed_users(settings, sessions):
         suppress(sessions, user_id, SuppressionReason.COMPLAINED if user_id == 13 else SuppressionReason.UNSUBSCRIBED)
     sender = RecordingSender()
 
-    plan_everything(sessions, settings, sender=sender)
+    walk_everything(sessions, settings, sender=sender)
 
     expected = sorted(set(population.active) - {1, 7, 8, 13})
     assert sorted(sender.user_ids) == expected
@@ -54,7 +54,7 @@ def test_the_coordinator_does_not_plan_suppressed_users(settings, sessions):
 
 def test_a_user_suppressed_after_planning_is_skipped_and_progress_counts_them(settings, sessions, context, smtp_server):
     load_users(sessions, count=4)
-    plan_everything(sessions, settings)
+    walk_everything(sessions, settings)
     suppress(sessions, 3)
 
     outcome = pipeline.run(context, ReportJob(PERIOD, 3, "v2"))
@@ -69,7 +69,7 @@ def test_a_user_suppressed_after_planning_is_skipped_and_progress_counts_them(se
 
 def test_every_email_carries_the_users_signed_one_click_unsubscribe_link(settings, sessions, context, smtp_server):
     load_users(sessions, count=2)
-    plan_everything(sessions, settings)
+    walk_everything(sessions, settings)
 
     assert pipeline.run(context, ReportJob(PERIOD, 2, "v2")) == pipeline.Outcome.DELIVERED
 
@@ -85,7 +85,7 @@ def test_every_email_carries_the_users_signed_one_click_unsubscribe_link(setting
 
 def test_a_5xx_to_rcpt_to_suppresses_the_user_as_bounced(settings, sessions, context, smtp_server):
     load_users(sessions, count=3)
-    plan_everything(sessions, settings)
+    walk_everything(sessions, settings)
     smtp_server.handler.rcpt_fault = lambda address: (
         "550 5.1.1 No such user here" if address.startswith("user2@") else None
     )
@@ -103,7 +103,7 @@ def test_a_5xx_to_rcpt_to_suppresses_the_user_as_bounced(settings, sessions, con
 def test_a_5xx_to_the_content_does_not_suppress_the_user(settings, sessions, context, smtp_server):
     """The message was refused, not the address (a content filter): the next month may pass."""
     load_users(sessions, count=3)
-    plan_everything(sessions, settings)
+    walk_everything(sessions, settings)
     smtp_server.handler.fault = lambda recipient, attempt: "554 5.7.1 Message rejected as spam"
 
     with pytest.raises(MailRejected) as rejected:

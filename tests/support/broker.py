@@ -8,7 +8,7 @@ from typing import TypeVar
 
 import redis
 
-from reports.jobs import PlanJob, ReportJob, SendNowJob
+from reports.jobs import CoordinatorJob, ReportJob, SendNowJob
 from reports.settings import Settings
 
 
@@ -35,7 +35,7 @@ def messages_in_queue(settings: Settings, queue: str) -> list[dict]:
     return [json.loads(client.hget(f"{key}.msgs", message_id)) for message_id in client.lrange(key, 0, -1)]
 
 
-JobT = TypeVar("JobT", PlanJob, ReportJob, SendNowJob)
+JobT = TypeVar("JobT", CoordinatorJob, ReportJob, SendNowJob)
 
 
 def jobs_in_queue(settings: Settings, queue: str, job: type[JobT]) -> list[JobT]:

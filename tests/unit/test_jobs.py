@@ -8,12 +8,17 @@ from typing import Any
 import pytest
 
 from reports.errors import InvalidPayload, PermanentError
-from reports.jobs import BUILD_REPORT, PlanJob, ReportJob
+from reports.jobs import BUILD_REPORT, CoordinatorJob, ReportJob
 from reports.periods import Period
 
 
 def report_payload(**overrides: Any) -> dict[str, Any]:
     return {"period": "2026-10", "user_id": 42, "template_version": "v1", **overrides}
+
+
+def report_args(**overrides: Any) -> tuple[Any, ...]:
+    """A report payload's fields as they travel: positionally, in the spec's order."""
+    return tuple(report_payload(**overrides).values())
 
 
 # --- ReportJob -------------------------------------------------------------------------------
@@ -35,30 +40,22 @@ def report_payload(**overrides: Any) -> dict[str, Any]:
     ],
 )
 def test_a_valid_report_payload_is_parsed(payload: dict[str, Any], period: Period, user_id: int, version: str) -> None:
-    job = ReportJob.parse((), payload)
+    job = ReportJob.parse(tuple(payload.values()), {})
     assert job == ReportJob(period=period, user_id=user_id, template_version=version)
 
 
-@pytest.mark.parametrize("field", ["period", "user_id", "template_version"])
-def test_a_report_payload_missing_a_field_is_rejected_naming_it(field: str) -> None:
-    payload = report_payload()
-    del payload[field]
-    with pytest.raises(InvalidPayload, match=f"missing \\['{field}'\\]"):
-        ReportJob.parse((), payload)
-
-
-def test_a_report_payload_with_an_unexpected_field_is_rejected_naming_it() -> None:
-    with pytest.raises(InvalidPayload, match="unexpected \\['email'\\]"):
-        ReportJob.parse((), report_payload(email="someone@example.com"))
+def test_a_payload_with_named_fields_is_rejected_as_malformed() -> None:
+    with pytest.raises(InvalidPayload, match="Fields travel positionally, got named fields"):
+        ReportJob.parse((), report_payload())
 
 
 def test_a_user_id_beyond_the_users_id_column_is_rejected() -> None:
     with pytest.raises(InvalidPayload, match="user_id"):
-        ReportJob.parse((), report_payload(user_id=2**31))
+        ReportJob.parse(report_args(user_id=2**31), {})
 
 
 def test_an_empty_report_payload_is_rejected() -> None:
-    with pytest.raises(InvalidPayload):
+    with pytest.raises(InvalidPayload, match="Expected 3 positional fields"):
         ReportJob.parse((), {})
 
 
@@ -77,7 +74,7 @@ def test_an_empty_report_payload_is_rejected() -> None:
 )
 def test_a_user_id_that_is_not_a_positive_integer_is_rejected(user_id: object) -> None:
     with pytest.raises(InvalidPayload, match="user_id must be an integer from 1 to"):
-        ReportJob.parse((), report_payload(user_id=user_id))
+        ReportJob.parse(report_args(user_id=user_id), {})
 
 
 def test_positional_fields_parse_in_the_order_the_actor_spec_names() -> None:
@@ -85,7 +82,7 @@ def test_positional_fields_parse_in_the_order_the_actor_spec_names() -> None:
 
 
 def test_fields_both_positional_and_named_are_rejected() -> None:
-    with pytest.raises(InvalidPayload, match="either all positional or all named"):
+    with pytest.raises(InvalidPayload, match="named fields"):
         ReportJob.parse(("2026-10",), {"user_id": 42, "template_version": "v1"})
 
 
@@ -99,12 +96,6 @@ def test_fields_both_positional_and_named_are_rejected() -> None:
 def test_a_wrong_number_of_positional_fields_is_rejected(args: tuple[Any, ...]) -> None:
     with pytest.raises(InvalidPayload, match="Expected 3 positional fields"):
         ReportJob.parse(args, {})
-
-
-@pytest.mark.parametrize(("args", "kwargs"), [(("2026-10", 0, "v1"), {}), ((), report_payload(user_id=0))])
-def test_positional_and_named_fields_are_checked_alike(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    with pytest.raises(InvalidPayload, match="user_id must be an integer"):
-        ReportJob.parse(args, kwargs)
 
 
 def test_a_payload_travels_as_positional_arguments_and_parses_back() -> None:
@@ -129,7 +120,7 @@ def test_a_payload_without_exactly_the_specs_fields_is_not_sent(payload: dict[st
 @pytest.mark.parametrize("period", ["2026-13", "2026-1", "26-10", "", 202610, None, ["2026-10"]])
 def test_a_report_payload_with_a_malformed_period_is_rejected(period: object) -> None:
     with pytest.raises(InvalidPayload):
-        ReportJob.parse((), report_payload(period=period))
+        ReportJob.parse(report_args(period=period), {})
 
 
 @pytest.mark.parametrize(
@@ -152,12 +143,12 @@ def test_a_report_payload_with_a_malformed_period_is_rejected(period: object) ->
 )
 def test_a_template_version_that_is_not_a_plain_folder_name_is_rejected(version: object) -> None:
     with pytest.raises(InvalidPayload, match="template_version"):
-        ReportJob.parse((), report_payload(template_version=version))
+        ReportJob.parse(report_args(template_version=version), {})
 
 
 def test_an_invalid_payload_is_a_permanent_failure() -> None:
     with pytest.raises(PermanentError):
-        ReportJob.parse((), report_payload(user_id=0))
+        ReportJob.parse(report_args(user_id=0), {})
 
 
 @pytest.mark.parametrize(
@@ -175,38 +166,38 @@ def test_a_report_payload_round_trips_through_json_and_parse(job: ReportJob) -> 
         "user_id": job.user_id,
         "template_version": job.template_version,
     }
-    assert ReportJob.parse((), payload) == job
+    assert ReportJob.parse(BUILD_REPORT.arguments(payload), {}) == job
 
 
-# --- PlanJob ---------------------------------------------------------------------------------
+# --- CoordinatorJob ---------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(("text", "period"), [("2026-10", Period(2026, 10)), ("1970-01", Period(1970, 1))])
 def test_a_valid_plan_payload_is_parsed(text: str, period: Period) -> None:
-    assert PlanJob.parse((), {"period": text}) == PlanJob(period)
+    assert CoordinatorJob.parse((text,), {}) == CoordinatorJob(period)
 
 
 @pytest.mark.parametrize(
     ("args", "kwargs", "message"),
     [
-        pytest.param((), {}, "missing \\['period'\\]", id="missing-period"),
-        pytest.param((), {"period": "2026-10", "user_id": 1}, "unexpected \\['user_id'\\]", id="extra-field"),
-        pytest.param(("2026-10",), {"period": "2026-10"}, "either all positional", id="positional-and-named"),
+        pytest.param((), {}, "Expected 1 positional", id="missing-period"),
+        pytest.param((), {"period": "2026-10"}, "named fields \\['period'\\]", id="named"),
+        pytest.param(("2026-10",), {"period": "2026-10"}, "named fields", id="positional-and-named"),
         pytest.param(("2026-10", 1), {}, "Expected 1 positional", id="too-many-positional"),
-        pytest.param((), {"period": "2026-13"}, "2026-13", id="month-13"),
-        pytest.param((), {"period": "2026/10"}, "2026/10", id="slash"),
-        pytest.param((), {"period": 202610}, "period must be a string", id="integer"),
-        pytest.param((), {"period": None}, "period must be a string", id="none"),
+        pytest.param(("2026-13",), {}, "2026-13", id="month-13"),
+        pytest.param(("2026/10",), {}, "2026/10", id="slash"),
+        pytest.param((202610,), {}, "period must be a string", id="integer"),
+        pytest.param((None,), {}, "period must be a string", id="none"),
     ],
 )
 def test_an_invalid_plan_payload_is_rejected(args: tuple[Any, ...], kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(InvalidPayload, match=message):
-        PlanJob.parse(args, kwargs)
+        CoordinatorJob.parse(args, kwargs)
 
 
 @pytest.mark.parametrize("period", [Period(2026, 10), Period(2026, 1), Period(1999, 12)])
 def test_a_plan_payload_round_trips_through_json_and_parse(period: Period) -> None:
-    job = PlanJob(period)
+    job = CoordinatorJob(period)
     payload = json.loads(json.dumps(job.payload()))
     assert payload == {"period": str(period)}
-    assert PlanJob.parse((), payload) == job
+    assert CoordinatorJob.parse((payload["period"],), {}) == job

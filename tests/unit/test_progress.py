@@ -27,8 +27,8 @@ def progress_factory(**overrides: object) -> Progress:
     [
         pytest.param(True, 0, True, id="planned-nothing-pending"),
         pytest.param(True, 1, False, id="planned-one-pending"),
-        pytest.param(False, 0, False, id="still-planning-nothing-pending"),
-        pytest.param(False, 5, False, id="still-planning-some-pending"),
+        pytest.param(False, 0, False, id="still-walking-nothing-pending"),
+        pytest.param(False, 5, False, id="still-walking-some-pending"),
     ],
 )
 def test_a_period_is_complete_when_planned_and_nothing_is_pending(planned: bool, pending: int, complete: bool) -> None:

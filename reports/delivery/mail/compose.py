@@ -57,7 +57,7 @@ def message_id(period: Period, user_id: int, domain: str, *, request_id: str | N
     """The same for every attempt and replay of one (period, user), so receivers can drop repeats.
 
     A ``send-now`` request that sends the report again gets its own, stable for that request:
-    a resend is a new email, which a receiver must not drop as a repeat of the first.
+    a send-now email is a new email, which a receiver must not drop as a repeat of the first.
     """
     suffix = f".{request_id}" if request_id else ""
     return f"<report.{period}.{user_id}{suffix}@{domain}>"

@@ -1,4 +1,4 @@
-"""The coordinator actor: plan a period in time-boxed slices."""
+"""The coordinator actor: walk a period's users in time-boxed slices."""
 
 from __future__ import annotations
 
@@ -10,24 +10,24 @@ import dramatiq
 from dramatiq.middleware import CurrentMessage
 
 from actors import broker, runtime
-from reports.fanout import coordinator
-from reports.jobs import BUILD_REPORT, PLAN_PERIOD, PlanJob
-from reports.worker.broker import WALKER_OPTION, backlog, send, send_many
+from reports.fanout.coordinator import walk_slice
+from reports.jobs import BUILD_REPORT, COORDINATOR, CoordinatorJob
+from reports.worker.broker import WALKER_OPTION, backlog, send, sender
 from reports.worker.lifecycle import draining
 
 logger = logging.getLogger(__name__)
 
 
-@dramatiq.actor(actor_name=PLAN_PERIOD.name, queue_name=PLAN_PERIOD.queue)
-def plan_period(*args: Any, **kwargs: Any) -> None:
-    job = PlanJob.parse(args, kwargs)
+@dramatiq.actor(actor_name=COORDINATOR.name, queue_name=COORDINATOR.queue)
+def coordinator(*args: Any, **kwargs: Any) -> None:
+    job = CoordinatorJob.parse(args, kwargs)
     message = CurrentMessage.get_current_message()
     # A message without a chain token (sent by an earlier release) starts a chain of its own.
     walker = (message.options.get(WALKER_OPTION) if message else None) or str(uuid.uuid4())
-    outcome = coordinator.plan_slice(
+    outcome = walk_slice(
         runtime.context.sessions,
         job.period,
-        lambda payloads: send_many(broker, BUILD_REPORT, payloads),
+        sender(broker, BUILD_REPORT),
         walker=walker,
         page_size=runtime.settings.plan_page_size,
         budget_seconds=runtime.settings.plan_slice_seconds,
@@ -37,7 +37,7 @@ def plan_period(*args: Any, **kwargs: Any) -> None:
         high_water=runtime.settings.plan_high_water,
     )
     logger.info(
-        "Planned %d pages, enqueued %d reports for %s (cursor %d, planned=%s, chain %s%s).",
+        "Walked %d pages, enqueued %d reports for %s (cursor %d, planned=%s, chain %s%s).",
         outcome.pages,
         outcome.enqueued,
         job.period,
@@ -53,11 +53,11 @@ def plan_period(*args: Any, **kwargs: Any) -> None:
         # The bulk queue is full enough: look again later, so Redis holds a bounded backlog.
         send(
             broker,
-            PLAN_PERIOD,
+            COORDINATOR,
             job.payload(),
             delay_ms=int(runtime.settings.plan_pause_seconds * 1000),
             options=continuation,
         )
     else:
         # Short slices keep the coordinator drainable on SIGTERM; the checkpoint carries the walk on.
-        send(broker, PLAN_PERIOD, job.payload(), options=continuation)
+        send(broker, COORDINATOR, job.payload(), options=continuation)

@@ -9,12 +9,12 @@ import pytest
 from sqlalchemy import select
 
 from reports.clock import utcnow
-from reports.fanout.coordinator import HANDOFF_GRACE, UnknownRun, plan_slice
+from reports.fanout.coordinator import HANDOFF_GRACE, UnknownRun, walk_slice
 from reports.fanout.reconcile import InFlight, reconcile
 from reports.jobs import BUILD_REPORT
 from reports.models import ItemState, PeriodRun, ReportItem
 from reports.periods import Period
-from reports.worker.broker import send_many
+from reports.worker.broker import sender
 from tests.integration.conftest import (
     PERIOD,
     RecordingSender,
@@ -49,8 +49,8 @@ def run_row(sessions) -> PeriodRun:  # type: ignore[no-untyped-def]
         return run
 
 
-def plan(sessions, settings, sender, *, budget_seconds: float = 60):  # type: ignore[no-untyped-def]
-    return plan_slice(sessions, PERIOD, sender, page_size=settings.plan_page_size, budget_seconds=budget_seconds)
+def walk(sessions, settings, sender, *, budget_seconds: float = 60):  # type: ignore[no-untyped-def]
+    return walk_slice(sessions, PERIOD, sender, page_size=settings.plan_page_size, budget_seconds=budget_seconds)
 
 
 def test_the_coordinator_records_and_enqueues_one_item_per_active_user_across_pages(
@@ -61,7 +61,7 @@ def test_the_coordinator_records_and_enqueues_one_item_per_active_user_across_pa
     trigger(sessions, settings)
     sender = RecordingSender(broker)
 
-    outcome = plan(sessions, settings, sender)
+    outcome = walk(sessions, settings, sender)
 
     assert outcome.planned is True
     assert outcome.enqueued == len(population.active)
@@ -81,14 +81,14 @@ def test_the_coordinator_records_and_enqueues_one_item_per_active_user_across_pa
     assert run.cursor == population.active[-1]
 
 
-def test_planning_a_planned_period_again_enqueues_nothing(settings, sessions, broker, redis_url):
+def test_walking_a_planned_period_again_enqueues_nothing(settings, sessions, broker, redis_url):
     population = load_users(sessions, count=20)
     trigger(sessions, settings)
-    plan(sessions, settings, RecordingSender(broker))
+    walk(sessions, settings, RecordingSender(broker))
     assert queued_messages(redis_url, settings.broker_namespace, "bulk") == len(population.active)
 
     again = RecordingSender(broker)
-    outcome = plan(sessions, settings, again)
+    outcome = walk(sessions, settings, again)
 
     assert outcome.planned is True
     assert outcome.enqueued == 0
@@ -117,7 +117,7 @@ def test_every_message_is_handed_out_only_after_its_item_is_committed(settings, 
             return super().__call__(batch)
 
     sender = LookingSender(broker)
-    plan(sessions, settings, sender)
+    walk(sessions, settings, sender)
 
     assert sorted(sender.user_ids) == population.active
     assert sorted(seen_by_a_worker) == population.active
@@ -132,7 +132,7 @@ def test_a_coordinator_crash_between_recording_and_enqueueing_a_page_loses_no_us
     crashing = CrashingSender(broker)
 
     with pytest.raises(SenderCrash):
-        plan(sessions, settings, crashing)
+        walk(sessions, settings, crashing)
 
     # The second page is recorded and the cursor past it, but its items say they were never
     # handed out: nothing of it reached the broker.
@@ -147,13 +147,13 @@ def test_a_coordinator_crash_between_recording_and_enqueueing_a_page_loses_no_us
     # The walk goes on from the cursor; what was never handed out is sent by reconcile once the
     # threshold has passed (it may not wait behind the queue: no message for it exists).
     resumed = RecordingSender(broker)
-    assert plan(sessions, settings, resumed).planned is True
+    assert walk(sessions, settings, resumed).planned is True
     assert sorted(crashing.user_ids + resumed.user_ids) == population.active[:page] + population.active[2 * page :]
 
     found = reconcile(
         sessions,
         PERIOD,
-        lambda payloads: send_many(broker, BUILD_REPORT, payloads),
+        sender(broker, BUILD_REPORT),
         lambda _walker, _payload: None,
         stuck_after=timedelta(minutes=10),
         now=utcnow() + timedelta(minutes=11),
@@ -169,7 +169,7 @@ def test_two_coordinators_at_once_enqueue_every_active_user_exactly_once(setting
     population = load_users(sessions, count=100)
     trigger(sessions, settings)
     senders = [RecordingSender(broker, pause_seconds=0.01), RecordingSender(broker, pause_seconds=0.01)]
-    run_together(*(lambda sender=sender: plan(sessions, settings, sender) for sender in senders))
+    run_together(*(lambda sender=sender: walk(sessions, settings, sender) for sender in senders))
 
     first, second = (Counter(sender.user_ids) for sender in senders)
     assert set(first) | set(second) == set(population.active)
@@ -188,7 +188,7 @@ def test_a_slice_with_no_time_left_stops_after_one_page_and_the_next_continues(s
     trigger(sessions, settings)
 
     first_sender = RecordingSender(broker)
-    first = plan(sessions, settings, first_sender, budget_seconds=0)
+    first = walk(sessions, settings, first_sender, budget_seconds=0)
 
     assert first.planned is False
     assert first.pages == 1
@@ -198,7 +198,7 @@ def test_a_slice_with_no_time_left_stops_after_one_page_and_the_next_continues(s
     assert item_user_ids(sessions) == Counter(population.active[:page])
 
     second_sender = RecordingSender(broker)
-    second = plan(sessions, settings, second_sender, budget_seconds=0)
+    second = walk(sessions, settings, second_sender, budget_seconds=0)
 
     assert second.planned is False
     assert second.cursor == population.active[2 * page - 1]
@@ -206,20 +206,20 @@ def test_a_slice_with_no_time_left_stops_after_one_page_and_the_next_continues(s
     assert run_row(sessions).cursor == population.active[2 * page - 1]
 
     rest_sender = RecordingSender(broker)
-    rest = plan(sessions, settings, rest_sender)
+    rest = walk(sessions, settings, rest_sender)
 
     assert rest.planned is True
     assert rest_sender.user_ids == population.active[2 * page :]
     assert queued_user_ids(settings) == Counter(population.active)
 
 
-def test_planning_a_period_that_was_never_triggered_is_refused(settings, sessions, broker, redis_url):
+def test_walking_a_period_that_was_never_triggered_is_refused(settings, sessions, broker, redis_url):
     load_users(sessions, count=10)
     trigger(sessions, settings, Period.parse("2026-09"))
     sender = RecordingSender(broker)
 
     with pytest.raises(UnknownRun):
-        plan(sessions, settings, sender)
+        walk(sessions, settings, sender)
 
     assert sender.user_ids == []
     assert queued_messages(redis_url, settings.broker_namespace, "bulk") == 0
@@ -253,7 +253,7 @@ def test_items_an_earlier_release_recorded_but_never_sent_are_sent_once(settings
         session.get(PeriodRun, str(PERIOD)).cursor = deactivated  # type: ignore[union-attr]
 
     sender = RecordingSender(broker)
-    outcome = plan(sessions, settings, sender)
+    outcome = walk(sessions, settings, sender)
 
     assert outcome.planned is True
     assert Counter(sender.user_ids) == Counter([deactivated, *above])
