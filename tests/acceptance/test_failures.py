@@ -235,35 +235,23 @@ def test_malformed_payloads_become_dead_letters_with_a_clear_reason_and_the_work
     assert outcome.planned
     group = start_workers(settings, processes=2, threads=2)
 
-    valid = {"period": PERIOD, "user_id": 2, "template_version": "v1"}
+    valid = (PERIOD, 2, "v1")
     malformed: dict[str, tuple[str, tuple[Any, ...], dict[str, Any], str, str]] = {
         # name: (actor, args, kwargs, error class, text the error message must contain)
-        "missing user_id": (
+        "missing user_id": ("build_report", (PERIOD, "v1"), {}, "InvalidPayload", "Expected 3"),
+        "a positional too many": ("build_report", (*valid, "FREE"), {}, "InvalidPayload", "Expected 3"),
+        "user_id as a string": ("build_report", (PERIOD, "2", "v1"), {}, "InvalidPayload", "user_id"),
+        "malformed period": ("build_report", ("2026-13", 2, "v1"), {}, "InvalidPayload", "2026-13"),
+        "named fields": (
             "build_report",
             (),
-            {"period": PERIOD, "template_version": "v1"},
+            {"period": PERIOD, "user_id": 2, "template_version": "v1"},
             "InvalidPayload",
-            "user_id",
+            "positionally",
         ),
-        "extra field": ("build_report", (), {**valid, "coupon": "FREE"}, "InvalidPayload", "coupon"),
-        "user_id as a string": ("build_report", (), {**valid, "user_id": "2"}, "InvalidPayload", "user_id"),
-        "malformed period": ("build_report", (), {**valid, "period": "2026-13"}, "InvalidPayload", "2026-13"),
-        "positional and named": (
-            "build_report",
-            (PERIOD,),
-            {"user_id": 2, "template_version": "v1"},
-            "InvalidPayload",
-            "either all positional",
-        ),
-        "a positional too many": ("build_report", (PERIOD, 2, "v1", "x"), {}, "InvalidPayload", "Expected 3"),
-        "unknown template": (
-            "build_report",
-            (),
-            {**valid, "user_id": 1, "template_version": "v999"},
-            "UnknownTemplateVersion",
-            "v999",
-        ),
-        "unknown actor": ("no_such_actor", (), dict(valid), "BrokerDeadLetter", "actor"),
+        "positional and named": ("build_report", (PERIOD,), {"user_id": 2}, "InvalidPayload", "positionally"),
+        "unknown template": ("build_report", (PERIOD, 1, "v999"), {}, "UnknownTemplateVersion", "v999"),
+        "unknown actor": ("no_such_actor", valid, {}, "BrokerDeadLetter", "actor"),
     }
     broker = build_broker(settings)
     try:
@@ -273,7 +261,7 @@ def test_malformed_payloads_become_dead_letters_with_a_clear_reason_and_the_work
             broker.enqueue(message)
             ids[message.message_id] = name
         broker.enqueue(
-            dramatiq.Message(queue_name="bulk", actor_name="build_report", args=(), kwargs=valid, options={})
+            dramatiq.Message(queue_name="bulk", actor_name="build_report", args=valid, kwargs={}, options={})
         )
     finally:
         broker.close()
