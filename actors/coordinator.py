@@ -44,13 +44,14 @@ def coordinator(*args: Any, **kwargs: Any) -> None:
         outcome.cursor,
         outcome.planned,
         walker,
-        ", superseded" if outcome.superseded else ", paused" if outcome.backlogged else "",
+        ", superseded" if outcome.superseded else ", paused" if outcome.backlogged or outcome.settling else "",
     )
     if outcome.planned or outcome.cancelled or outcome.superseded:
         return
     continuation = {WALKER_OPTION: walker}
-    if outcome.backlogged:
-        # The bulk queue is full enough: look again later, so Redis holds a bounded backlog.
+    if outcome.backlogged or outcome.settling:
+        # The bulk queue is full enough, or a crashed page is not yet old enough to hand out:
+        # look again later (Redis holds a bounded backlog; the page gets its grace).
         send(
             broker,
             COORDINATOR,

@@ -52,6 +52,10 @@ class SliceOutcome:
     backlogged: bool = False
     #: Another coordinator chain owns the walk now: this one stops without a continuation.
     superseded: bool = False
+    #: Every user is recorded, but items recorded less than ``HANDOFF_GRACE`` ago were never
+    #: handed out (a coordinator killed between a page's commit and its send, or another copy
+    #: handing its page out): the walk looks again after a pause, and ends once none is left.
+    settling: bool = False
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,8 @@ class _Page:
     template_version: str
     #: Whether this was the walk's last page.
     planned: bool
+    #: Whether the walk is over but waits for items too recently recorded to hand out yet.
+    settling: bool = False
 
 
 def walk_slice(
@@ -95,8 +101,8 @@ def walk_slice(
         if page is None:
             return outcome
         _hand_out(sessions, period, page, send_jobs, outcome)
-        outcome.planned = page.planned
-        if page.planned or time.monotonic() >= deadline or should_stop():
+        outcome.planned, outcome.settling = page.planned, page.settling
+        if page.planned or page.settling or time.monotonic() >= deadline or should_stop():
             return outcome
 
 
@@ -143,11 +149,14 @@ def _record_page(
         run.updated_at, run.paused_at = now, None
         if last is None:
             # The walk is over: hand out whatever was recorded but never handed out (a crash
-            # between a page's commit and its send). Once per period; reconcile covers a crash here.
+            # between a page's commit and its send), once it is old enough not to race the copy
+            # that may still be sending it. Reconcile covers a crash after the last hand-out.
+            ready = _never_handed_out(session, period, before=now - HANDOFF_GRACE)
+            if len(_never_handed_out(session, period)) > len(ready):
+                run.paused_at = now
+                return _Page(ready, run.template_version, planned=False, settling=True)
             run.planned, run.planned_at = True, now
-            return _Page(
-                _never_handed_out(session, period, before=now - HANDOFF_GRACE), run.template_version, planned=True
-            )
+            return _Page(ready, run.template_version, planned=True)
         recorded = dialect_insert(session, ReportItem.__table__).from_select(
             ["period", "user_id", "state", "attempts", "created_at", "updated_at"],
             select(
@@ -177,19 +186,14 @@ def _record_page(
         return _Page(sorted(user_ids), run.template_version, planned=False)
 
 
-def _never_handed_out(session: Session, period: Period, *, before: datetime) -> list[int]:
-    return list(
-        session.scalars(
-            select(ReportItem.user_id)
-            .where(
-                ReportItem.period == str(period),
-                ReportItem.state == ItemState.PENDING,
-                ReportItem.enqueued_at.is_(None),
-                ReportItem.updated_at < before,
-            )
-            .order_by(ReportItem.user_id)
-        )
+def _never_handed_out(session: Session, period: Period, *, before: datetime | None = None) -> list[int]:
+    """Pending items with no message out there, last touched before ``before`` (any, if ``None``)."""
+    query = select(ReportItem.user_id).where(
+        ReportItem.period == str(period), ReportItem.state == ItemState.PENDING, ReportItem.enqueued_at.is_(None)
     )
+    if before is not None:
+        query = query.where(ReportItem.updated_at < before)
+    return list(session.scalars(query.order_by(ReportItem.user_id)))
 
 
 def _hand_out(

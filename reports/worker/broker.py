@@ -17,7 +17,7 @@ from redis.typing import EncodableT, FieldT
 
 from reports.jobs import COORDINATOR, ActorSpec, SendJobs
 from reports.settings import Settings
-from reports.worker.undecodable import UndecodableAsDeadLetters
+from reports.worker.consumer import ReportsBroker
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ def build_broker(settings: Settings) -> RedisBroker:
     # dead-letter store).
     middleware = [TimeLimit(), CurrentMessage()]
     # Dramatiq's RedisBroker.__init__, which this class keeps, has no annotations.
-    return UndecodableAsDeadLetters(  # type: ignore[no-untyped-call]
+    return ReportsBroker(  # type: ignore[no-untyped-call]
         url=settings.broker_url,
         namespace=settings.broker_namespace,
         heartbeat_timeout=settings.heartbeat_timeout_ms,

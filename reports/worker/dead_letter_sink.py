@@ -90,7 +90,7 @@ class BrokerDeadLetters(Middleware):
         self._sweep(broker)
 
     def after_undecodable_message(self, broker: dramatiq.Broker, queue_name: str, redis_message_id: str) -> None:
-        """Called by :mod:`reports.worker.undecodable` once it moved such a message into ``.XQ``."""
+        """Called by :mod:`reports.worker.consumer` once it moved such a message into ``.XQ``."""
         self._sweep(broker)
 
     def _sweep(self, broker: dramatiq.Broker) -> None:

@@ -6,7 +6,7 @@ from collections import Counter
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from reports.clock import utcnow
 from reports.fanout.coordinator import HANDOFF_GRACE, UnknownRun, walk_slice
@@ -144,11 +144,35 @@ def test_a_coordinator_crash_between_recording_and_enqueueing_a_page_loses_no_us
         assert list(session.scalars(never_handed_out)) == population.active[page : 2 * page]
     assert queued_user_ids(settings) == Counter(population.active[:page])
 
-    # The walk goes on from the cursor; what was never handed out is sent by reconcile once the
-    # threshold has passed (it may not wait behind the queue: no message for it exists).
+    # The walk goes on from the cursor. At its end the page never handed out is still within its
+    # grace (the copy that recorded it might be sending it): the walk does not end, it waits.
     resumed = RecordingSender(broker)
-    assert walk(sessions, settings, resumed).planned is True
+    outcome = walk(sessions, settings, resumed)
+    assert (outcome.planned, outcome.settling) == (False, True)
     assert sorted(crashing.user_ids + resumed.user_ids) == population.active[:page] + population.active[2 * page :]
+    assert run_row(sessions).planned is False
+
+    # Once the grace has passed, the walk hands the page out and ends: no reconcile needed.
+    with sessions.begin() as session:
+        session.execute(
+            update(ReportItem).where(ReportItem.enqueued_at.is_(None)).values(updated_at=utcnow() - 2 * HANDOFF_GRACE)
+        )
+    outcome = walk(sessions, settings, resumed)
+    assert (outcome.planned, outcome.settling) == (True, False)
+    assert count_items(sessions, ReportItem.enqueued_at.is_(None)) == 0
+    assert queued_user_ids(settings) == Counter(population.active)
+    assert queued_messages(redis_url, settings.broker_namespace, "bulk") == len(population.active)
+
+
+def test_reconcile_sends_a_page_a_coordinator_crashed_on_after_its_walk_was_over(settings, sessions, broker, redis_url):
+    """The last hand-out can crash too; reconcile sends what is left once it is stuck."""
+    population = load_users(sessions, count=40)
+    trigger(sessions, settings)
+    walk(sessions, settings, RecordingSender(broker))
+    with sessions.begin() as session:
+        session.execute(
+            update(ReportItem).where(ReportItem.user_id.in_(population.active[:3])).values(enqueued_at=None)
+        )
 
     found = reconcile(
         sessions,
@@ -159,10 +183,9 @@ def test_a_coordinator_crash_between_recording_and_enqueueing_a_page_loses_no_us
         now=utcnow() + timedelta(minutes=11),
         in_flight=InFlight(backlog=lambda _queue: len(population.active)),
     )
-    assert found.requeued == page
+    assert found.requeued == 3
     assert count_items(sessions, ReportItem.enqueued_at.is_(None)) == 0
-    assert queued_user_ids(settings) == Counter(population.active)
-    assert queued_messages(redis_url, settings.broker_namespace, "bulk") == len(population.active)
+    assert queued_user_ids(settings) == Counter(population.active + population.active[:3])
 
 
 def test_two_coordinators_at_once_enqueue_every_active_user_exactly_once(settings, sessions, broker):
