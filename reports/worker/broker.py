@@ -40,8 +40,7 @@ def build_broker(settings: Settings) -> RedisBroker:
     # Retries are reports.worker.retries.JitteredRetries, added by the workers (it needs the
     # dead-letter store).
     middleware = [TimeLimit(), CurrentMessage()]
-    # Dramatiq's RedisBroker.__init__, which this class keeps, has no annotations.
-    return ReportsBroker(  # type: ignore[no-untyped-call]
+    return ReportsBroker(
         url=settings.broker_url,
         namespace=settings.broker_namespace,
         heartbeat_timeout=settings.heartbeat_timeout_ms,

@@ -56,21 +56,38 @@ end
 """
 
 
+class _UnwrittenAcks:
+    """One queue's acks not yet in Redis. Kept by the broker, not the consumer: Dramatiq drops a
+    consumer whose connection failed and starts a new one, which must write them, or their ids
+    would stay in this live process's ack set (never requeued, counted as in flight) for good."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.ids: list[str] = []
+        self.oldest = 0.0
+
+
 class ReportsBroker(RedisBroker):
     """Dramatiq's Redis broker with this module's consumer."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)  # type: ignore[no-untyped-call]  # Dramatiq has no annotations
+        self._unwritten_acks: dict[str, _UnwrittenAcks] = {}
 
     @property
     def consumer_class(self) -> type[_RedisConsumer]:
         return Consumer
 
+    def unwritten_acks(self, queue_name: str) -> _UnwrittenAcks:
+        # Consumers of one queue follow each other (one consumer thread per queue).
+        return self._unwritten_acks.setdefault(queue_name, _UnwrittenAcks())
+
 
 class Consumer(_RedisConsumer):
-    def __init__(self, broker: RedisBroker, queue_name: str, prefetch: int, timeout: int) -> None:
+    def __init__(self, broker: ReportsBroker, queue_name: str, prefetch: int, timeout: int) -> None:
         super().__init__(broker, queue_name, prefetch, timeout)  # type: ignore[no-untyped-call]
         # Worker threads ack; the consumer thread writes what waited too long.
-        self._acks_lock = threading.Lock()
-        self._unwritten_acks: list[str] = []
-        self._oldest_unwritten = 0.0
+        self._acks = broker.unwritten_acks(queue_name)
         self._ack_all = broker.client.register_script(_ACK_ALL)
         self._ack_keys = [
             f"{broker.namespace}:__acks__.{broker.broker_id}.{queue_name}",
@@ -78,26 +95,28 @@ class Consumer(_RedisConsumer):
         ]
 
     def ack(self, message: MessageProxy) -> None:
-        with self._acks_lock:
-            if not self._unwritten_acks:
-                self._oldest_unwritten = time.monotonic()
-            self._unwritten_acks.append(message.options["redis_message_id"])
+        acks = self._acks
+        with acks.lock:
+            if not acks.ids:
+                acks.oldest = time.monotonic()
+            acks.ids.append(message.options["redis_message_id"])
             self.queued_message_ids.discard(message.message_id)
-            full = len(self._unwritten_acks) >= ACK_BATCH
+            full = len(acks.ids) >= ACK_BATCH
         if full:
             self._write_acks()
 
     def _write_acks(self) -> None:
-        with self._acks_lock:
-            acks, self._unwritten_acks = self._unwritten_acks, []
-        if not acks:
+        acks = self._acks
+        with acks.lock:
+            written, acks.ids = acks.ids, []
+        if not written:
             return
         try:
-            self._ack_all(keys=self._ack_keys, args=acks)
+            self._ack_all(keys=self._ack_keys, args=written)
         except redis.ConnectionError as e:
-            # Kept for the next write: Dramatiq retries a failed ack until Redis is back.
-            with self._acks_lock:
-                self._unwritten_acks[:0] = acks
+            # Kept for the next write, by this consumer or the one Dramatiq starts after it.
+            with acks.lock:
+                acks.ids[:0] = written
             raise ConnectionClosed(e) from None  # type: ignore[no-untyped-call]  # Dramatiq has no annotations
 
     def close(self) -> None:
@@ -108,7 +127,7 @@ class Consumer(_RedisConsumer):
 
     def __next__(self) -> MessageProxy | None:
         # The consumer thread calls this between its other work, and before it idles.
-        if self._unwritten_acks and time.monotonic() - self._oldest_unwritten >= ACK_DELAY_SECONDS:
+        if self._acks.ids and time.monotonic() - self._acks.oldest >= ACK_DELAY_SECONDS:
             self._write_acks()
         while True:
             try:
@@ -118,7 +137,7 @@ class Consumer(_RedisConsumer):
                 # The rest of the prefetched batch is still in the cache: the next turn takes it.
                 self._dead_letter(error.data)
                 continue
-            if message is None and self._unwritten_acks:
+            if message is None and self._acks.ids:
                 self._write_acks()  # nothing to fetch: the queue is idle, write what waits
             return message
 

@@ -12,6 +12,7 @@ import redis
 from reports.settings import Settings
 from reports.worker import consumer
 from reports.worker.broker import build_broker
+from tests.support.processes import free_port, redis_server
 from tests.support.waiting import wait_until
 
 QUEUE = "acks-test"
@@ -79,4 +80,32 @@ def test_a_late_ack_leaves_alone_a_message_this_process_no_longer_holds(settings
         reader.ack(dramatiq.broker.MessageProxy(dramatiq.Message(QUEUE, "a", (), {}, {"redis_message_id": redis_id})))
     reader.close()
     assert client.hkeys(f"{ns}:{QUEUE}.msgs") == [b"requeued"]
+    broker.close()
+
+
+def test_acks_that_redis_could_not_take_are_written_by_the_next_consumer(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Dramatiq drops a consumer whose connection failed and starts another: the acks the first
+    # held must not stay unwritten (their ids would sit in this live process's ack set for good).
+    port = free_port()
+    with redis_server(tmp_path, port=port) as url:
+        settings = Settings(broker_url=url, broker_namespace="acks")
+        broker = build_broker(settings)
+        client = redis.Redis.from_url(url)
+        client.hset(f"acks:{QUEUE}.msgs", mapping={"a": b"{}", "b": b"{}"})
+        client.sadd(f"acks:__acks__.{broker.broker_id}.{QUEUE}", "a", "b")
+        first = consumer.Consumer(broker, QUEUE, prefetch=1, timeout=100)
+        for redis_id in ("a", "b"):
+            first.ack(
+                dramatiq.broker.MessageProxy(dramatiq.Message(QUEUE, "a", (), {}, {"redis_message_id": redis_id}))
+            )
+    # Redis is gone: the write fails, and Dramatiq would close this consumer.
+    with pytest.raises(dramatiq.errors.ConnectionClosed):
+        first.close()
+    with redis_server(tmp_path, port=port):
+        client = redis.Redis(port=port)
+        client.hset(f"acks:{QUEUE}.msgs", mapping={"a": b"{}", "b": b"{}"})
+        client.sadd(f"acks:__acks__.{broker.broker_id}.{QUEUE}", "a", "b")
+        second = consumer.Consumer(broker, QUEUE, prefetch=1, timeout=100)
+        second.close()
+        assert keys_left(client, "acks") == {"unacked": 0, "bodies": 0}
     broker.close()
