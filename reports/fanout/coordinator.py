@@ -151,8 +151,9 @@ def _record_page(
             # The walk is over: hand out whatever was recorded but never handed out (a crash
             # between a page's commit and its send), once it is old enough not to race the copy
             # that may still be sending it. Reconcile covers a crash after the last hand-out.
-            ready = _never_handed_out(session, period, before=now - HANDOFF_GRACE)
-            if len(_never_handed_out(session, period)) > len(ready):
+            unstamped = _never_handed_out(session, period)
+            ready = [user_id for user_id, touched in unstamped if touched < now - HANDOFF_GRACE]
+            if len(ready) < len(unstamped):
                 run.paused_at = now
                 return _Page(ready, run.template_version, planned=False, settling=True)
             run.planned, run.planned_at = True, now
@@ -186,14 +187,16 @@ def _record_page(
         return _Page(sorted(user_ids), run.template_version, planned=False)
 
 
-def _never_handed_out(session: Session, period: Period, *, before: datetime | None = None) -> list[int]:
-    """Pending items with no message out there, last touched before ``before`` (any, if ``None``)."""
-    query = select(ReportItem.user_id).where(
-        ReportItem.period == str(period), ReportItem.state == ItemState.PENDING, ReportItem.enqueued_at.is_(None)
+def _never_handed_out(session: Session, period: Period) -> list[tuple[int, datetime]]:
+    """Pending items with no message out there: each user id and when its item was last touched."""
+    rows = session.execute(
+        select(ReportItem.user_id, ReportItem.updated_at)
+        .where(
+            ReportItem.period == str(period), ReportItem.state == ItemState.PENDING, ReportItem.enqueued_at.is_(None)
+        )
+        .order_by(ReportItem.user_id)
     )
-    if before is not None:
-        query = query.where(ReportItem.updated_at < before)
-    return list(session.scalars(query.order_by(ReportItem.user_id)))
+    return [(user_id, touched) for user_id, touched in rows]
 
 
 def _hand_out(

@@ -255,12 +255,10 @@ def _encoded(text: str, *, html: bool) -> tuple[bytes, bytes]:
     Otherwise quoted-printable, which costs more than rendering the HTML: every ``=`` of every
     attribute becomes ``=3D``.
     """
-    try:
-        data = text.encode("ascii", "xmlcharrefreplace" if html else "strict")
-    except UnicodeEncodeError:
-        data = b"\r"  # not ASCII: quoted-printable
-    if b"\r" not in data and b"\0" not in data and max(map(len, data.split(b"\n"))) <= MAX_WIRE_LINE:
-        return b"7bit", data.replace(b"\n", CRLF)
+    if html or text.isascii():
+        data = text.encode("ascii", "xmlcharrefreplace")
+        if b"\r" not in data and b"\0" not in data and max(map(len, data.split(b"\n"))) <= MAX_WIRE_LINE:
+            return b"7bit", data.replace(b"\n", CRLF)
     source = text.replace("\r\n", "\n").encode("utf-8")
     return b"quoted-printable", binascii.b2a_qp(source, istext=True).replace(b"\n", CRLF)
 
