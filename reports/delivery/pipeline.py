@@ -16,11 +16,12 @@ states and the delivery claim make repeats send nothing.
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import time
 import uuid
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.headerregistry import Address
@@ -28,7 +29,7 @@ from typing import Any, NoReturn
 
 import redis
 import sqlalchemy.exc
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from reports.clock import utcnow
@@ -119,17 +120,32 @@ class Context:
     def unsubscribe_url(self, user_id: int) -> str:
         return self.unsubscribe.url(user_id)  # type: ignore[union-attr]
 
-    def monthly_transaction(self) -> AbstractContextManager[Executor]:
-        """A transaction for the monthly path: a bare connection on PostgreSQL, whose statements
-        (reports/delivery/statements.py) need no ORM session (it cost about 0.2 ms a transaction there); a
-        session on SQLite, where the path goes through the general functions."""
+    @contextmanager
+    def monthly_transactions(self) -> Iterator[Callable[[], AbstractContextManager[Executor]]]:
+        """The transactions of one monthly message. On PostgreSQL they share one bare connection,
+        checked out (and pinged) once per message, not once per transaction; their statements
+        (reports/delivery/statements.py) need no ORM session. Between the transactions the
+        connection holds no transaction open, and one that broke meanwhile reconnects at its next
+        statement, which the record's retries absorb. On SQLite each is a session, where the path
+        goes through the general functions."""
         engine: Engine = self.sessions.kw["bind"]
-        return engine.begin() if engine.dialect.name == "postgresql" else self.sessions.begin()
+        if engine.dialect.name != "postgresql":
+            yield self.sessions.begin
+            return
+        with engine.connect() as connection:
+            yield functools.partial(_transaction_on, connection)
+
+
+@contextmanager
+def _transaction_on(connection: Connection) -> Iterator[Connection]:
+    with connection.begin():
+        yield connection
 
 
 def run(ctx: Context, job: ReportJob) -> Outcome:
     """The monthly email for one (period, user)."""
-    return _deliver(ctx, lambda db: _prepare(ctx, db, job), ctx.monthly_transaction)
+    with ctx.monthly_transactions() as transaction:
+        return _deliver(ctx, lambda db: _prepare(ctx, db, job), transaction)
 
 
 def send_now(ctx: Context, job: SendNowJob) -> Outcome:

@@ -15,7 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import select, text
+from sqlalchemy import column, select, text
+from sqlalchemy.sql.selectable import TextualSelect
 
 from reports.content.activity import Summary, load_summary, summarize
 from reports.content.render import RenderedReport
@@ -46,7 +47,14 @@ class Inputs:
     suppressed: str | None = None
 
 
-_READ = text("""
+def _with_columns(sql: str, *names: str) -> TextualSelect:
+    """A statement whose result columns are fixed by position: SQLAlchemy then builds the result's
+    metadata once per statement instead of once per execution from the cursor's description."""
+    return text(sql).columns(*(column(name) for name in names))
+
+
+_READ = _with_columns(
+    """
 WITH item AS (
     SELECT state FROM report_items WHERE period = :period AND user_id = :user_id FOR UPDATE
 )
@@ -62,7 +70,20 @@ LEFT JOIN LATERAL (
     WHERE user_id = :user_id AND occurred_at >= :previous AND occurred_at < :end
     GROUP BY 1, 2
 ) a ON true
-""")
+""",
+    "item_state",
+    "run_state",
+    "planned",
+    "cursor",
+    "email",
+    "name",
+    "active",
+    "in_period",
+    "category",
+    "n",
+    "total",
+    "reason",
+)
 
 
 def read(session: Executor, period: Period, user_id: int) -> Inputs:
@@ -120,7 +141,8 @@ def _read_each(session: Executor, period: Period, user_id: int) -> Inputs:
     )
 
 
-_STORE_AND_CLAIM = text("""
+_STORE_AND_CLAIM = _with_columns(
+    """
 WITH stored AS (
     INSERT INTO reports (period, user_id, template_version, subject, body_text, body_html, rendered_at)
     VALUES (:period, :user_id, :template_version, :subject, :body_text, :body_html, :now)
@@ -141,7 +163,11 @@ WITH stored AS (
 )
 SELECT (SELECT count(*) FROM claimed), d.state, d.lease_expires_at
 FROM (SELECT 1) AS one LEFT JOIN deliveries d ON d.period = :period AND d.user_id = :user_id
-""")
+""",
+    "taken",
+    "state",
+    "lease_expires_at",
+)
 
 
 def store_and_claim(
@@ -214,7 +240,8 @@ def _store_each(
 # The item is locked before the claim, as reading locks it before storing takes the claim: the
 # claim's condition waits on the item's update (an InitPlan, run before the claim's row is
 # locked). Without that order a copy taking the claim and this one recording it can deadlock.
-_RECORD_SENT = text("""
+_RECORD_SENT = _with_columns(
+    """
 WITH finished AS (
     UPDATE report_items SET state = 'delivered', finished_at = :now, updated_at = :now, last_error = NULL
     WHERE period = :period AND user_id = :user_id AND state IN ('pending', 'dead')
@@ -224,7 +251,9 @@ UPDATE deliveries SET state = 'sent', sent_at = :now
 WHERE period = :period AND user_id = :user_id AND claim_token = :token
   AND (SELECT count(*) FROM finished) >= 0
 RETURNING 1
-""")
+""",
+    "recorded",
+)
 
 
 def record_sent(session: Executor, claim: claims.Claim, *, now: datetime) -> bool:
