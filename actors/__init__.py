@@ -15,7 +15,7 @@ from actors.runtime import Runtime
 from reports.errors import ConfigurationError
 from reports.settings import Settings
 from reports.worker.actor_metrics import ActorMetrics
-from reports.worker.broker import build_broker
+from reports.worker.broker import build_broker, shared_redis
 from reports.worker.dead_letter_sink import BrokerDeadLetters
 from reports.worker.lifecycle import DrainOnce, Heartbeat
 from reports.worker.retries import JitteredRetries
@@ -33,7 +33,8 @@ except ConfigurationError as error:
     print(f"error: {error}", file=sys.stderr)
     sys.exit(EXIT_BAD_CONFIGURATION)
 broker = build_broker(_settings)
-runtime = Runtime(_settings, redis_client=broker.client)
+_shared_redis = shared_redis(broker, _settings)
+runtime = Runtime(_settings, redis_client=_shared_redis)
 broker.add_middleware(
     JitteredRetries(
         max_retries=_settings.max_retries,
@@ -43,7 +44,7 @@ broker.add_middleware(
     )
 )
 # Before the retries: after-hooks run in reverse, so it records the retry middleware's verdict.
-broker.add_middleware(ActorMetrics(broker.client, namespace=_settings.broker_namespace), before=JitteredRetries)
+broker.add_middleware(ActorMetrics(_shared_redis, namespace=_settings.broker_namespace), before=JitteredRetries)
 broker.add_middleware(BrokerDeadLetters(lambda: runtime.dead_letter_sink))
 broker.add_middleware(Heartbeat(interval_seconds=_settings.heartbeat_timeout_ms / 4000))
 broker.add_middleware(DrainOnce(window_seconds=REPEATED_SIGTERM_WINDOW_SECONDS))

@@ -104,7 +104,12 @@ def check_endpoints(settings: Settings) -> None:
     """Reject a URL that would fail, or silently mean something else, once a process uses it, and
     an exporter that could not serve. Kept out of ``__post_init__`` so its own checks stay short."""
     _check_database_url(settings.database_url)
-    _check_broker_url(settings.broker_url)
+    if settings.broker_is_rabbitmq:
+        _check_amqp_url(settings.broker_url)
+    else:
+        _check_redis_url(settings.broker_url, "BROKER_URL")
+    if settings.shared_redis_url != settings.broker_url:
+        _check_redis_url(settings.shared_redis_url, "REDIS_URL")
     if settings.smtp_url is not None:
         SmtpTarget.from_url(settings.smtp_url)
     if settings.alert_webhook_url is not None:
@@ -172,19 +177,32 @@ def _check_database_url(url: str) -> None:
         )
 
 
-def _check_broker_url(url: str) -> None:
+def _check_redis_url(url: str, variable: str) -> None:
     # redis-py reads a database it cannot parse as database 0, without a word.
     try:
         parts = urlsplit(url)
         _port = parts.port
     except ValueError:
-        raise ConfigurationError(f"BROKER_URL has an invalid host or port: {redact_url(url)}.") from None
+        raise ConfigurationError(f"{variable} has an invalid host or port: {redact_url(url)}.") from None
     databases = parse_qs(parts.query).get("db", [])
     if parts.scheme != "unix" and parts.path.strip("/"):
         databases.append(unquote(parts.path).strip("/"))
     if not all(_DIGITS.fullmatch(db) for db in databases):
         raise ConfigurationError(
-            f"BROKER_URL must name its Redis database by number (redis://host:6379/0), got {redact_url(url)}."
+            f"{variable} must name its Redis database by number (redis://host:6379/0), got {redact_url(url)}."
+        )
+
+
+def _check_amqp_url(url: str) -> None:
+    # pika reads a URL without a host as localhost, without a word.
+    try:
+        parts = urlsplit(url)
+        host, _port = parts.hostname, parts.port
+    except ValueError:
+        host = None
+    if not host:
+        raise ConfigurationError(
+            f"BROKER_URL must name the RabbitMQ host (amqp://user:password@host:5672/vhost), got {redact_url(url)}."
         )
 
 

@@ -15,8 +15,12 @@ from reports.jobs import is_version_name
 #: Longest duration any setting accepts: ten years, in seconds.
 MAX_SECONDS = 10 * 366 * 86_400
 
-#: Broker URL schemes the Redis broker accepts.
-BROKER_SCHEMES = ("redis", "rediss", "unix")
+#: URL schemes of a Redis server (the broker, or the fleet's shared state).
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+#: URL schemes of a RabbitMQ broker.
+RABBITMQ_SCHEMES = ("amqp", "amqps")
+#: Broker URL schemes: Redis or RabbitMQ.
+BROKER_SCHEMES = REDIS_SCHEMES + RABBITMQ_SCHEMES
 
 #: What a delivery claim's lease must last beyond the whole send's deadline (SMTP_TIMEOUT_SECONDS):
 #: time to record the send, in seconds.
@@ -51,7 +55,7 @@ MAX_RETENTION_MONTHS = 1_200
 _OPTIONAL_NUMBERS: dict[str, type[int | float]] = {"send_rate_per_second": float, "retention_months": int}
 
 #: Settings holding a URL that may carry a secret; :meth:`Settings.__repr__` shows them redacted.
-SECRET_URLS = ("database_url", "broker_url", "smtp_url", "alert_webhook_url")
+SECRET_URLS = ("database_url", "broker_url", "redis_url", "smtp_url", "alert_webhook_url")
 
 
 #: The repository's own ``templates/`` folder, used unless ``TEMPLATES_DIR`` says otherwise.
@@ -71,7 +75,11 @@ class Settings:
     #: SQLAlchemy URL. Defaults to a SQLite file under ``var_dir``.
     database_url: str = ""
     broker_url: str = "redis://localhost:6379/0"
-    #: Prefix of every Redis key the broker writes, so several deployments can share one Redis.
+    #: The Redis that holds what the fleet shares (breaker, send rate, alert gate, metrics).
+    #: Defaults to ``broker_url`` when that is Redis; required when the broker is RabbitMQ.
+    redis_url: str = ""
+    #: Prefix of every Redis key the broker and the shared state write, so several deployments
+    #: can share one Redis.
     broker_namespace: str = "dramatiq"
     #: ``smtp://`` or ``smtps://`` URL; ``None`` writes mail to a Maildir under ``var_dir``.
     smtp_url: str | None = None
@@ -165,11 +173,20 @@ class Settings:
             object.__setattr__(self, "database_url", f"sqlite:///{self.var_dir / 'reports.db'}")
         _check_ranges(self)
         _check_names(self)
-        scheme = self.broker_url.partition("://")[0]
-        if scheme not in BROKER_SCHEMES:
+        if _scheme(self.broker_url) not in BROKER_SCHEMES:
             raise ConfigurationError(
                 f"BROKER_URL must start with {', '.join(s + '://' for s in BROKER_SCHEMES)}"
-                f" (RabbitMQ is not supported yet), got {redact_url(self.broker_url)}."
+                f", got {redact_url(self.broker_url)}."
+            )
+        if not self.redis_url and self.broker_is_rabbitmq:
+            raise ConfigurationError(
+                "REDIS_URL is required when BROKER_URL is RabbitMQ: the circuit breaker, the send rate, "
+                "the alert gate and the metrics are shared through Redis (redis://host:6379/0)."
+            )
+        if _scheme(self.shared_redis_url) not in REDIS_SCHEMES:
+            raise ConfigurationError(
+                f"REDIS_URL must start with {', '.join(s + '://' for s in REDIS_SCHEMES)}"
+                f", got {redact_url(self.redis_url)}."
             )
         check_endpoints(self)
 
@@ -177,6 +194,16 @@ class Settings:
         """Every setting, with the URLs redacted: a repr lands in logs and tracebacks."""
         shown = (f"{f.name}={_shown(f.name, getattr(self, f.name))!r}" for f in fields(self))
         return f"{type(self).__name__}({', '.join(shown)})"
+
+    @property
+    def broker_is_rabbitmq(self) -> bool:
+        return _scheme(self.broker_url) in RABBITMQ_SCHEMES
+
+    @property
+    def shared_redis_url(self) -> str:
+        """The Redis of the fleet's shared state: REDIS_URL, or the broker's when that is unset
+        (left unset rather than copied, so that settings with another broker follow it)."""
+        return self.redis_url or self.broker_url
 
     @property
     def outbox_dir(self) -> Path:
@@ -323,6 +350,7 @@ ENVIRONMENT = {
     "var_dir": "VAR_DIR",
     "database_url": "DATABASE_URL",
     "broker_url": "BROKER_URL",
+    "redis_url": "REDIS_URL",
     "broker_namespace": "BROKER_NAMESPACE",
     "smtp_url": "SMTP_URL",
     "mail_from": "MAIL_FROM",
@@ -366,6 +394,10 @@ ENVIRONMENT = {
     "public_base_url": "PUBLIC_BASE_URL",
     "unsubscribe_secret": "UNSUBSCRIBE_SECRET",
 }
+
+
+def _scheme(url: str) -> str:
+    return url.partition("://")[0]
 
 
 def _parse(default: object, raw: str) -> object:

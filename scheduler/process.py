@@ -57,7 +57,7 @@ from reports.models import PeriodRun
 from reports.ops import retention
 from reports.periods import Period
 from reports.settings import Settings
-from reports.worker.broker import Broker, build_broker, send_coordinator
+from reports.worker.broker import Broker, build_broker, send_coordinator, shared_redis
 from scheduler.schedule import Schedule
 
 logger = logging.getLogger(__name__)
@@ -203,6 +203,7 @@ class SchedulerProcess:
                     self.sessions,
                     self.broker,
                     period,
+                    redis_client=self.redis,
                     namespace=self.settings.broker_namespace,
                     stuck_after=stuck_after,
                     now=self.clock(),
@@ -240,6 +241,7 @@ class SchedulerProcess:
             requests = runs.reconcile_every_request(
                 self.sessions,
                 self.broker,
+                redis_client=self.redis,
                 namespace=self.settings.broker_namespace,
                 stuck_after=stuck_after,
                 now=self.clock(),
@@ -417,7 +419,7 @@ def main() -> int:
             schedule,
             sessions=session_factory(engine),
             broker=broker,
-            redis_client=broker.client,
+            redis_client=shared_redis(broker, settings),
         ).run()
     except KeyboardInterrupt:
         # Only before the handlers are installed; afterwards SIGINT stops the scheduler cleanly.

@@ -14,7 +14,7 @@ from reports.errors import BadInput
 from reports.fanout import runs
 from reports.periods import Period
 from reports.settings import MAX_SECONDS
-from reports.worker.broker import build_broker
+from reports.worker.broker import build_broker, shared_redis
 
 
 def _seconds(_ctx: click.Context, _param: click.Parameter, value: float | None) -> float | None:
@@ -36,10 +36,12 @@ def _seconds(_ctx: click.Context, _param: click.Parameter, value: float | None) 
 @pass_obj
 def reconcile(obj: Obj, period: Period, stuck_after: float | None, as_json: bool) -> None:
     """Count PERIOD against what should exist; re-enqueue stuck items and an unfinished walk."""
+    broker = build_broker(obj.settings)
     found = runs.reconcile_through(
         obj.sessions(),
-        build_broker(obj.settings),
+        broker,
         period,
+        redis_client=shared_redis(broker, obj.settings),
         namespace=obj.settings.broker_namespace,
         stuck_after=timedelta(
             seconds=obj.settings.reconcile_stuck_after_seconds if stuck_after is None else stuck_after

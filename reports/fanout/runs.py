@@ -7,6 +7,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+import redis
 from sqlalchemy import exists, or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -127,6 +128,7 @@ def reconcile_through(
     broker: Broker,
     period: Period,
     *,
+    redis_client: redis.Redis,
     namespace: str,
     stuck_after: timedelta,
     now: datetime,
@@ -139,7 +141,7 @@ def reconcile_through(
         send_jobs=sender(broker, BUILD_REPORT),
         send_coordinator=functools.partial(send_coordinator, broker),
         send_requests=sender(broker, SEND_NOW),
-        in_flight=_in_flight(broker, namespace),
+        in_flight=_in_flight(broker, redis_client, namespace),
         stuck_after=stuck_after,
         now=now,
     )
@@ -149,12 +151,13 @@ def reconcile_every_request(
     sessions: sessionmaker[Session],
     broker: Broker,
     *,
+    redis_client: redis.Redis,
     namespace: str,
     stuck_after: timedelta,
     now: datetime,
 ) -> int:
     """Re-enqueue lost send-now requests of every period (one never triggered too); returns how many."""
-    facts = _in_flight(broker, namespace)
+    facts = _in_flight(broker, redis_client, namespace)
     if facts.breaker_open() or facts.backlog(SEND_NOW.queue) > 0:
         return 0
     return reconcile_requests(
@@ -166,9 +169,9 @@ def reconcile_every_request(
     )
 
 
-def _in_flight(broker: Broker, namespace: str) -> InFlight:
-    client = getattr(broker, "client", None)
+def _in_flight(broker: Broker, redis_client: redis.Redis, namespace: str) -> InFlight:
+    """What may still be on its way: the broker's queues, and the fleet's mail breaker in Redis."""
     return InFlight(
         backlog=lambda queue: backlog(broker, queue),
-        breaker_open=lambda: client is not None and state_of(client, mail_breaker_name(namespace)) != State.CLOSED,
+        breaker_open=lambda: state_of(redis_client, mail_breaker_name(namespace)) != State.CLOSED,
     )

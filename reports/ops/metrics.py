@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC
 from typing import Any, cast
 
@@ -76,12 +76,17 @@ class ReportsCollector(Collector):
         sessions: sessionmaker[Session],
         queues: Iterable[str],
         breaker_name: str,
+        rabbitmq_depths: Callable[[Sequence[str]], Mapping[str, tuple[int, int, int]]] | None = None,
     ) -> None:
+        """:param rabbitmq_depths: when the broker is RabbitMQ, reads each queue's ready, delayed
+        and dead messages (:func:`reports.worker.rabbitmq.ready_counts_at`); the queues are
+        otherwise read from ``client``, the Redis broker."""
         self.client = client
         self.namespace = namespace
         self.sessions = sessions
         self.queues = tuple(queues)
         self.breaker_name = breaker_name
+        self.rabbitmq_depths = rabbitmq_depths
 
     def collect(self) -> Iterator[Metric]:
         yield from self._queues()
@@ -98,6 +103,16 @@ class ReportsCollector(Collector):
             "Age of the oldest ready message in a queue (0 when empty).",
             labels=["queue"],
         )
+        if self.rabbitmq_depths is not None:
+            # RabbitMQ counts only what no consumer holds, and shows no message without taking
+            # it: in_progress and the oldest message's age are not exported on it.
+            for queue, (ready, delayed, broker_dead) in self.rabbitmq_depths(self.queues).items():
+                depth.add_metric([queue, "ready"], ready)
+                depth.add_metric([queue, "delayed"], delayed)
+                depth.add_metric([queue, "broker_dead"], broker_dead)
+            yield depth
+            yield oldest
+            return
         now = time.time()
         for queue in self.queues:
             key = f"{self.namespace}:{queue}"

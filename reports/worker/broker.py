@@ -11,15 +11,20 @@ from typing import Any, cast
 
 import dramatiq
 import redis
+from dramatiq.brokers.rabbitmq import RabbitmqBroker
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import CurrentMessage, TimeLimit
 from redis.typing import EncodableT, FieldT
 
 from reports.jobs import COORDINATOR, ActorSpec, SendJobs
 from reports.settings import Settings
+from reports.worker import rabbitmq
 from reports.worker.consumer import ReportsBroker
 
 logger = logging.getLogger(__name__)
+
+#: The broker as the library passes it around: only this package imports Dramatiq.
+Broker = RedisBroker | RabbitmqBroker
 
 #: Message option naming the coordinator chain a ``plan_period`` message belongs to.
 WALKER_OPTION = "walker"
@@ -28,18 +33,23 @@ WALKER_OPTION = "walker"
 ENQUEUE_RETRY_PAUSE_CAP_SECONDS = 2.0
 
 
-def build_broker(settings: Settings) -> RedisBroker:
-    """A Redis broker whose dead workers' messages come back in seconds, not minutes.
+def build_broker(settings: Settings) -> Broker:
+    """The broker BROKER_URL names: Redis, or RabbitMQ.
 
-    Every process, producers included, must use the same heartbeat settings: the sweep that
-    requeues a dead worker's messages runs inside whichever process's broker call wins the
-    ``maintenance_chance`` draw.
+    On Redis every process, producers included, must use the same heartbeat settings: the sweep
+    that requeues a dead worker's messages runs inside whichever process's broker call wins the
+    ``maintenance_chance`` draw. RabbitMQ returns a dead worker's unacked messages itself, when
+    its connection drops.
     """
     # Of Dramatiq's defaults only the time limit: no actor uses max_age, callbacks, pipelines or
     # shutdown notifications, and every middleware is called at each of a message's signals.
     # Retries are reports.worker.retries.JitteredRetries, added by the workers (it needs the
     # dead-letter store).
     middleware = [TimeLimit(), CurrentMessage()]
+    if settings.broker_is_rabbitmq:
+        # Confirms on every enqueue: a retry's or a deferral's copy is enqueued before its original
+        # is acked, so a copy RabbitMQ never took would be a lost message.
+        return RabbitmqBroker(url=settings.broker_url, confirm_delivery=True, middleware=middleware)
     return ReportsBroker(
         url=settings.broker_url,
         namespace=settings.broker_namespace,
@@ -49,9 +59,11 @@ def build_broker(settings: Settings) -> RedisBroker:
     )
 
 
-#: The broker as the library passes it around: only this package imports Dramatiq. Always Redis:
-#: the bulk enqueue and the backlog read its key layout.
-Broker = RedisBroker
+def shared_redis(broker: Broker, settings: Settings) -> redis.Redis:
+    """The Redis of the fleet's shared state (REDIS_URL): the broker's own client when it is that Redis."""
+    if isinstance(broker, RedisBroker) and settings.shared_redis_url == settings.broker_url:
+        return broker.client
+    return redis.Redis.from_url(settings.shared_redis_url)
 
 
 def message_for(
@@ -123,23 +135,26 @@ ENQUEUE_CHUNK = 1000
 
 
 def send_many(broker: Broker, spec: ActorSpec, payloads: Iterable[Mapping[str, Any]]) -> int:
-    """Enqueue one message per payload, a chunk per Redis round trip; returns how many were sent.
+    """Enqueue one message per payload, a chunk per round trip; returns how many were sent.
 
-    Dramatiq has no bulk enqueue: ``actor.send`` costs one round trip and one script call per
-    message. For a chunk of messages this writes, in one MULTI, exactly what the broker's
-    ``dispatch`` script writes for each (the message in the queue's hash, its id on the queue's
-    list), as one HSET and one RPUSH. It leans on the broker's key layout; Dramatiq is pinned.
+    Dramatiq has no bulk enqueue: ``actor.send`` costs one round trip (and on Redis one script
+    call) per message. On Redis a chunk is written in one MULTI, exactly what the broker's
+    ``dispatch`` script writes for each message (the message in the queue's hash, its id on the
+    queue's list), as one HSET and one RPUSH; it leans on the broker's key layout, and Dramatiq
+    is pinned. On RabbitMQ a chunk is published with one wait for its publisher confirms.
     """
+    enqueue_chunk = _enqueue_chunk if isinstance(broker, RedisBroker) else rabbitmq.publish_confirmed
     sent = 0
     chunk: list[dramatiq.Message[Any]] = []
     for payload in payloads:
-        # The first enqueue of a message: the id RedisBroker.enqueue would draw, drawn here.
-        chunk.append(message_for(spec, payload, options={"redis_message_id": str(uuid.uuid4())}))
+        # The first enqueue of a message: on Redis the id RedisBroker.enqueue would draw, drawn here.
+        options = {"redis_message_id": str(uuid.uuid4())} if isinstance(broker, RedisBroker) else None
+        chunk.append(message_for(spec, payload, options=options))
         if len(chunk) == ENQUEUE_CHUNK:
-            sent += _enqueue_chunk(broker, spec.queue, chunk)
+            sent += enqueue_chunk(broker, spec.queue, chunk)  # type: ignore[arg-type]
             chunk = []
     if chunk:
-        sent += _enqueue_chunk(broker, spec.queue, chunk)
+        sent += enqueue_chunk(broker, spec.queue, chunk)  # type: ignore[arg-type]
     return sent
 
 
@@ -162,16 +177,18 @@ def _enqueue_chunk(broker: RedisBroker, queue: str, messages: list[dramatiq.Mess
     return len(messages)
 
 
-def backlog(broker: dramatiq.Broker, queue: str) -> int:
-    """Messages of ``queue`` not yet done: ready, delayed, and fetched by a live worker.
+def backlog(broker: Broker, queue: str) -> int:
+    """Messages of ``queue`` not yet done: ready, delayed, and (on Redis) fetched by a live worker.
 
     A worker holds what it fetched (its prefetch, and delayed messages until they are due, up
-    to thousands) in memory; the broker keeps their ids in that worker's acks set until they
-    are acked. Leaving them out would let the high-water mark and reconcile see an empty queue
-    while thousands of messages are still on their way. Keys as the Redis broker lays them out.
+    to thousands) in memory; the Redis broker keeps their ids in that worker's acks set until
+    they are acked. Leaving them out would let the high-water mark and reconcile see an empty
+    queue while thousands of messages are still on their way. Keys as the Redis broker lays
+    them out. RabbitMQ tells only what no consumer holds (:func:`reports.worker.rabbitmq.ready_counts`).
     """
-    if not isinstance(broker, RedisBroker):
-        raise TypeError("backlog() reads a Redis broker's queues.")
+    if isinstance(broker, RabbitmqBroker):
+        ready, delayed, _dead = rabbitmq.ready_counts(broker, queue)
+        return ready + delayed
     namespace, client = broker.namespace, broker.client
     workers = cast(list[bytes], client.zrange(f"{namespace}:__heartbeats__", 0, -1))
     with client.pipeline(transaction=False) as pipe:

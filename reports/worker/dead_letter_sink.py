@@ -2,19 +2,21 @@
 
 Also a Dramatiq middleware for the messages Dramatiq dead-letters by itself (an actor no worker
 declares, a message that cannot be decoded, or the retry middleware's last resort): they are
-moved from the broker's ``.XQ`` keys into the same store, when they are rejected and again
-whenever a worker boots.
+moved from the broker's ``.XQ`` keys (Redis) or queues (RabbitMQ) into the same store, when they
+are rejected and again whenever a worker boots.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any, cast
 
 import dramatiq
 import redis
 from dramatiq.broker import MessageProxy
+from dramatiq.brokers.rabbitmq import RabbitmqBroker
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import Middleware
 from sqlalchemy.orm import Session, sessionmaker
@@ -22,6 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from reports.failures import dead_letters
 from reports.failures.alerts import WebhookAlerts
 from reports.models import DeadLetterReason
+from reports.worker import rabbitmq
 from reports.worker.retries import DeadMessage
 
 logger = logging.getLogger(__name__)
@@ -94,10 +97,13 @@ class BrokerDeadLetters(Middleware):
         self._sweep(broker)
 
     def _sweep(self, broker: dramatiq.Broker) -> None:
-        if not isinstance(broker, RedisBroker):
-            return
         try:
-            moved = absorb_broker_dead_letters(broker.client, broker.namespace, self._sink())
+            if isinstance(broker, RedisBroker):
+                moved = absorb_broker_dead_letters(broker.client, broker.namespace, self._sink())
+            elif isinstance(broker, RabbitmqBroker):
+                moved = absorb_rabbitmq_dead_letters(broker, self._sink())
+            else:
+                return
         except Exception:
             # The message stays in .XQ and the next sweep tries again.
             logger.warning("Could not move the broker's dead letters into the store.", exc_info=True)
@@ -134,6 +140,19 @@ def absorb_broker_dead_letters(client: redis.Redis, namespace: str, on_dead: Cal
                 moved += 1
             client.zrem(xq_key, redis_id)
             client.hdel(f"{xq_key}.msgs", redis_id)
+    return moved
+
+
+def absorb_rabbitmq_dead_letters(broker: RabbitmqBroker, on_dead: Callable[[DeadMessage], None]) -> int:
+    """:func:`absorb_broker_dead_letters` for RabbitMQ: the ``.XQ`` queue of each queue this process declared."""
+    died_ms = int(time.time() * 1000)
+    moved = 0
+    for queue in sorted(broker.get_declared_queues()):
+
+        def store(raw: bytes, broker_id: str, queue: str = queue) -> None:
+            on_dead(_broker_dead_message(raw, broker_id, queue, died_ms))
+
+        moved += rabbitmq.take_dead_letters(broker, queue, store)
     return moved
 
 

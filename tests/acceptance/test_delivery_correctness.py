@@ -137,6 +137,7 @@ def test_an_outage_and_a_slow_drain_longer_than_the_stuck_threshold_send_everyon
                     sessions,
                     broker,
                     Period.parse(PERIOD),
+                    redis_client=redis.Redis.from_url(settings.shared_redis_url),
                     namespace=settings.broker_namespace,
                     stuck_after=timedelta(seconds=2),
                     now=utcnow(),
