@@ -1,4 +1,4 @@
-"""Fixtures shared by every test: real databases, a real Redis, real workers, a real SMTP server.
+"""Fixtures shared by every test: real databases, a real Redis and RabbitMQ, real workers, a real SMTP server.
 
 The helpers they are built on, which tests import too, are in tests/support.
 """
@@ -24,6 +24,7 @@ from reports.settings import Settings
 from tests.support.databases import temporary_database
 from tests.support.environment import POSTGRES_ADMIN_URL, REDIS_URL, REPO, unavailable
 from tests.support.processes import WorkerGroup, free_port, redis_server
+from tests.support.rabbitmq import temporary_vhost
 from tests.support.smtp import RecordingHandler, SmtpServer
 from tests.support.waiting import wait_until
 
@@ -56,6 +57,17 @@ def private_redis(tmp_path: Path) -> Iterator[str]:
     if shutil.which("redis-server") is None:
         unavailable("redis-server", FileNotFoundError("redis-server is not installed"))
     with redis_server(tmp_path) as url:
+        yield url
+
+
+# --- RabbitMQ --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def rabbitmq_url() -> Iterator[str]:
+    """The amqp URL of a RabbitMQ vhost of the test's own, deleted with its queues after: Dramatiq's
+    RabbitMQ broker has no key namespace, so the vhost is what keeps tests apart."""
+    with temporary_vhost() as url:
         yield url
 
 

@@ -1,4 +1,8 @@
-"""What Redis holds and ran: the messages in the broker's queues, and a server's command counts."""
+"""What Redis holds and ran: the messages in the broker's queues, and a server's command counts.
+
+``queue_counts`` and ``queued_messages`` count RabbitMQ's queues too, for an amqp:// or amqps://
+broker URL (in its vhost, tests/support/rabbitmq.py); the other helpers read Redis only.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import redis
 
 from reports.jobs import CoordinatorJob, ReportJob, SendNowJob
 from reports.settings import Settings
+from tests.support.rabbitmq import queue_depths
 
 
 def redis_commands(client: redis.Redis) -> Counter[str]:
@@ -22,7 +27,7 @@ def redis_commands(client: redis.Redis) -> Counter[str]:
 
 
 def queue_counts(settings: Settings) -> dict[str, int]:
-    """Messages waiting in the default and bulk queues of the test's namespace."""
+    """Messages waiting in the default and bulk queues of the test's namespace (Redis) or vhost (RabbitMQ)."""
     return {
         queue: queued_messages(settings.broker_url, settings.broker_namespace, queue) for queue in ("default", "bulk")
     }
@@ -44,6 +49,13 @@ def jobs_in_queue(settings: Settings, queue: str, job: type[JobT]) -> list[JobT]
 
 
 def queued_messages(redis_url: str, namespace: str, queue: str) -> int:
-    """Messages waiting in ``queue`` (ready and delayed)."""
+    """Messages waiting in ``queue`` (ready and delayed).
+
+    ``redis_url`` may be an amqp:// or amqps:// URL: then they are counted in RabbitMQ, in that URL's
+    vhost, and ``namespace`` is not used (Dramatiq's RabbitMQ broker has none).
+    """
+    if redis_url.startswith(("amqp://", "amqps://")):
+        ready, delayed, _dead = queue_depths(redis_url, queue)
+        return ready + delayed
     client = redis.Redis.from_url(redis_url)
     return client.llen(f"{namespace}:{queue}") + client.llen(f"{namespace}:{queue}.DQ")

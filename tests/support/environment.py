@@ -1,7 +1,7 @@
 """Where the tests run: the repository, the services' addresses, and what a missing service does.
 
-Services are found at the usual local addresses (override with TEST_POSTGRES_URL and
-TEST_REDIS_URL). Locally a missing service skips its tests; in CI (``CI`` set) it fails them.
+Services are found at the usual local addresses (override with TEST_POSTGRES_URL, TEST_REDIS_URL
+and TEST_RABBITMQ_URL). Locally a missing service skips its tests; in CI (``CI`` set) it fails them.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import pytest
 
 POSTGRES_ADMIN_URL = os.environ.get("TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+#: The RabbitMQ node's default vhost: tests never use it, each makes a vhost of its own there.
+RABBITMQ_URL = os.environ.get("TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672")
 IN_CI = bool(os.environ.get("CI"))
 REPO = Path(__file__).resolve().parent.parent.parent
 
