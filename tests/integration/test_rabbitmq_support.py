@@ -90,7 +90,7 @@ def test_queue_depths_counts_ready_delayed_and_dead_messages_in_the_queues_drama
     # The broker helpers count ready and delayed messages, not dead ones; RabbitMQ has no namespace.
     assert queued_messages(rabbitmq_url, "ignored", "bulk") == 3
     assert queued_messages(rabbitmq_url, "ignored", "default") == 0
-    # reports.Settings takes no amqp:// URL yet; queue_counts reads only these two fields.
+    # queue_counts reads only these two fields: a stand-in, not a whole Settings, is enough.
     settings = cast(Settings, SimpleNamespace(broker_url=rabbitmq_url, broker_namespace="ignored"))
     assert queue_counts(settings) == {"default": 0, "bulk": 3}
 
