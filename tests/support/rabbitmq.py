@@ -30,12 +30,14 @@ CONNECT_TIMEOUT = 5
 
 
 def _rabbitmqctl(*args: str) -> None:
+    """Run one ``rabbitmqctl`` command; a failure raises ``RuntimeError`` with what it printed."""
     try:
         subprocess.run(["rabbitmqctl", *args], check=True, capture_output=True, text=True, timeout=RABBITMQCTL_TIMEOUT)
     except subprocess.TimeoutExpired as e:
-        unavailable("RabbitMQ (through rabbitmqctl)", e)
+        raise RuntimeError(f"rabbitmqctl {' '.join(args)} took over {RABBITMQCTL_TIMEOUT} s") from e
     except subprocess.CalledProcessError as e:
-        missing(f"rabbitmqctl {' '.join(args)} failed (exit {e.returncode}): {(e.stderr or e.stdout).strip()}")
+        output = (e.stderr or e.stdout or "").strip()
+        raise RuntimeError(f"rabbitmqctl {' '.join(args)} failed (exit {e.returncode}): {output}") from e
 
 
 def _parameters(url: str) -> pika.URLParameters:
@@ -51,7 +53,9 @@ def _check_reachable(url: str) -> None:
     try:
         pika.BlockingConnection(_parameters(url)).close()
     except pika.exceptions.AMQPError as e:
-        unavailable(f"RabbitMQ at {urlsplit(url).hostname}:{urlsplit(url).port or 5672}", e)
+        # pika's AMQPConnectionError prints as nothing; its repr names the error it carries.
+        reason = e if str(e) else ConnectionError(repr(e))
+        unavailable(f"RabbitMQ at {urlsplit(url).hostname}:{urlsplit(url).port or 5672}", reason)
 
 
 @contextlib.contextmanager
@@ -59,15 +63,20 @@ def temporary_vhost(admin_url: str = RABBITMQ_URL) -> Iterator[str]:
     """Create an empty vhost ``test-<12 hex>`` that the URL's user may use; yield its amqp URL
     (same scheme, user, host and port as ``admin_url``); delete it, with its queues, after.
 
-    A missing ``rabbitmqctl`` or an unreachable node skips the test locally and fails it in CI.
+    An unreachable node, a missing ``rabbitmqctl`` or one that cannot make the vhost skips the test
+    locally and fails it in CI. Once the vhost is made, a ``rabbitmqctl`` failure is an error.
     """
+    _check_reachable(admin_url)
     if shutil.which("rabbitmqctl") is None:
         missing("rabbitmqctl is not installed (Debian package rabbitmq-server)")
-    _check_reachable(admin_url)
     parts = urlsplit(admin_url)
     user = unquote(parts.username or "guest")
     vhost = f"test-{uuid.uuid4().hex[:12]}"
-    _rabbitmqctl("add_vhost", vhost)
+    try:
+        _rabbitmqctl("add_vhost", vhost)
+    except RuntimeError as e:
+        # The node answers AMQP but not this CLI (another node, or no access to its Erlang cookie).
+        unavailable("RabbitMQ through rabbitmqctl", e)
     try:
         _rabbitmqctl("set_permissions", "-p", vhost, user, ".*", ".*", ".*")
         yield urlunsplit(parts._replace(path="/" + quote(vhost, safe="")))
