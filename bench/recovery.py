@@ -109,9 +109,12 @@ class Processes:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._live: list[subprocess.Popen[bytes]] = []
+        self._closed = False
 
     def start(self, argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
         with self._lock:
+            if self._closed:  # a run's thread still going after kill_all: start nothing more
+                raise Interrupted()
             process = subprocess.Popen(argv, start_new_session=True, **kwargs)
             self._live.append(process)
             return process
@@ -129,6 +132,7 @@ class Processes:
 
     def kill_all(self) -> None:
         with self._lock:
+            self._closed = True
             live = list(self._live)
         for process in live:
             self.kill(process)
@@ -648,6 +652,9 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted: killing every process the bench started", file=sys.stderr, flush=True)
         return 130
     finally:
+        # A second Ctrl-C (or SIGTERM) must not cut the clean-up short: it would leave processes and vhosts.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         stop.set()
         processes.kill_all()
         if vhosts is not None:
