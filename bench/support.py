@@ -101,12 +101,13 @@ class Vhosts:
         """A new empty vhost the URL's user may use: (its name, its amqp URL)."""
         parts = urlsplit(self.admin_url)
         name = f"bench-{uuid.uuid4().hex[:12]}"
+        # Under the lock throughout: delete_all, from another thread, waits for a vhost being made.
         with self._lock:
             if self._closed:
                 raise RuntimeError("the benchmark is shutting down")
             self._live.add(name)  # before it exists, so that an interrupted add is deleted all the same
-        _rabbitmqctl("add_vhost", name)
-        _rabbitmqctl("set_permissions", "-p", name, unquote(parts.username or "guest"), ".*", ".*", ".*")
+            _rabbitmqctl("add_vhost", name)
+            _rabbitmqctl("set_permissions", "-p", name, unquote(parts.username or "guest"), ".*", ".*", ".*")
         return name, urlunsplit(parts._replace(path="/" + quote(name, safe="")))
 
     def delete(self, name: str) -> None:
