@@ -8,7 +8,7 @@ Three modes are measured side by side in one run of this script:
 
 - ``project``: workers built like the real ones (``reports.worker.broker.build_broker(Settings.from_env())``
   plus the ``Heartbeat`` middleware, as in ``actors/__init__.py``), so the project's
-  ``heartbeat_timeout_ms`` and ``maintenance_chance`` apply (defaults 10000 ms and 100000/1e6,
+  ``heartbeat_timeout_ms`` and ``maintenance_chance`` apply (defaults 10000 ms and 1000000/1e6,
   or whatever ``HEARTBEAT_TIMEOUT_MS`` / ``MAINTENANCE_CHANCE`` say in this environment).
 - ``defaults``: a plain Dramatiq ``RedisBroker`` (heartbeat timeout 60000 ms, maintenance chance
   1000/1e6) and no ``Heartbeat`` middleware.
