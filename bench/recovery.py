@@ -2,16 +2,21 @@
 
 Usage (from the repository root)::
 
-    .venv/bin/python bench/recovery.py --runs 5 --default-runs 3
+    .venv/bin/python bench/recovery.py --runs 5 --default-runs 3 --rabbitmq-runs 5
 
-Two modes are measured side by side in one run of this script:
+Three modes are measured side by side in one run of this script:
 
 - ``project``: workers built like the real ones (``reports.worker.broker.build_broker(Settings.from_env())``
   plus the ``Heartbeat`` middleware, as in ``actors/__init__.py``), so the project's
-  ``heartbeat_timeout_ms`` and ``maintenance_chance`` apply (defaults 10000 ms and 100000/1e6,
+  ``heartbeat_timeout_ms`` and ``maintenance_chance`` apply (defaults 10000 ms and 1000000/1e6,
   or whatever ``HEARTBEAT_TIMEOUT_MS`` / ``MAINTENANCE_CHANCE`` say in this environment).
 - ``defaults``: a plain Dramatiq ``RedisBroker`` (heartbeat timeout 60000 ms, maintenance chance
   1000/1e6) and no ``Heartbeat`` middleware.
+- ``rabbitmq``: workers built like the real ones on RabbitMQ (``BROKER_URL`` a vhost of the run's own,
+  ``REDIS_URL`` the bench's Redis, where the actor records its starts). The heartbeat settings do not
+  apply: RabbitMQ returns a consumer's unacked messages when its connection drops, which a
+  ``kill -9`` does at once. Needs ``rabbitmqctl`` and a running node (``--rabbitmq-url``); each run
+  makes a vhost ``bench-<hex>`` and deletes it after. ``--rabbitmq-runs 0`` leaves the mode out.
 
 Each run, in a fresh broker namespace: two worker process groups (``python -m dramatiq
 bench.recovery_actors --processes 1 --threads 1``, each its own session) boot; one ``hold`` message
@@ -19,14 +24,19 @@ is enqueued; the group that starts it is killed with SIGKILL (``os.killpg``) whi
 by idle; the recovery time is the wall-clock time the message starts again in the standby group,
 as recorded by the actor, minus the kill time.
 
-The project runs go one after another; the defaults runs, which take minutes each, run at the same
-time as each other and as the project runs (separate namespaces, so they do not interact).
+On RabbitMQ the message is enqueued only once both groups consume the queue (RabbitMQ's consumer
+count), so that the standby group is subscribed when the kill comes.
+
+The project runs go one after another, and so do the RabbitMQ runs, beside them; the defaults runs,
+which take minutes each, run at the same time as each other and as the project and RabbitMQ runs
+(separate namespaces and vhosts, so they do not interact).
 
 By default the bench starts a private ``redis-server`` on a free loopback port, so nothing else
 using the shared Redis (a test that flushes it, say) can disturb a run; ``--redis-url`` uses an
 existing server instead (the bench then deletes the keys it wrote).
 
-Every process the bench starts is killed (whole process group) on the way out, Ctrl-C included.
+Every process the bench starts is killed (whole process group) on the way out, and every vhost it
+made is deleted, Ctrl-C included.
 """
 
 from __future__ import annotations
@@ -44,6 +54,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 import uuid
 from pathlib import Path
 from typing import Any
@@ -55,6 +66,8 @@ if str(ROOT) not in sys.path:
 import contextlib
 
 import dramatiq
+import pika
+import pika.exceptions
 import redis
 from dramatiq.brokers.redis import (
     DEFAULT_HEARTBEAT_TIMEOUT,
@@ -63,13 +76,20 @@ from dramatiq.brokers.redis import (
 )
 
 from bench.recovery_keys import ACTOR, MODE_VARIABLE, QUEUE, ready_key, starts_key
-from bench.support import free_port
+from bench.support import RABBITMQ_URL, Vhosts, free_port
 from reports.settings import Settings
-from reports.worker.broker import build_broker
+from reports.worker.broker import Broker, build_broker
 
 REDIS_SERVER = "/usr/bin/redis-server"
 #: Environment variables that would change what is measured; the workers get the bench's values.
-_SCRUBBED_ENV = ("BROKER_URL", "BROKER_NAMESPACE", "HEARTBEAT_TIMEOUT_MS", "MAINTENANCE_CHANCE", MODE_VARIABLE)
+_SCRUBBED_ENV = (
+    "BROKER_URL",
+    "REDIS_URL",
+    "BROKER_NAMESPACE",
+    "HEARTBEAT_TIMEOUT_MS",
+    "MAINTENANCE_CHANCE",
+    MODE_VARIABLE,
+)
 
 
 class Interrupted(Exception):
@@ -89,9 +109,12 @@ class Processes:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._live: list[subprocess.Popen[bytes]] = []
+        self._closed = False
 
     def start(self, argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
         with self._lock:
+            if self._closed:  # a run's thread still going after kill_all: start nothing more
+                raise Interrupted()
             process = subprocess.Popen(argv, start_new_session=True, **kwargs)
             self._live.append(process)
             return process
@@ -109,6 +132,7 @@ class Processes:
 
     def kill_all(self) -> None:
         with self._lock:
+            self._closed = True
             live = list(self._live)
         for process in live:
             self.kill(process)
@@ -163,8 +187,11 @@ def start_private_redis(processes: Processes, workdir: Path) -> tuple[str, str]:
 class Mode:
     name: str
     label: str
-    heartbeat_timeout_ms: int
-    maintenance_chance: int
+    #: None: the setting does not apply (RabbitMQ).
+    heartbeat_timeout_ms: int | None
+    maintenance_chance: int | None
+    #: Decimals the runs and the median are printed with.
+    decimals: int = 1
 
 
 @dataclasses.dataclass
@@ -186,6 +213,8 @@ class Context:
     timeout: float
     stop: threading.Event
     print_lock: threading.Lock
+    #: The vhosts of the RabbitMQ runs (None: no RabbitMQ run).
+    vhosts: Vhosts | None = None
 
     def log(self, text: str) -> None:
         with self.print_lock:
@@ -193,16 +222,18 @@ class Context:
             print(f"[{stamp}] {text}", file=sys.stderr, flush=True)
 
 
-def _worker_env(ctx: Context, mode: Mode, namespace: str) -> dict[str, str]:
+def _worker_env(ctx: Context, mode: Mode, namespace: str, broker_url: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED_ENV and not k.startswith("dramatiq_")}
     env.update(
         {
             MODE_VARIABLE: mode.name,
-            "BROKER_URL": ctx.redis_url,
+            "BROKER_URL": broker_url,
             "BROKER_NAMESPACE": namespace,
             "PYTHONUNBUFFERED": "1",
         }
     )
+    if mode.name == "rabbitmq":
+        env["REDIS_URL"] = ctx.redis_url
     if mode.name == "project":
         env["HEARTBEAT_TIMEOUT_MS"] = str(mode.heartbeat_timeout_ms)
         env["MAINTENANCE_CHANCE"] = str(mode.maintenance_chance)
@@ -221,8 +252,13 @@ def _start_group(ctx: Context, env: dict[str, str], log: Path) -> subprocess.Pop
         )
 
 
-def _producer(ctx: Context, mode: Mode, namespace: str) -> RedisBroker:
+def _producer(ctx: Context, mode: Mode, namespace: str, broker_url: str) -> Broker:
     """A producer broker with the same settings as the mode's workers."""
+    if mode.name == "rabbitmq":
+        settings = dataclasses.replace(
+            ctx.settings, broker_url=broker_url, redis_url=ctx.redis_url, broker_namespace=namespace
+        )
+        return build_broker(settings)
     if mode.name == "project":
         settings = dataclasses.replace(
             ctx.settings,
@@ -257,14 +293,48 @@ def _blpop(
             return json.loads(raw) if raw.startswith("{") else raw
 
 
+def _await_consumers(
+    ctx: Context, url: str, queue: str, count: int, deadline: float, groups: list[subprocess.Popen[bytes]]
+) -> None:
+    """Wait until RabbitMQ counts ``count`` consumers on ``queue``: a worker announces its boot once its
+    consumer threads are started, which subscribe a moment later."""
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        channel = connection.channel()
+        while True:
+            if ctx.stop.is_set():
+                raise Interrupted()
+            for group in groups:
+                if group.poll() is not None:
+                    raise RunFailed(f"worker group {group.pid} exited with {group.returncode}")
+            try:
+                if channel.queue_declare(queue, passive=True).method.consumer_count >= count:
+                    return
+            except pika.exceptions.ChannelClosedByBroker as exc:
+                if exc.reply_code != 404:  # not declared yet: the broker closes the channel
+                    raise
+                channel = connection.channel()
+            if time.time() > deadline:
+                raise RunFailed(f"{queue} has fewer than {count} consumers after {ctx.startup_timeout:.0f} s")
+            time.sleep(0.02)
+    finally:
+        connection.close()
+
+
 def one_run(ctx: Context, mode: Mode, index: int) -> RunResult:
     result = RunResult(mode.name, index)
     namespace = f"bench-recovery-{mode.name}-{index}-{uuid.uuid4().hex[:8]}"
     token = namespace
-    env = _worker_env(ctx, mode, namespace)
     client = redis.Redis.from_url(ctx.redis_url)
     groups: list[subprocess.Popen[bytes]] = []
+    vhost: str | None = None
     try:
+        if mode.name == "rabbitmq":
+            assert ctx.vhosts is not None
+            vhost, broker_url = ctx.vhosts.create()
+        else:
+            broker_url = ctx.redis_url
+        env = _worker_env(ctx, mode, namespace, broker_url)
         for name in ("g1", "g2"):
             groups.append(_start_group(ctx, env, ctx.logdir / f"{namespace}.{name}.log"))
 
@@ -276,8 +346,10 @@ def one_run(ctx: Context, mode: Mode, index: int) -> RunResult:
             if pid is None:
                 raise RunFailed(f"worker groups did not boot within {ctx.startup_timeout:.0f} s")
             ready.append(int(pid))
+        if mode.name == "rabbitmq":
+            _await_consumers(ctx, broker_url, QUEUE, 2, deadline, groups)
 
-        producer = _producer(ctx, mode, namespace)
+        producer = _producer(ctx, mode, namespace, broker_url)
         try:
             producer.enqueue(dramatiq.Message(queue_name=QUEUE, actor_name=ACTOR, args=(token,), kwargs={}, options={}))
         finally:
@@ -316,6 +388,8 @@ def one_run(ctx: Context, mode: Mode, index: int) -> RunResult:
     finally:
         for group in groups:
             ctx.processes.kill(group)
+        if vhost is not None and ctx.vhosts is not None:
+            ctx.vhosts.delete(vhost)
         if not ctx.private_redis:
             _delete_keys(client, namespace, token)
         client.close()
@@ -344,18 +418,36 @@ def median_bound(values: list[float | None], timeout: float) -> tuple[float | No
     return sum(v for v, _ in middle) / len(middle), any(bound for _, bound in middle)
 
 
-def _fmt_run(result: RunResult, timeout: float) -> str:
+def _fmt_run(result: RunResult, timeout: float, decimals: int = 1) -> str:
     if result.error is not None:
         return "error"
     if result.seconds is None:
         return f">{timeout:.0f}"
-    return f"{result.seconds:.1f}"
+    return f"{result.seconds:.{decimals}f}"
 
 
-def _fmt_median(value: float | None, bound: bool) -> str:
+def _fmt_median(value: float | None, bound: bool, decimals: int = 1) -> str:
     if value is None:
         return "n/a"
-    return f">={value:.1f}" if bound else f"{value:.1f}"
+    return f">={value:.{decimals}f}" if bound else f"{value:.{decimals}f}"
+
+
+def _fmt_setting(value: int | None, text: str) -> str:
+    return "n/a" if value is None else text
+
+
+def _ratio(slow: tuple[float | None, bool], fast: tuple[float | None, bool], slow_name: str, fast_name: str) -> str:
+    """``slow``'s median over ``fast``'s, each (median, is a lower bound)."""
+    (s, s_bound), (f, f_bound) = slow, fast
+    if f is None or s is None or f <= 0:
+        return "n/a"
+    if f_bound and s_bound:
+        return "n/a (both medians are lower bounds)"
+    if s_bound:
+        return f">= {s / f:.1f}x ({slow_name} median is a lower bound)"
+    if f_bound:
+        return f"<= {s / f:.1f}x ({fast_name} median is a lower bound)"
+    return f"{s / f:.1f}x"
 
 
 def report(
@@ -365,6 +457,7 @@ def report(
     redis_desc: str,
     started: datetime.datetime,
     finished: datetime.datetime,
+    rabbitmq_desc: str | None = None,
 ) -> bool:
     nproc = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     print("kill -9 of a worker's process group -> redelivery of its in-flight message")
@@ -375,6 +468,8 @@ def report(
     print(
         f"stack:   Python {platform.python_version()}, dramatiq {dramatiq.__version__}, redis-py {redis.__version__}, {redis_desc}"
     )
+    if rabbitmq_desc is not None:
+        print(f"         {rabbitmq_desc}")
     print("workers: 2 groups per run (python -m dramatiq bench.recovery_actors --processes 1 --threads 1);")
     print(
         f"         the group running the message is SIGKILLed, the other stands by idle; timeout {ctx.timeout:.0f} s per run"
@@ -388,13 +483,14 @@ def report(
         measured = [r.seconds for r in runs if r.error is None]
         medians[mode.name] = median_bound(measured, ctx.timeout)
         failed |= any(r.error is not None for r in runs)
+        chance = mode.maintenance_chance
         rows.append(
             (
                 mode.label,
-                f"{mode.heartbeat_timeout_ms} ms",
-                f"{mode.maintenance_chance}/1e6 ({mode.maintenance_chance / 1e4:g}%)",
-                "  ".join(_fmt_run(r, ctx.timeout) for r in runs),
-                _fmt_median(*medians[mode.name]),
+                _fmt_setting(mode.heartbeat_timeout_ms, f"{mode.heartbeat_timeout_ms} ms"),
+                _fmt_setting(chance, f"{chance}/1e6 ({(chance or 0) / 1e4:g}%)"),
+                "  ".join(_fmt_run(r, ctx.timeout, mode.decimals) for r in runs),
+                _fmt_median(*medians[mode.name], mode.decimals),
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
@@ -403,18 +499,12 @@ def report(
         if i == 0:
             print("  ".join("-" * w for w in widths))
     print()
-    (p, p_bound), (d, d_bound) = medians.get("project", (None, False)), medians.get("defaults", (None, False))
-    if p is None or d is None or p <= 0:
-        ratio = "n/a"
-    elif p_bound and d_bound:
-        ratio = "n/a (both medians are lower bounds)"
-    elif d_bound:
-        ratio = f">= {d / p:.1f}x (defaults median is a lower bound)"
-    elif p_bound:
-        ratio = f"<= {d / p:.1f}x (project median is a lower bound)"
-    else:
-        ratio = f"{d / p:.1f}x"
+    none = (None, False)
+    ratio = _ratio(medians.get("defaults", none), medians.get("project", none), "defaults", "project")
     print(f"ratio defaults/project (medians): {ratio}")
+    if "rabbitmq" in medians:
+        ratio = _ratio(medians.get("project", none), medians["rabbitmq"], "project", "rabbitmq")
+        print(f"ratio project/rabbitmq (medians): {ratio}")
     if failed:
         print()
         for mode in modes:
@@ -440,6 +530,18 @@ def main(argv: list[str] | None = None) -> int:
         "--default-runs", type=int, default=3, help="runs with Dramatiq's defaults, all at once (default 3)"
     )
     parser.add_argument(
+        "--rabbitmq-runs",
+        type=int,
+        default=5,
+        help="runs on RabbitMQ, workers built like the real ones; 0 leaves RabbitMQ out (default 5)",
+    )
+    parser.add_argument(
+        "--rabbitmq-url",
+        default=RABBITMQ_URL,
+        help="the RabbitMQ node (this machine's, which rabbitmqctl manages) each run makes a vhost on"
+        " (default BENCH_RABBITMQ_URL or amqp://guest:guest@127.0.0.1:5672/)",
+    )
+    parser.add_argument(
         "--timeout",
         type=float,
         default=1200.0,
@@ -457,8 +559,23 @@ def main(argv: list[str] | None = None) -> int:
         help="use this Redis instead of a private redis-server (keys are deleted afterwards)",
     )
     args = parser.parse_args(argv)
-    if args.runs < 0 or args.default_runs < 0 or args.runs + args.default_runs == 0:
+    if (
+        min(args.runs, args.default_runs, args.rabbitmq_runs) < 0
+        or args.runs + args.default_runs + args.rabbitmq_runs == 0
+    ):
         parser.error("nothing to run")
+    vhosts, rabbitmq_desc = None, None
+    if args.rabbitmq_runs:
+        vhosts = Vhosts(args.rabbitmq_url)
+        try:
+            rabbitmq_version = vhosts.check()
+        except RuntimeError as exc:
+            parser.error(f"{exc} (--rabbitmq-runs 0 leaves RabbitMQ out)")
+        host = urllib.parse.urlsplit(args.rabbitmq_url)
+        rabbitmq_desc = (
+            f"RabbitMQ {rabbitmq_version} on {host.hostname}:{host.port or 5672} (a vhost of each run's own),"
+            f" pika {pika.__version__}"
+        )
 
     signal.signal(signal.SIGTERM, _raise_interrupt)
     settings = Settings.from_env()
@@ -467,7 +584,9 @@ def main(argv: list[str] | None = None) -> int:
         modes.append(Mode("project", "project settings", settings.heartbeat_timeout_ms, settings.maintenance_chance))
     if args.default_runs:
         modes.append(Mode("defaults", "dramatiq defaults", DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_MAINTENANCE_CHANCE))
-    counts = {"project": args.runs, "defaults": args.default_runs}
+    if args.rabbitmq_runs:
+        modes.append(Mode("rabbitmq", "project on RabbitMQ", None, None, decimals=3))
+    counts = {"project": args.runs, "defaults": args.default_runs, "rabbitmq": args.rabbitmq_runs}
 
     processes = Processes()
     workdir = Path(tempfile.mkdtemp(prefix="recovery-bench-"))
@@ -489,9 +608,12 @@ def main(argv: list[str] | None = None) -> int:
             args.timeout,
             stop,
             threading.Lock(),
+            vhosts,
         )
         started = datetime.datetime.now()
         ctx.log(f"redis: {redis_desc}; logs in {workdir}")
+        if rabbitmq_desc is not None:
+            ctx.log(f"rabbitmq: {rabbitmq_desc}")
 
         def record(mode: Mode, index: int) -> None:
             try:
@@ -499,7 +621,7 @@ def main(argv: list[str] | None = None) -> int:
             except Interrupted:
                 return
             results[mode.name].append(result)
-            outcome = result.error or _fmt_run(result, ctx.timeout) + " s"
+            outcome = result.error or _fmt_run(result, ctx.timeout, mode.decimals) + " s"
             ctx.log(f"{mode.label} run {index + 1}/{counts[mode.name]}: {outcome}")
 
         def sequential(mode: Mode) -> None:
@@ -524,14 +646,19 @@ def main(argv: list[str] | None = None) -> int:
             while thread.is_alive():
                 thread.join(timeout=0.5)
         finished = datetime.datetime.now()
-        keep_logs = report(ctx, modes, results, redis_desc, started, finished)
+        keep_logs = report(ctx, modes, results, redis_desc, started, finished, rabbitmq_desc)
         return 1 if keep_logs else 0
     except KeyboardInterrupt:
         print("interrupted: killing every process the bench started", file=sys.stderr, flush=True)
         return 130
     finally:
+        # A second Ctrl-C (or SIGTERM) must not cut the clean-up short: it would leave processes and vhosts.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         stop.set()
         processes.kill_all()
+        if vhosts is not None:
+            vhosts.delete_all()
         if not keep_logs:  # kept only when a run failed, for its worker logs
             shutil.rmtree(workdir, ignore_errors=True)
 

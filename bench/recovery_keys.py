@@ -4,8 +4,9 @@ from __future__ import annotations
 
 #: Environment variable that selects the broker wiring in bench/recovery_actors.py.
 MODE_VARIABLE = "BENCH_RECOVERY_MODE"
-#: "project": reports.worker.broker.build_broker + Heartbeat; "defaults": a plain RedisBroker.
-MODES = ("project", "defaults")
+#: "project": reports.worker.broker.build_broker + Heartbeat on Redis; "defaults": a plain RedisBroker;
+#: "rabbitmq": the same wiring as "project", with BROKER_URL a RabbitMQ vhost and REDIS_URL the bench's Redis.
+MODES = ("project", "defaults", "rabbitmq")
 #: The queue the ``hold`` actor lives on.
 QUEUE = "default"
 ACTOR = "hold"

@@ -1,5 +1,6 @@
-"""What the benchmarks set up: seeded users, real worker pools and their memory, and (from tests/support,
-shared with the test suite) a PostgreSQL database of their own, dropped after, and a private redis-server."""
+"""What the benchmarks set up: seeded users, real worker pools and their memory, RabbitMQ vhosts of their
+own, and (from tests/support, shared with the test suite) a PostgreSQL database of their own, dropped after,
+and a private redis-server."""
 
 from __future__ import annotations
 
@@ -10,13 +11,18 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
+import pika
+import pika.exceptions
 import psycopg
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
@@ -52,6 +58,108 @@ def interrupt_on_sigterm() -> None:
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
     signal.signal(signal.SIGTERM, interrupted)
+
+
+#: The RabbitMQ node the benchmarks make their vhosts on (its default vhost is never used itself).
+RABBITMQ_URL = os.environ.get("BENCH_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/")
+#: Seconds one ``rabbitmqctl`` call may take; it answers in about half a second on a running node.
+RABBITMQCTL_TIMEOUT = 30
+
+
+class Vhosts:
+    """RabbitMQ vhosts ``bench-<12 hex>`` of a benchmark's own, made with ``rabbitmqctl`` on this machine's
+    node for the user of ``admin_url``; each deleted by :meth:`delete`, and whatever is left by
+    :meth:`delete_all` (call it in a ``finally``: Ctrl-C included). Safe to use from several threads.
+
+    Dramatiq's RabbitMQ broker has no key namespace: a vhost is what keeps a run's queues apart.
+    """
+
+    def __init__(self, admin_url: str = RABBITMQ_URL) -> None:
+        self.admin_url = admin_url
+        self._lock = threading.Lock()
+        self._live: set[str] = set()
+        self._closed = False
+
+    def check(self) -> str:
+        """Raise RuntimeError unless rabbitmqctl is installed and the node answers; its version."""
+        if shutil.which("rabbitmqctl") is None:
+            raise RuntimeError("rabbitmqctl is not installed (Debian package rabbitmq-server)")
+        parameters = pika.URLParameters(self.admin_url)
+        parameters.socket_timeout = parameters.blocked_connection_timeout = 5
+        parameters.connection_attempts = 1
+        try:
+            connection = pika.BlockingConnection(parameters)
+        except pika.exceptions.AMQPError as error:
+            raise RuntimeError(f"RabbitMQ at {_host_port(self.admin_url)} cannot be reached: {error!r}") from None
+        try:
+            version = connection._impl.server_properties.get("version", b"?")
+            return version.decode() if isinstance(version, bytes) else str(version)
+        finally:
+            connection.close()
+
+    def create(self) -> tuple[str, str]:
+        """A new empty vhost the URL's user may use: (its name, its amqp URL)."""
+        parts = urlsplit(self.admin_url)
+        name = f"bench-{uuid.uuid4().hex[:12]}"
+        # Under the lock throughout: delete_all, from another thread, waits for a vhost being made.
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the benchmark is shutting down")
+            self._live.add(name)  # before it exists, so that an interrupted add is deleted all the same
+            _rabbitmqctl("add_vhost", name)
+            _rabbitmqctl("set_permissions", "-p", name, unquote(parts.username or "guest"), ".*", ".*", ".*")
+        return name, urlunsplit(parts._replace(path="/" + quote(name, safe="")))
+
+    def delete(self, name: str) -> None:
+        """Delete the vhost with its queues; one that was never made is no error."""
+        with self._lock:
+            if name not in self._live:
+                return
+            self._live.discard(name)
+        try:
+            _rabbitmqctl("delete_vhost", name)
+        except subprocess.CalledProcessError as error:
+            if b"does not exist" not in error.stderr + error.stdout:
+                print(
+                    f"warning: rabbitmqctl delete_vhost {name} failed: {error.stderr.decode().strip()}", file=sys.stderr
+                )
+        except subprocess.TimeoutExpired:
+            print(f"warning: rabbitmqctl delete_vhost {name} timed out: delete it by hand", file=sys.stderr)
+
+    def delete_all(self) -> None:
+        """Delete every vhost still live and refuse new ones."""
+        with self._lock:
+            self._closed = True
+            live = sorted(self._live)
+        for name in live:
+            self.delete(name)
+
+
+def _rabbitmqctl(*args: str) -> None:
+    # A session of its own: a Ctrl-C meant for the benchmark does not cut a call short (the
+    # benchmark's clean-up then runs its own calls).
+    subprocess.run(
+        ["rabbitmqctl", "-q", *args],
+        check=True,
+        capture_output=True,
+        timeout=RABBITMQCTL_TIMEOUT,
+        start_new_session=True,
+    )
+
+
+def _host_port(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.hostname}:{parts.port or 5672}"
+
+
+@contextlib.contextmanager
+def rabbitmq_vhost(admin_url: str = RABBITMQ_URL) -> Iterator[str]:
+    """The amqp URL of a :class:`Vhosts` vhost of the caller's own, deleted with its queues after."""
+    vhosts = Vhosts(admin_url)
+    try:
+        yield vhosts.create()[1]
+    finally:
+        vhosts.delete_all()
 
 
 def seed_users(
