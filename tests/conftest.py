@@ -94,12 +94,48 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
             yield url
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test marked ``both_brokers`` runs on Redis and on RabbitMQ (on PostgreSQL only there)."""
+    if metafunc.definition.get_closest_marker("both_brokers"):
+        metafunc.parametrize("broker_kind", ["redis", "rabbitmq"], indirect=True)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # RabbitMQ's runs test the broker; SQLite's are the Redis runs'. Halves the slow acceptance runs.
+    items[:] = [
+        item
+        for item in items
+        if not (
+            getattr(item, "callspec", None)
+            and item.callspec.params.get("broker_kind") == "rabbitmq"
+            and item.callspec.params.get("database_url") == "sqlite"
+        )
+    ]
+
+
 @pytest.fixture
-def settings(database_url: str, broker_namespace: str, redis_url: str, tmp_path: Path) -> Settings:
+def broker_kind(request: pytest.FixtureRequest) -> str:
+    """``redis``, or ``rabbitmq`` in the second run of a test marked ``both_brokers``."""
+    return getattr(request, "param", "redis")
+
+
+@pytest.fixture
+def settings(
+    request: pytest.FixtureRequest,
+    broker_kind: str,
+    database_url: str,
+    broker_namespace: str,
+    redis_url: str,
+    tmp_path: Path,
+) -> Settings:
+    """The test's settings: Redis as the broker, or with ``both_brokers`` also a RabbitMQ vhost of
+    its own (Redis then holds only the shared state, under the test's namespace)."""
+    on_rabbitmq = broker_kind == "rabbitmq"
     return Settings(
         var_dir=tmp_path / "var",
         database_url=database_url,
-        broker_url=redis_url,
+        broker_url=request.getfixturevalue("rabbitmq_url") if on_rabbitmq else redis_url,
+        redis_url=redis_url if on_rabbitmq else "",
         broker_namespace=broker_namespace,
         mail_from="Monthly Reports <reports@reports.test>",
         # The fan-out, delivery and failure tests read figures out of v1's plain lines ("Total: …");

@@ -9,7 +9,6 @@ RabbitMQ needs no heartbeat sweep of its own.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -117,12 +116,18 @@ def _publish_batch(broker: RabbitmqBroker, queue: str, messages: Sequence[dramat
 
 
 def _wait(connection: pika.BlockingConnection, done: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + CONFIRM_TIMEOUT_SECONDS
-    while not done():
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise NotConfirmed(f"RabbitMQ did not confirm within {CONFIRM_TIMEOUT_SECONDS:.0f}s.")
-        connection.process_data_events(time_limit=min(left, 1.0))
+    """Do the connection's I/O until ``done()``. ``process_data_events`` would not return early:
+    it wakes for callbacks of the blocking layer only, and these are the asynchronous channel's."""
+    timed_out: list[bool] = []
+    # On the I/O loop itself: the blocking connection's own timers fire only in process_data_events.
+    ioloop = connection._impl.ioloop
+    timer = ioloop.call_later(CONFIRM_TIMEOUT_SECONDS, lambda: timed_out.append(True))
+    try:
+        connection._flush_output(lambda: done() or bool(timed_out))
+    finally:
+        ioloop.remove_timeout(timer)
+    if not done():
+        raise NotConfirmed(f"RabbitMQ did not confirm within {CONFIRM_TIMEOUT_SECONDS:.0f}s.")
 
 
 def ready_counts(broker: RabbitmqBroker, queue: str) -> tuple[int, int, int]:

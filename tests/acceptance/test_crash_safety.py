@@ -66,6 +66,7 @@ def assert_each_mailed_once(smtp_server, active: list[int], *, kills: int = 0, t
     assert sum(repeats.values()) <= kills * threads, f"more repeats than messages in flight at the kills: {repeats}"
 
 
+@pytest.mark.both_brokers
 @pytest.mark.parametrize("signalled", ["whole group", "first process only"])
 def test_sigterm_drains_in_flight_work_and_exits_zero(crash_settings, sessions, smtp_server, start_workers, signalled):
     population = load_users(sessions, count=160, inactive_every=1000)
@@ -92,6 +93,7 @@ def test_sigterm_drains_in_flight_work_and_exits_zero(crash_settings, sessions, 
     assert_each_mailed_once(smtp_server, population.active)
 
 
+@pytest.mark.both_brokers
 def test_kill_9_three_times_and_a_sigterm_lose_nothing_and_send_nothing_twice(
     crash_settings, sessions, smtp_server, start_workers
 ):
@@ -137,6 +139,7 @@ def test_a_worker_frozen_past_the_heartbeat_timeout_sends_nothing_twice(
     assert_each_mailed_once(smtp_server, population.active)
 
 
+@pytest.mark.both_brokers
 def test_the_coordinator_killed_mid_walk_resumes_from_its_checkpoint(
     crash_settings, sessions, smtp_server, start_workers
 ):

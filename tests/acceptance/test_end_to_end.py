@@ -23,6 +23,7 @@ def progress_json(settings) -> dict:
     return json.loads(result.stdout)
 
 
+@pytest.mark.both_brokers
 def test_every_active_user_gets_exactly_one_correct_email(settings, sessions, smtp_server, start_workers):
     settings = replace(settings, smtp_url=smtp_server.url)
     population = load_users(sessions, count=60, inactive_every=5)

@@ -101,6 +101,7 @@ def assert_each_mailed_once(smtp_server, user_ids: list[int]) -> None:
 # --- permanent and transient SMTP replies ----------------------------------------------------
 
 
+@pytest.mark.both_brokers
 def test_a_550_bounce_is_a_dead_letter_after_one_attempt_and_everyone_else_is_mailed_once(
     settings, sessions, smtp_server, start_workers
 ):
@@ -136,6 +137,7 @@ def test_a_550_bounce_is_a_dead_letter_after_one_attempt_and_everyone_else_is_ma
         assert "550" in letter["error_message"]
 
 
+@pytest.mark.both_brokers
 def test_451_deferrals_are_retried_until_everyone_is_mailed_exactly_once(
     settings, sessions, smtp_server, start_workers
 ):
@@ -164,6 +166,7 @@ def test_451_deferrals_are_retried_until_everyone_is_mailed_exactly_once(
 # --- provider outage behind the circuit breaker ----------------------------------------------
 
 
+@pytest.mark.both_brokers
 def test_an_outage_longer_than_the_retry_budget_opens_the_breaker_and_loses_no_email(
     settings, sessions, smtp_server, start_workers
 ):

@@ -116,10 +116,8 @@ def messages_with(smtp_server: SmtpServer, needle: str) -> list[EmailMessage]:
 
 
 def waiting(settings: Settings, queue: str) -> int:
-    """Messages ready or delayed in ``queue`` (Dramatiq 2.2's delay queue ``X.DQ`` is a list)."""
-    client = redis.Redis.from_url(settings.broker_url)
-    ns = settings.broker_namespace
-    return client.llen(f"{ns}:{queue}") + client.llen(f"{ns}:{queue}.DQ")
+    """Messages ready or delayed in ``queue``, on either broker."""
+    return queued_messages(settings.broker_url, settings.broker_namespace, queue)
 
 
 def queue_settled(settings: Settings, queue: str) -> bool:
@@ -381,6 +379,7 @@ def test_send_now_to_a_deactivated_user_is_refused_unless_the_operator_asks_for_
 # --- 4. cancel and resume --------------------------------------------------------------------
 
 
+@pytest.mark.both_brokers
 @ON_POSTGRESQL
 def test_cancel_stops_new_sends_and_trigger_resumes_without_mailing_anyone_twice(
     settings, sessions, smtp_server, start_workers
@@ -511,6 +510,7 @@ BACKLOG = 50_000
 LATENCY_USERS = 50
 
 
+@pytest.mark.both_brokers
 @ON_POSTGRESQL
 @pytest.mark.serial
 def test_a_critical_message_is_processed_within_a_second_behind_a_50000_message_bulk_backlog(
