@@ -69,7 +69,7 @@ def assert_each_mailed_once(smtp_server, active: list[int], *, kills: int = 0, t
 @pytest.mark.both_brokers
 @pytest.mark.parametrize("signalled", ["whole group", "first process only"])
 def test_sigterm_drains_in_flight_work_and_exits_zero(crash_settings, sessions, smtp_server, start_workers, signalled):
-    population = load_users(sessions, count=160, inactive_every=1000)
+    population = load_users(sessions, count=400, inactive_every=1000)
     smtp_server.handler.delay_seconds = 0.05
     group = start_workers(crash_settings, processes=2, threads=4)
     assert run_cli(crash_settings, "trigger", PERIOD).returncode == 0
