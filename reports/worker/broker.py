@@ -143,12 +143,13 @@ def send_many(broker: Broker, spec: ActorSpec, payloads: Iterable[Mapping[str, A
     queue's list), as one HSET and one RPUSH; it leans on the broker's key layout, and Dramatiq
     is pinned. On RabbitMQ a chunk is published with one wait for its publisher confirms.
     """
-    enqueue_chunk = _enqueue_chunk if isinstance(broker, RedisBroker) else rabbitmq.publish_confirmed
+    on_redis = isinstance(broker, RedisBroker)
+    enqueue_chunk = _enqueue_chunk if on_redis else rabbitmq.publish_confirmed
     sent = 0
     chunk: list[dramatiq.Message[Any]] = []
     for payload in payloads:
         # The first enqueue of a message: on Redis the id RedisBroker.enqueue would draw, drawn here.
-        options = {"redis_message_id": str(uuid.uuid4())} if isinstance(broker, RedisBroker) else None
+        options = {"redis_message_id": str(uuid.uuid4())} if on_redis else None
         chunk.append(message_for(spec, payload, options=options))
         if len(chunk) == ENQUEUE_CHUNK:
             sent += enqueue_chunk(broker, spec.queue, chunk)  # type: ignore[arg-type]
