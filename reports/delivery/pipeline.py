@@ -35,7 +35,6 @@ from sqlalchemy.orm import Session, sessionmaker
 from reports.clock import utcnow
 from reports.content.activity import load_summary
 from reports.content.render import RenderedReport, render
-from reports.content.view import should_send
 from reports.delivery import claims, statements
 from reports.delivery.breaker import CircuitBreaker, Permit, State
 from reports.delivery.mail.backend import Mailer
@@ -45,10 +44,10 @@ from reports.errors import CircuitOpen, Deferred, MailRejected, PermanentError, 
 from reports.fanout import items
 from reports.jobs import ReportJob, SendNowJob
 from reports.look import ReportLook
-from reports.models import FINAL_STATES, ItemState, Report, ReportItem, RunState, SuppressionReason, User
+from reports.models import FINAL_STATES, ItemState, ReportItem, RunState, SuppressionReason, User
 from reports.periods import Period
 from reports.settings import CLAIM_LEASE_MARGIN_SECONDS, Settings
-from reports.sql import Executor, upsert
+from reports.sql import Executor
 from reports.unsubscribe import suppressions, tokens
 from reports.unsubscribe.tokens import Links
 
@@ -211,11 +210,14 @@ def _release(
     *,
     bounced: MailRejected | None = None,
 ) -> None:
-    """End the claims' leases early, so the next attempt need not wait them out; on a hard bounce
-    also put the user on the suppression list, so no later month mails a refused address."""
+    """Keep the report that was not sent, and end the claims' leases early, so the next attempt
+    need not wait them out; on a hard bounce also put the user on the suppression list, so no later
+    month mails a refused address."""
     try:
         with transaction() as db:
             now = ctx.clock()
+            first = prepared.claims[0]
+            statements.store(db, first.period, first.user_id, prepared.report)
             for claim in prepared.claims:
                 claims.release(db, claim, now=now)
             if bounced is not None:
@@ -264,7 +266,7 @@ def _record_sent(
                 now = ctx.clock()
                 for claim in prepared.claims:
                     if claim.request_id is None:
-                        recorded = statements.record_sent(db, claim, now=now)
+                        recorded = statements.record_sent(db, claim, prepared.report, now=now)
                     else:
                         recorded = claims.complete(db, claim, now=now)
                     if not recorded:
@@ -293,6 +295,8 @@ class _Prepared:
     address: str
     #: When the claims' leases end, on this process's monotonic clock.
     lease_ends: float
+    #: What is stored in ``reports`` once the send is recorded (or has failed).
+    report: statements.StoredReport
 
     def lease_left(self) -> float:
         return self.lease_ends - time.monotonic()
@@ -304,9 +308,18 @@ def _claim_time(ctx: Context) -> tuple[datetime, float]:
 
 
 def _prepare(ctx: Context, session: Executor, job: ReportJob) -> _Prepared | Outcome:
+    stable_id = message_id(job.period, job.user_id, ctx.settings.mail_domain)
+    now, lease_ends = _claim_time(ctx)
     # Reading locks the item: copies of this job serialize here, before they race for the claim.
-    inputs = statements.read(session, job.period, job.user_id)
-    now = ctx.clock()  # after the lock: time spent waiting for it must not come off the lease
+    inputs = statements.read_and_claim(
+        session,
+        job.period,
+        job.user_id,
+        message_id=stable_id,
+        lease_seconds=ctx.settings.claim_lease_seconds,
+        now=now,
+        empty_month=ctx.settings.report_empty_month,
+    )
     if inputs.item_state is None:
         _missing_item(inputs, job)
     if inputs.item_state in FINAL_STATES:
@@ -315,16 +328,16 @@ def _prepare(ctx: Context, session: Executor, job: ReportJob) -> _Prepared | Out
         # The item stays pending; `trigger` re-enqueues it when the period is resumed.
         return Outcome.CANCELLED
     # Suppressed after the coordinator planned the user (or before, by an older release): skipped.
-    if (
-        inputs.email is None
-        or not inputs.active
-        or inputs.suppressed is not None
-        or not should_send(inputs.summary, empty_month=ctx.settings.report_empty_month)
-    ):
+    if not statements.mailable(inputs, empty_month=ctx.settings.report_empty_month):
         items.touch(session, job.period, job.user_id, now=now)
         items.finish(session, job.period, job.user_id, ItemState.SKIPPED, now=now)
         return Outcome.SKIPPED
+    if inputs.claim is None:
+        # The email already went out; make the item say so.
+        items.finish(session, job.period, job.user_id, ItemState.DELIVERED, now=now)
+        return Outcome.ALREADY_DONE
 
+    assert inputs.email is not None  # mailable() says so
     to = recipient(inputs.email, inputs.name)
     unsubscribe_url = ctx.unsubscribe_url(job.user_id)
     rendered = render(
@@ -335,23 +348,6 @@ def _prepare(ctx: Context, session: Executor, job: ReportJob) -> _Prepared | Out
         look=ctx.look,
         unsubscribe_url=unsubscribe_url,
     )
-    stable_id = message_id(job.period, job.user_id, ctx.settings.mail_domain)
-    claimed_at, lease_ends = _claim_time(ctx)
-    claim = statements.store_and_claim(
-        session,
-        job.period,
-        job.user_id,
-        template_version=job.template_version,
-        rendered=rendered,
-        message_id=stable_id,
-        lease_seconds=ctx.settings.claim_lease_seconds,
-        now=now,
-        claimed_at=claimed_at,
-    )
-    if claim is None:
-        # The email already went out; make the item say so.
-        items.finish(session, job.period, job.user_id, ItemState.DELIVERED, now=now)
-        return Outcome.ALREADY_DONE
     email = compose(
         rendered,
         to=to,
@@ -362,7 +358,13 @@ def _prepare(ctx: Context, session: Executor, job: ReportJob) -> _Prepared | Out
         message_id=stable_id,
         unsubscribe_url=unsubscribe_url,
     )
-    return _Prepared(claims=[claim], email=email, address=to.addr_spec, lease_ends=lease_ends)
+    return _Prepared(
+        claims=[inputs.claim],
+        email=email,
+        address=to.addr_spec,
+        lease_ends=lease_ends + inputs.lock_wait_seconds,
+        report=statements.StoredReport(job.template_version, rendered, now),
+    )
 
 
 def _missing_item(inputs: statements.Inputs, job: ReportJob) -> NoReturn:
@@ -411,7 +413,13 @@ def _prepare_now(ctx: Context, session: Session, job: SendNowJob) -> _Prepared |
         message_id=chosen_id,
         unsubscribe_url=ctx.unsubscribe_url(user.id),
     )
-    return _Prepared(claims=held, email=email, address=to.addr_spec, lease_ends=lease_ends)
+    return _Prepared(
+        claims=held,
+        email=email,
+        address=to.addr_spec,
+        lease_ends=lease_ends,
+        report=statements.StoredReport(job.template_version, rendered, now),
+    )
 
 
 def _render_and_store(
@@ -427,20 +435,5 @@ def _render_and_store(
         look=ctx.look,
         unsubscribe_url=ctx.unsubscribe_url(user.id),
     )
-    session.execute(
-        upsert(
-            session,
-            Report.__table__,
-            {
-                "period": str(period),
-                "user_id": user.id,
-                "template_version": template_version,
-                "subject": rendered.subject,
-                "body_text": rendered.text,
-                "body_html": rendered.html,
-                "rendered_at": now,
-            },
-            key=["period", "user_id"],
-        )
-    )
+    statements.store(session, period, user.id, statements.StoredReport(template_version, rendered, now))
     return to, rendered

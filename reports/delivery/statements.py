@@ -1,36 +1,49 @@
-"""The monthly report's statements: read, store and claim, record the send.
+"""The monthly report's statements: read and claim, then store and record the send.
 
-On PostgreSQL each step is one statement, written once as SQL here and prepared by the driver:
-reading locks the item and reads the run, the user, their suppression-list entry and the two
-months of activity together;
-storing writes the report, counts the attempt and takes the delivery claim together; recording
-marks the item delivered and the claim sent together. That is 3 statements in 2 transactions
-per report, where the general path (and SQLite, which has neither data-modifying CTEs nor row
-locks) takes about 9; the SQLite path runs the same steps through the general functions of
-:mod:`reports.fanout.items` and :mod:`reports.delivery.claims`, so the two cannot drift in meaning.
+On PostgreSQL each step is one statement, written once as SQL here and prepared by the driver.
+Reading locks the item, reads the run, the user, their suppression-list entry and the two months of
+activity, and, when there is a report to mail, counts the attempt and takes the delivery claim.
+Recording marks the item delivered and the claim sent and stores the report as it was sent. That
+is 2 statements in 2 transactions per report, where the general path (and SQLite, which has
+neither data-modifying CTEs nor row locks) takes about 9; the SQLite path runs the same steps
+through the general functions of :mod:`reports.fanout.items` and :mod:`reports.delivery.claims`,
+so the two cannot drift in meaning, and on PostgreSQL :func:`read_and_claim` checks that the
+statement's idea of "there is a report to mail" is :func:`mailable`'s.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
 
 from sqlalchemy import column, select, text
 from sqlalchemy.sql.selectable import TextualSelect
 
 from reports.content.activity import Summary, load_summary, summarize
 from reports.content.render import RenderedReport
+from reports.content.view import should_send
 from reports.delivery import claims
 from reports.errors import ClaimHeld
 from reports.fanout import items
-from reports.models import DeliveryState, ItemState, PeriodRun, Report, ReportItem, Suppression, User
+from reports.models import (
+    FINAL_STATES,
+    Delivery,
+    DeliveryState,
+    ItemState,
+    PeriodRun,
+    Report,
+    ReportItem,
+    RunState,
+    Suppression,
+    User,
+)
 from reports.periods import Period
 from reports.sql import Executor, dialect_name, upsert
 
 
 @dataclass(frozen=True)
 class Inputs:
-    """What one report is built from, read under the item's row lock."""
+    """What one report is built from, read under the item's row lock, and the claim taken with it."""
 
     #: ``None`` when the coordinator never recorded the item.
     item_state: str | None
@@ -45,6 +58,33 @@ class Inputs:
     summary: Summary
     #: Why the user is on the suppression list; ``None`` when they are not.
     suppressed: str | None = None
+    #: The monthly email's claim, taken when the report is :func:`mailable`; ``None`` when it is
+    #: not, or when the email already went out.
+    claim: claims.Claim | None = None
+    #: Seconds the statement waited for the item's row lock: the lease starts once it is granted.
+    lock_wait_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class StoredReport:
+    """The report as it is mailed, kept in ``reports``."""
+
+    template_version: str
+    rendered: RenderedReport
+    rendered_at: datetime
+
+
+def mailable(inputs: Inputs, *, empty_month: str) -> bool:
+    """Whether the item is waiting for an email that should go out: the claim is taken only then."""
+    return (
+        inputs.item_state is not None
+        and inputs.item_state not in FINAL_STATES
+        and inputs.run_state != RunState.CANCELLED
+        and inputs.email is not None
+        and inputs.active
+        and inputs.suppressed is None
+        and should_send(inputs.summary, empty_month=empty_month)
+    )
 
 
 def _with_columns(sql: str, *names: str) -> TextualSelect:
@@ -53,13 +93,39 @@ def _with_columns(sql: str, *names: str) -> TextualSelect:
     return text(sql).columns(*(column(name) for name in names))
 
 
-_READ = _with_columns(
-    """
+_FINAL = ", ".join(sorted(f"'{state.value}'" for state in FINAL_STATES))
+
+# ``sendable`` is :func:`mailable` in SQL; it reads the locked item, so the lock is granted before
+# the claim's clock is read. Data-modifying CTEs run whether or not the query reads them.
+_READ_AND_CLAIM = _with_columns(
+    f"""
 WITH item AS (
     SELECT state FROM report_items WHERE period = :period AND user_id = :user_id FOR UPDATE
+), sendable AS (
+    SELECT clock_timestamp() - statement_timestamp() AS lock_wait
+    FROM item JOIN users u ON u.id = :user_id LEFT JOIN period_runs r ON r.period = :period
+    WHERE item.state NOT IN ({_FINAL}) AND r.state IS DISTINCT FROM '{RunState.CANCELLED.value}'
+      AND u.email IS NOT NULL AND u.active
+      AND NOT EXISTS (SELECT 1 FROM suppressions WHERE user_id = :user_id)
+      AND (:send_empty OR EXISTS (
+          SELECT 1 FROM activities WHERE user_id = :user_id AND occurred_at >= :start AND occurred_at < :end
+      ))
+), attempted AS (
+    UPDATE report_items SET attempts = attempts + 1, updated_at = :now, enqueued_at = coalesce(enqueued_at, :now)
+    WHERE period = :period AND user_id = :user_id AND EXISTS (SELECT 1 FROM sendable)
+), claimed AS (
+    INSERT INTO deliveries (period, user_id, state, message_id, claim_token, lease_expires_at, claims, claimed_at)
+    SELECT :period, :user_id, 'claimed', :message_id, :token, :now + lock_wait + :lease, 1, :now + lock_wait
+    FROM sendable
+    ON CONFLICT (period, user_id) DO UPDATE SET state = 'claimed', claim_token = excluded.claim_token,
+        lease_expires_at = excluded.lease_expires_at, claims = deliveries.claims + 1,
+        claimed_at = excluded.claimed_at
+    WHERE deliveries.state = 'claimed' AND deliveries.lease_expires_at <= excluded.claimed_at
+    RETURNING 1
 )
 SELECT (SELECT state FROM item), r.state, r.planned, r.cursor, u.email, u.name, u.active,
-       a.in_period, a.category, a.n, a.total, s.reason
+       a.in_period, a.category, a.n, a.total, s.reason,
+       extract(epoch FROM (SELECT lock_wait FROM sendable)), (SELECT count(*) FROM claimed)
 FROM (SELECT 1) AS one
 LEFT JOIN period_runs r ON r.period = :period
 LEFT JOIN users u ON u.id = :user_id
@@ -83,26 +149,56 @@ LEFT JOIN LATERAL (
     "n",
     "total",
     "reason",
+    "lock_wait",
+    "taken",
 )
 
 
-def read(session: Executor, period: Period, user_id: int) -> Inputs:
-    """Lock the item (serializing copies of the message) and read everything the report needs."""
+def read_and_claim(
+    session: Executor,
+    period: Period,
+    user_id: int,
+    *,
+    message_id: str,
+    lease_seconds: float,
+    now: datetime,
+    empty_month: str,
+) -> Inputs:
+    """Lock the item (serializing copies of the message), read everything the report needs, and,
+    when it is :func:`mailable`, count the attempt and claim the monthly email.
+
+    The claim is ``None`` when the email already went out; raises :class:`ClaimHeld` while another
+    copy's lease runs (see :func:`reports.delivery.claims.take`). ``now`` is the lease's start
+    before the lock; the claim stores it moved on by the time the lock took.
+    """
     if _is_sqlite(session):
-        return _read_each(session, period, user_id)
+        return _read_and_claim_each(
+            session,
+            period,
+            user_id,
+            message_id=message_id,
+            lease_seconds=lease_seconds,
+            now=now,
+            empty_month=empty_month,
+        )
+    claim = claims.Claim(period, user_id, claims.new_token())
     rows = session.execute(
-        _READ,
+        _READ_AND_CLAIM,
         {
             "period": str(period),
             "user_id": user_id,
             "start": period.start,
             "previous": period.previous().start,
             "end": period.end,
+            "send_empty": empty_month == "send",
+            "now": now,
+            "message_id": message_id,
+            "token": claim.token,
+            "lease": timedelta(seconds=lease_seconds),
         },
     ).all()
     first = rows[0]
-    summary = summarize(period, ((bool(r[7]), r[8], r[9], r[10]) for r in rows if r[8] is not None))
-    return Inputs(
+    inputs = Inputs(
         item_state=first[0],
         run_state=first[1],
         planned=bool(first[2]),
@@ -110,12 +206,40 @@ def read(session: Executor, period: Period, user_id: int) -> Inputs:
         email=first[4],
         name=first[5],
         active=bool(first[6]),
-        summary=summary,
+        summary=summarize(period, ((bool(r[7]), r[8], r[9], r[10]) for r in rows if r[8] is not None)),
         suppressed=first[11],
     )
+    lock_wait, taken = first[12], first[13]
+    if (lock_wait is not None) != mailable(inputs, empty_month=empty_month):
+        raise AssertionError(f"_READ_AND_CLAIM and mailable() disagree for period {period}, user {user_id}.")
+    if lock_wait is None:
+        return inputs
+    lock_wait = float(lock_wait)
+    if taken:
+        return replace(inputs, claim=claim, lock_wait_seconds=lock_wait)
+    # Read again: the statement's snapshot predates the lock, so it may not show the claim that
+    # stopped this one (a copy that held the lock took it).
+    state, expires = session.execute(
+        select(Delivery.state, Delivery.lease_expires_at).where(
+            Delivery.period == str(period), Delivery.user_id == user_id
+        )
+    ).one()
+    if state in (DeliveryState.SENT, DeliveryState.DEAD):
+        return replace(inputs, lock_wait_seconds=lock_wait)
+    claimed_at = now + timedelta(seconds=lock_wait)
+    raise ClaimHeld(retry_after_seconds=max((expires - claimed_at).total_seconds(), 0.0))
 
 
-def _read_each(session: Executor, period: Period, user_id: int) -> Inputs:
+def _read_and_claim_each(
+    session: Executor,
+    period: Period,
+    user_id: int,
+    *,
+    message_id: str,
+    lease_seconds: float,
+    now: datetime,
+    empty_month: str,
+) -> Inputs:
     # SQLite has no row locks: its write-intent transaction (BEGIN IMMEDIATE) serializes the copies.
     item_state = session.scalar(
         select(ReportItem.state).where(ReportItem.period == str(period), ReportItem.user_id == user_id)
@@ -128,7 +252,7 @@ def _read_each(session: Executor, period: Period, user_id: int) -> Inputs:
         .outerjoin(Suppression, Suppression.user_id == User.id)
         .where(User.id == user_id)
     ).one_or_none()
-    return Inputs(
+    inputs = Inputs(
         item_state=item_state,
         run_state=run.state if run else None,
         planned=bool(run and run.planned),
@@ -139,85 +263,15 @@ def _read_each(session: Executor, period: Period, user_id: int) -> Inputs:
         summary=load_summary(session, user_id, period),
         suppressed=user.reason if user else None,
     )
+    if not mailable(inputs, empty_month=empty_month):
+        return inputs
+    items.touch(session, period, user_id, now=now)
+    claim = claims.take(session, period, user_id, message_id=message_id, lease_seconds=lease_seconds, now=now)
+    return replace(inputs, claim=claim)
 
 
-_STORE_AND_CLAIM = _with_columns(
-    """
-WITH stored AS (
-    INSERT INTO reports (period, user_id, template_version, subject, body_text, body_html, rendered_at)
-    VALUES (:period, :user_id, :template_version, :subject, :body_text, :body_html, :now)
-    ON CONFLICT (period, user_id) DO UPDATE SET template_version = excluded.template_version,
-        subject = excluded.subject, body_text = excluded.body_text, body_html = excluded.body_html,
-        rendered_at = excluded.rendered_at
-), attempted AS (
-    UPDATE report_items SET attempts = attempts + 1, updated_at = :now, enqueued_at = coalesce(enqueued_at, :now)
-    WHERE period = :period AND user_id = :user_id
-), claimed AS (
-    INSERT INTO deliveries (period, user_id, state, message_id, claim_token, lease_expires_at, claims, claimed_at)
-    VALUES (:period, :user_id, 'claimed', :message_id, :token, :lease_expires_at, 1, :claimed_at)
-    ON CONFLICT (period, user_id) DO UPDATE SET state = 'claimed', claim_token = excluded.claim_token,
-        lease_expires_at = excluded.lease_expires_at, claims = deliveries.claims + 1,
-        claimed_at = excluded.claimed_at
-    WHERE deliveries.state = 'claimed' AND deliveries.lease_expires_at <= :claimed_at
-    RETURNING 1
-)
-SELECT (SELECT count(*) FROM claimed), d.state, d.lease_expires_at
-FROM (SELECT 1) AS one LEFT JOIN deliveries d ON d.period = :period AND d.user_id = :user_id
-""",
-    "taken",
-    "state",
-    "lease_expires_at",
-)
-
-
-def store_and_claim(
-    session: Executor,
-    period: Period,
-    user_id: int,
-    *,
-    template_version: str,
-    rendered: RenderedReport,
-    message_id: str,
-    lease_seconds: float,
-    now: datetime,
-    claimed_at: datetime,
-) -> claims.Claim | None:
-    """Store the report as it is about to be sent, count the attempt, and claim the monthly email.
-
-    ``None`` when the email already went out; raises :class:`ClaimHeld` while another copy's
-    lease runs (see :func:`reports.delivery.claims.take`).
-    """
-    if _is_sqlite(session):
-        _store_each(session, period, user_id, template_version=template_version, rendered=rendered, now=now)
-        return claims.take(session, period, user_id, message_id=message_id, lease_seconds=lease_seconds, now=claimed_at)
-    claim = claims.Claim(period, user_id, claims.new_token())
-    taken, state, expires = session.execute(
-        _STORE_AND_CLAIM,
-        {
-            "period": str(period),
-            "user_id": user_id,
-            "template_version": template_version,
-            "subject": rendered.subject,
-            "body_text": rendered.text,
-            "body_html": rendered.html,
-            "now": now,
-            "message_id": message_id,
-            "token": claim.token,
-            "claimed_at": claimed_at,
-            "lease_expires_at": claims.lease_end(claimed_at, lease_seconds),
-        },
-    ).one()
-    if taken:
-        return claim
-    # The statement's snapshot shows the claim as it was: someone else's.
-    if state in (DeliveryState.SENT, DeliveryState.DEAD):
-        return None
-    raise ClaimHeld(retry_after_seconds=max((expires - claimed_at).total_seconds(), 0.0))
-
-
-def _store_each(
-    session: Executor, period: Period, user_id: int, *, template_version: str, rendered: RenderedReport, now: datetime
-) -> None:
+def store(session: Executor, period: Period, user_id: int, report: StoredReport) -> None:
+    """Keep the report as it was (or was about to be) mailed."""
     session.execute(
         upsert(
             session,
@@ -225,55 +279,70 @@ def _store_each(
             {
                 "period": str(period),
                 "user_id": user_id,
-                "template_version": template_version,
-                "subject": rendered.subject,
-                "body_text": rendered.text,
-                "body_html": rendered.html,
-                "rendered_at": now,
+                "template_version": report.template_version,
+                "subject": report.rendered.subject,
+                "body_text": report.rendered.text,
+                "body_html": report.rendered.html,
+                "rendered_at": report.rendered_at,
             },
             key=["period", "user_id"],
         )
     )
-    items.touch(session, period, user_id, now=now)
 
 
-# The item is locked before the claim, as reading locks it before storing takes the claim: the
-# claim's condition waits on the item's update (an InitPlan, run before the claim's row is
-# locked). Without that order a copy taking the claim and this one recording it can deadlock.
+# The item is locked before the claim, as reading locks it before it takes the claim: the claim's
+# condition waits on the item's update (an InitPlan, run before the claim's row is locked). Without
+# that order a copy taking the claim and this one recording it can deadlock. The report is stored
+# only by the claim's holder, after the claim's row is locked.
 _RECORD_SENT = _with_columns(
     """
 WITH finished AS (
     UPDATE report_items SET state = 'delivered', finished_at = :now, updated_at = :now, last_error = NULL
     WHERE period = :period AND user_id = :user_id AND state IN ('pending', 'dead')
     RETURNING 1
+), sent AS (
+    UPDATE deliveries SET state = 'sent', sent_at = :now
+    WHERE period = :period AND user_id = :user_id AND claim_token = :token
+      AND (SELECT count(*) FROM finished) >= 0
+    RETURNING 1
+), stored AS (
+    INSERT INTO reports (period, user_id, template_version, subject, body_text, body_html, rendered_at)
+    SELECT :period, :user_id, :template_version, :subject, :body_text, :body_html, :rendered_at FROM sent
+    ON CONFLICT (period, user_id) DO UPDATE SET template_version = excluded.template_version,
+        subject = excluded.subject, body_text = excluded.body_text, body_html = excluded.body_html,
+        rendered_at = excluded.rendered_at
 )
-UPDATE deliveries SET state = 'sent', sent_at = :now
-WHERE period = :period AND user_id = :user_id AND claim_token = :token
-  AND (SELECT count(*) FROM finished) >= 0
-RETURNING 1
+SELECT count(*) FROM sent
 """,
     "recorded",
 )
 
 
-def record_sent(session: Executor, claim: claims.Claim, *, now: datetime) -> bool:
-    """Mark the item delivered and the claim sent; ``False`` if the claim was taken over meanwhile."""
+def record_sent(session: Executor, claim: claims.Claim, report: StoredReport, *, now: datetime) -> bool:
+    """Mark the item delivered and the claim sent, and store the report; ``False`` (and nothing
+    stored) if the claim was taken over meanwhile."""
     if _is_sqlite(session):
         # Item first, then delivery: the lock order of reading, so copies cannot deadlock.
         items.finish(session, claim.period, claim.user_id, ItemState.DELIVERED, now=now)
-        return claims.complete(session, claim, now=now)
-    return (
-        session.execute(
-            _RECORD_SENT,
-            {
-                "period": str(claim.period),
-                "user_id": claim.user_id,
-                "token": claim.token,
-                "now": now,
-            },
-        ).first()
-        is not None
-    )
+        if not claims.complete(session, claim, now=now):
+            return False
+        store(session, claim.period, claim.user_id, report)
+        return True
+    recorded = session.execute(
+        _RECORD_SENT,
+        {
+            "period": str(claim.period),
+            "user_id": claim.user_id,
+            "token": claim.token,
+            "now": now,
+            "template_version": report.template_version,
+            "subject": report.rendered.subject,
+            "body_text": report.rendered.text,
+            "body_html": report.rendered.html,
+            "rendered_at": report.rendered_at,
+        },
+    ).scalar_one()
+    return bool(recorded)
 
 
 def _is_sqlite(db: Executor) -> bool:
