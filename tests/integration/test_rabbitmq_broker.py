@@ -22,7 +22,7 @@ from reports.models import DeadLetter, DeadLetterReason
 from reports.periods import Period
 from reports.worker import held, rabbitmq
 from reports.worker.broker import backlog, build_broker, send, send_many, sender
-from reports.worker.dead_letter_sink import DeadLetterSink, absorb_rabbitmq_dead_letters
+from reports.worker.dead_letter_sink import BrokerDeadLetters, DeadLetterSink, absorb_rabbitmq_dead_letters
 from tests.support.databases import load_users
 from tests.support.rabbitmq import queue_depths
 from tests.support.waiting import wait_until
@@ -274,3 +274,25 @@ def test_an_undecodable_message_is_a_dead_letter_at_once_and_the_next_message_ru
 def _dead_letters(sessions) -> list[DeadLetter]:
     with sessions() as session:
         return list(session.scalars(select(DeadLetter)))
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_an_undecodable_message_the_store_cannot_take_waits_in_the_dead_letter_queue(broker, rabbit_settings):
+    def unavailable(_dead):
+        raise OSError("database down")
+
+    broker.add_middleware(BrokerDeadLetters(lambda: unavailable))
+    broker.declare_queue(BUILD_REPORT.queue, ensure=True)
+    broker.channel.basic_publish("", BUILD_REPORT.queue, b"not json")
+    consumer = broker.consume(BUILD_REPORT.queue, prefetch=1, timeout=100)
+    try:
+        # Nacked into .XQ, where the next sweep (a rejection, a worker boot) stores it.
+        wait_until(
+            lambda: (
+                next(consumer) is None and queue_depths(rabbit_settings.broker_url, BUILD_REPORT.queue) == (0, 0, 1)
+            ),
+            timeout=5,
+            what="the message in .XQ",
+        )
+    finally:
+        consumer.close()
