@@ -29,12 +29,34 @@ from reports.fanout import progress
 from reports.jobs import BUILD_REPORT, COORDINATOR, SEND_NOW
 from reports.models import DeadLetter, DeadLetterReason, ItemState, PeriodRun, RunState
 from reports.unsubscribe import suppressions
+from reports.worker import held
 
 #: Why a message of a known actor died; an undecodable message has no actor to count it under.
 DEAD_REASONS = (DeadLetterReason.PERMANENT, DeadLetterReason.RETRIES_EXHAUSTED, DeadLetterReason.BROKER)
 
 #: Periods whose item counts are exported: the most recent ones.
 PERIODS_EXPORTED = 12
+
+
+#: How long after the last look a queue's "ready but unseen since" time is kept, in seconds: a
+#: lower bound of its oldest message's age only while the exporter looks at least this often.
+UNSEEN_FORGOTTEN_SECONDS = 300
+
+
+def waiting_age(now: float, *, oldest_waiting_ms: int | None, unseen_since: float | None) -> float:
+    """A RabbitMQ queue's oldest message age, in seconds: the oldest held message no worker has
+    started, else how long the queue has had ready messages that no worker holds (a lower
+    bound), else 0.
+
+    :param now: Unix time, in seconds.
+    :param oldest_waiting_ms: the oldest waiting held message's ``message_timestamp`` (ms).
+    :param unseen_since: Unix time since when ready messages have waited unseen, if they do.
+    """
+    if oldest_waiting_ms is not None:
+        return max(now - oldest_waiting_ms / 1000, 0.0)
+    if unseen_since is not None:
+        return max(now - unseen_since, 0.0)
+    return 0.0
 
 
 class CachedCollector(Collector):
@@ -79,8 +101,9 @@ class ReportsCollector(Collector):
         rabbitmq_depths: Callable[[Sequence[str]], Mapping[str, tuple[int, int, int]]] | None = None,
     ) -> None:
         """:param rabbitmq_depths: when the broker is RabbitMQ, reads each queue's ready, delayed
-        and dead messages (:func:`reports.worker.rabbitmq.ready_counts_at`); the queues are
-        otherwise read from ``client``, the Redis broker."""
+        and dead messages (:func:`reports.worker.rabbitmq.ready_counts_at`), and ``client`` is
+        the shared Redis, where the workers' snapshots are; the queues are otherwise read from
+        ``client``, the Redis broker."""
         self.client = client
         self.namespace = namespace
         self.sessions = sessions
@@ -100,18 +123,11 @@ class ReportsCollector(Collector):
         depth = GaugeMetricFamily("reports_queue_messages", "Messages in a queue, by state.", labels=["queue", "state"])
         oldest = GaugeMetricFamily(
             "reports_queue_oldest_message_age_seconds",
-            "Age of the oldest ready message in a queue (0 when empty).",
+            "Age of the oldest ready message in a queue (0 when empty); on RabbitMQ see the README.",
             labels=["queue"],
         )
         if self.rabbitmq_depths is not None:
-            # RabbitMQ counts only what no consumer holds, and shows no message without taking
-            # it: in_progress and the oldest message's age are not exported on it.
-            for queue, (ready, delayed, broker_dead) in self.rabbitmq_depths(self.queues).items():
-                depth.add_metric([queue, "ready"], ready)
-                depth.add_metric([queue, "delayed"], delayed)
-                depth.add_metric([queue, "broker_dead"], broker_dead)
-            yield depth
-            yield oldest
+            yield from self._rabbitmq_queues(self.rabbitmq_depths(self.queues), depth, oldest)
             return
         now = time.time()
         for queue in self.queues:
@@ -129,6 +145,50 @@ class ReportsCollector(Collector):
             oldest.add_metric([queue], self._age(key, head, now))
         yield depth
         yield oldest
+
+    def _rabbitmq_queues(
+        self,
+        depths: Mapping[str, tuple[int, int, int]],
+        depth: GaugeMetricFamily,
+        oldest: GaugeMetricFamily,
+    ) -> Iterator[Metric]:
+        """RabbitMQ counts only what no consumer holds: what the workers hold comes from their
+        snapshots in Redis (:mod:`reports.worker.held`), read after RabbitMQ's counts so that a
+        message taken in between is counted twice rather than missed."""
+        figures = held.read(self.client, self.namespace)
+        now = time.time()
+        for queue, (ready, delayed, broker_dead) in depths.items():
+            # As on Redis: in_progress and the oldest age leave out delayed messages held until due.
+            mine = figures.get(queue, held.QueueHeld())
+            depth.add_metric([queue, "ready"], ready)
+            depth.add_metric([queue, "delayed"], delayed)
+            depth.add_metric([queue, "broker_dead"], broker_dead)
+            depth.add_metric([queue, "in_progress"], mine.count)
+            unseen_since = self._unseen_since(queue, unseen=ready > 0 and mine.oldest_waiting_ms is None, now=now)
+            oldest.add_metric(
+                [queue], waiting_age(now, oldest_waiting_ms=mine.oldest_waiting_ms, unseen_since=unseen_since)
+            )
+        yield depth
+        yield oldest
+
+    def _unseen_since(self, queue: str, *, unseen: bool, now: float) -> float | None:
+        """Since when ``queue`` has had ready messages and no worker holding one of them waiting.
+
+        RabbitMQ shows a ready message only to whoever takes it (and taking one to look, then
+        requeueing it, counts as a redelivery on quorum queues), so its age is unknown: the
+        time since an exporter first saw the queue so is a lower bound, kept in Redis for every
+        exporter to share, and forgotten :data:`UNSEEN_FORGOTTEN_SECONDS` after the last look.
+        """
+        key = f"{self.namespace}:exporter:unseen_since:{queue}"
+        if not unseen:
+            self.client.delete(key)
+            return None
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.set(key, repr(now), nx=True)
+            pipe.expire(key, UNSEEN_FORGOTTEN_SECONDS)
+            pipe.get(key)
+            _set, _expire, since = pipe.execute()
+        return float(since)
 
     def _unacked(self, queue: str) -> int:
         total = 0

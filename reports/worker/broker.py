@@ -18,8 +18,9 @@ from redis.typing import EncodableT, FieldT
 
 from reports.jobs import COORDINATOR, ActorSpec, SendJobs
 from reports.settings import Settings
-from reports.worker import rabbitmq
+from reports.worker import held, rabbitmq
 from reports.worker.consumer import ReportsBroker
+from reports.worker.rabbitmq_consumer import ReportsRabbitmqBroker
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +40,8 @@ def build_broker(settings: Settings) -> Broker:
     On Redis every process, producers included, must use the same heartbeat settings: the sweep
     that requeues a dead worker's messages runs inside whichever process's broker call wins the
     ``maintenance_chance`` draw. RabbitMQ returns a dead worker's unacked messages itself, when
-    its connection drops.
+    its connection drops; the RabbitMQ broker carries the shared Redis (REDIS_URL), where its
+    workers publish what they hold (:mod:`reports.worker.held`).
     """
     # Of Dramatiq's defaults only the time limit: no actor uses max_age, callbacks, pipelines or
     # shutdown notifications, and every middleware is called at each of a message's signals.
@@ -49,7 +51,13 @@ def build_broker(settings: Settings) -> Broker:
     if settings.broker_is_rabbitmq:
         # Confirms on every enqueue: a retry's or a deferral's copy is enqueued before its original
         # is acked, so a copy RabbitMQ never took would be a lost message.
-        return RabbitmqBroker(url=settings.broker_url, confirm_delivery=True, middleware=middleware)
+        return ReportsRabbitmqBroker(
+            url=settings.broker_url,
+            confirm_delivery=True,
+            middleware=middleware,
+            shared_redis=redis.Redis.from_url(settings.shared_redis_url),
+            namespace=settings.broker_namespace,
+        )
     return ReportsBroker(
         url=settings.broker_url,
         namespace=settings.broker_namespace,
@@ -60,9 +68,12 @@ def build_broker(settings: Settings) -> Broker:
 
 
 def shared_redis(broker: Broker, settings: Settings) -> redis.Redis:
-    """The Redis of the fleet's shared state (REDIS_URL): the broker's own client when it is that Redis."""
+    """The Redis of the fleet's shared state (REDIS_URL): the broker's own client when it is that
+    Redis, or the one the RabbitMQ broker was built with."""
     if isinstance(broker, RedisBroker) and settings.shared_redis_url == settings.broker_url:
         return broker.client
+    if isinstance(broker, ReportsRabbitmqBroker):
+        return broker.shared_redis
     return redis.Redis.from_url(settings.shared_redis_url)
 
 
@@ -179,17 +190,22 @@ def _enqueue_chunk(broker: RedisBroker, queue: str, messages: list[dramatiq.Mess
 
 
 def backlog(broker: Broker, queue: str) -> int:
-    """Messages of ``queue`` not yet done: ready, delayed, and (on Redis) fetched by a live worker.
+    """Messages of ``queue`` not yet done: ready, delayed, and held by a live worker.
 
     A worker holds what it fetched (its prefetch, and delayed messages until they are due, up
     to thousands) in memory; the Redis broker keeps their ids in that worker's acks set until
     they are acked. Leaving them out would let the high-water mark and reconcile see an empty
     queue while thousands of messages are still on their way. Keys as the Redis broker lays
-    them out. RabbitMQ tells only what no consumer holds (:func:`reports.worker.rabbitmq.ready_counts`).
+    them out. RabbitMQ tells only what no consumer holds (:func:`reports.worker.rabbitmq.ready_counts`):
+    there the held messages are read from the workers' snapshots in the shared Redis
+    (:mod:`reports.worker.held`, which says how far they may be off).
     """
     if isinstance(broker, RabbitmqBroker):
+        # RabbitMQ's counts first: a message taken in between is then counted twice, not missed.
         ready, delayed, _dead = rabbitmq.ready_counts(broker, queue)
-        return ready + delayed
+        if not isinstance(broker, ReportsRabbitmqBroker):
+            return ready + delayed
+        return ready + delayed + held.held_of(held.read(broker.shared_redis, broker.namespace), queue)
     namespace, client = broker.namespace, broker.client
     workers = cast(list[bytes], client.zrange(f"{namespace}:__heartbeats__", 0, -1))
     with client.pipeline(transaction=False) as pipe:

@@ -37,7 +37,8 @@ from dramatiq.errors import ConnectionClosed, DecodeError
 
 logger = logging.getLogger(__name__)
 
-#: The middleware method called with ``(broker, queue_name, redis_message_id)`` after the move.
+#: The middleware method called with ``(broker, queue_name, broker_message_id, body)``: here after
+#: the move into ``.XQ``, on RabbitMQ before the ack (:mod:`reports.worker.rabbitmq_consumer`).
 HOOK = "after_undecodable_message"
 
 #: Longest an ack waits for others before it is written, in seconds.
@@ -156,7 +157,7 @@ class Consumer(_RedisConsumer):
         for middleware in self.broker.middleware:
             hook = getattr(middleware, HOOK, None)
             if hook is not None:
-                hook(self.broker, self.queue_name, redis_id)
+                hook(self.broker, self.queue_name, redis_id, data)
 
     def _fetched_id_of(self, data: bytes) -> str | None:
         """The id this process fetched ``data`` under: the fetch script returns bodies, not ids.

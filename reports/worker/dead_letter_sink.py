@@ -92,8 +92,18 @@ class BrokerDeadLetters(Middleware):
     def after_nack(self, broker: dramatiq.Broker, message: MessageProxy) -> None:
         self._sweep(broker)
 
-    def after_undecodable_message(self, broker: dramatiq.Broker, queue_name: str, redis_message_id: str) -> None:
-        """Called by :mod:`reports.worker.consumer` once it moved such a message into ``.XQ``."""
+    def after_undecodable_message(
+        self, broker: dramatiq.Broker, queue_name: str, broker_message_id: str, body: bytes
+    ) -> None:
+        """Called by the consumers with a message they could not decode.
+
+        On Redis (:mod:`reports.worker.consumer`) it is in ``.XQ`` already and is swept from
+        there. On RabbitMQ (:mod:`reports.worker.rabbitmq_consumer`) it is still unacked and is
+        stored here; an error is raised to the consumer, which then nacks it into ``.XQ``.
+        """
+        if isinstance(broker, RabbitmqBroker):
+            self._sink()(_broker_dead_message(body, broker_message_id, queue_name, int(time.time() * 1000)))
+            return
         self._sweep(broker)
 
     def _sweep(self, broker: dramatiq.Broker) -> None:

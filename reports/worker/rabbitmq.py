@@ -9,6 +9,7 @@ RabbitMQ needs no heartbeat sweep of its own.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -168,10 +169,20 @@ def take_dead_letters(broker: RabbitmqBroker, queue: str, handle: Callable[[byte
         if method is None:
             break
         try:
-            handle(body, properties.message_id or f"rabbitmq-{method.delivery_tag}")
+            handle(body, message_id_of(properties, body))
         except Exception:
             channel.basic_nack(method.delivery_tag, requeue=True)
             raise
         channel.basic_ack(method.delivery_tag)
         taken += 1
     return taken
+
+
+def message_id_of(properties: Any, body: bytes) -> str:
+    """The id a raw message is stored under: its AMQP ``message_id``, else one drawn from its bytes.
+
+    Dramatiq publishes no ``message_id`` property. Drawn from the bytes, the id is the same each
+    time the message is redelivered, so the dead-letter store keeps one row of it (a delivery tag,
+    used before, starts over on every channel). Two messages of identical bytes are one row.
+    """
+    return properties.message_id or f"rabbitmq-{hashlib.sha256(body).hexdigest()[:24]}"

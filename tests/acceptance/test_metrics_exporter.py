@@ -166,6 +166,55 @@ def test_the_exporter_serves_queue_depths_dead_letters_breaker_state_and_period_
     assert process.wait(timeout=10) == 0
 
 
+@pytest.mark.parametrize("broker_kind", ["rabbitmq"], indirect=True)
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_on_rabbitmq_the_exporter_shows_the_messages_workers_hold_and_the_oldest_waiting_ones_age(
+    settings, sessions, smtp_server, start_workers, exporter
+):
+    _process, scrape = exporter
+    # Each email takes 4 s, so the worker's two threads are busy and two more messages wait prefetched.
+    settings = replace(settings, smtp_url=smtp_server.url, smtp_timeout_seconds=30, claim_lease_seconds=40)
+    smtp_server.handler.delay_seconds = 4.0
+    population = load_users(sessions, count=6, inactive_every=1000)
+    period = Period.parse(PERIOD)
+    with sessions.begin() as session:
+        runs.trigger(session, period, template_version="v1", now=utcnow())
+    walked_at = time.time()
+    broker = build_broker(settings)
+    coordinator.walk_slice(sessions, period, sender(broker, BUILD_REPORT), page_size=50, budget_seconds=60)
+    broker.close()
+
+    # No worker yet: RabbitMQ shows no message's age, so the age is how long the exporter has
+    # seen the queue waiting unheld, a lower bound.
+    first = scrape()
+    assert value(first, "reports_queue_messages", queue="bulk", state="ready") == len(population.active)
+    assert value(first, "reports_queue_messages", queue="bulk", state="in_progress") == 0
+    time.sleep(1.1)
+    unheld = scrape()
+    assert 1.0 <= value(unheld, "reports_queue_oldest_message_age_seconds", queue="bulk") <= time.time() - walked_at
+
+    start_workers(settings, processes=1, threads=2, queues=("bulk",))
+
+    def held_by_the_worker() -> Samples | None:
+        samples = scrape()
+        return samples if value(samples, "reports_queue_messages", queue="bulk", state="in_progress") == 4 else None
+
+    busy = wait_until(held_by_the_worker, timeout=10, what="the worker's four messages in progress")
+    assert value(busy, "reports_queue_messages", queue="bulk", state="ready") == len(population.active) - 4
+    # The oldest prefetched message's own age: it was enqueued by the walk.
+    age = value(busy, "reports_queue_oldest_message_age_seconds", queue="bulk")
+    assert time.time() - walked_at - 3 <= age <= time.time() - walked_at + 1
+
+    def drained() -> Samples | None:
+        samples = scrape()
+        held = value(samples, "reports_queue_messages", queue="bulk", state="in_progress")
+        return samples if held == 0 and len(smtp_server.messages) == len(population.active) else None
+
+    after = wait_until(drained, timeout=60, what="every email and the worker's snapshot to empty")
+    assert value(after, "reports_queue_messages", queue="bulk", state="ready") == 0
+    assert value(after, "reports_queue_oldest_message_age_seconds", queue="bulk") == 0
+
+
 def test_the_exporter_rejects_a_bad_port_in_one_line(settings):
     result = run_cli(settings, "exporter", "--port", "70000")
     assert result.returncode == 2

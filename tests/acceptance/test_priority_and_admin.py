@@ -39,7 +39,7 @@ from reports.jobs import BULK_QUEUE, CRITICAL_QUEUE, DEFAULT_QUEUE, SEND_NOW, Se
 from reports.periods import Period
 from reports.settings import Settings
 from reports.worker.broker import build_broker, send, send_many, sender
-from tests.support.broker import queued_messages
+from tests.support.broker import held_on_rabbitmq, queued_messages
 from tests.support.databases import load_users
 from tests.support.environment import REPO
 from tests.support.periods import month_from_now
@@ -122,6 +122,8 @@ def waiting(settings: Settings, queue: str) -> int:
 
 def queue_settled(settings: Settings, queue: str) -> bool:
     """Nothing of ``queue`` is waiting, delayed, or held (fetched but not acked) by any worker."""
+    if settings.broker_is_rabbitmq:
+        return waiting(settings, queue) == 0 and held_on_rabbitmq(settings, queue) == 0
     client = redis.Redis.from_url(settings.broker_url)
     ns = settings.broker_namespace
     if client.llen(f"{ns}:{queue}") or client.llen(f"{ns}:{queue}.DQ"):
@@ -211,6 +213,7 @@ def assert_each_mailed_once(smtp_server: SmtpServer, users: list[int], period: s
 # --- 1. send-now when the monthly email never went out ---------------------------------------
 
 
+@pytest.mark.both_brokers
 @ON_POSTGRESQL
 @pytest.mark.parametrize("before", ["never triggered", "planned, bulk not running"])
 def test_send_now_for_a_user_never_mailed_is_the_monthly_email_and_the_monthly_run_sends_no_second(
@@ -268,6 +271,7 @@ def test_send_now_for_a_user_never_mailed_is_the_monthly_email_and_the_monthly_r
 # --- 2. send-now after the monthly email: a new email per request ----------------------------
 
 
+@pytest.mark.both_brokers
 def test_send_now_after_the_monthly_email_sends_one_new_email_per_request_even_if_delivered_twice(
     settings, sessions, smtp_server, start_workers
 ):

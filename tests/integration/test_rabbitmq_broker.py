@@ -1,10 +1,12 @@
 """The RabbitMQ broker's own parts, on a real RabbitMQ vhost: the bulk enqueue with batched
-publisher confirms, the backlog, and the broker's dead letters moved into the store."""
+publisher confirms, the backlog (with what real worker processes hold), and dead letters: the
+broker's moved into the store, and an undecodable message stored at once by the worker."""
 
 from __future__ import annotations
 
 import json
 import subprocess
+import time
 from dataclasses import replace
 from urllib.parse import unquote, urlsplit
 
@@ -13,16 +15,26 @@ import pika
 import pytest
 from sqlalchemy import select
 
+from reports.clock import utcnow
+from reports.fanout import coordinator, runs
 from reports.jobs import BUILD_REPORT, ReportJob
 from reports.models import DeadLetter, DeadLetterReason
 from reports.periods import Period
-from reports.worker import rabbitmq
-from reports.worker.broker import backlog, build_broker, send, send_many
-from reports.worker.dead_letter_sink import DeadLetterSink, absorb_rabbitmq_dead_letters
+from reports.worker import held, rabbitmq
+from reports.worker.broker import backlog, build_broker, send, send_many, sender
+from reports.worker.dead_letter_sink import BrokerDeadLetters, DeadLetterSink, absorb_rabbitmq_dead_letters
+from tests.support.databases import load_users
 from tests.support.rabbitmq import queue_depths
 from tests.support.waiting import wait_until
 
 PERIOD = Period.parse("2026-10")
+
+#: The worker tests run on PostgreSQL, as a deployment's workers do.
+ON_POSTGRESQL = pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+
+#: Seconds after a write within which a change of what a worker holds shows, at most: the
+#: publish interval plus the consumer's idle turn (Dramatiq's worker timeout, 1 s) and slack.
+SHOWN_WITHIN = held.PUBLISH_INTERVAL_SECONDS + 2
 
 
 @pytest.fixture
@@ -141,3 +153,146 @@ def test_a_dead_letter_the_store_cannot_take_stays_in_rabbitmq(broker, rabbit_se
     with pytest.raises(OSError):
         absorb_rabbitmq_dead_letters(broker, unavailable)
     assert queue_depths(rabbit_settings.broker_url, BUILD_REPORT.queue)[2] == 1
+
+
+# --- what worker processes hold ---------------------------------------------------------------
+
+
+@pytest.fixture
+def slow_mail(rabbit_settings, smtp_server):
+    """Settings whose SMTP server takes ``smtp_server.handler.delay_seconds`` per recipient, well
+    within the client's timeout: messages stay in progress (and prefetched behind them) meanwhile."""
+    return replace(rabbit_settings, smtp_url=smtp_server.url, smtp_timeout_seconds=30, claim_lease_seconds=40)
+
+
+def _walk(sessions, broker) -> None:
+    with sessions.begin() as session:
+        runs.trigger(session, PERIOD, template_version="v1", now=utcnow())
+    coordinator.walk_slice(sessions, PERIOD, sender(broker, BUILD_REPORT), page_size=50, budget_seconds=60)
+
+
+def _walked_behind_slow_mail(sessions, broker, smtp_server, *, delay_seconds: float) -> int:
+    """Six users' reports in the bulk queue, mailed ``delay_seconds`` apart per thread; how many."""
+    population = load_users(sessions, count=6, inactive_every=1000)
+    smtp_server.handler.delay_seconds = delay_seconds
+    _walk(sessions, broker)
+    return len(population.active)
+
+
+def _held(broker) -> dict[str, held.QueueHeld]:
+    return held.read(broker.shared_redis, broker.namespace)
+
+
+@ON_POSTGRESQL
+def test_messages_a_worker_holds_count_in_the_backlog_until_they_are_acked(
+    broker, slow_mail, sessions, smtp_server, start_workers
+):
+    users = _walked_behind_slow_mail(sessions, broker, smtp_server, delay_seconds=4.0)
+    send(broker, BUILD_REPORT, ReportJob(PERIOD, 99, "v1").payload(), delay_ms=600_000)
+    assert backlog(broker, BUILD_REPORT.queue) == users + 1
+
+    # One process, two threads: two messages in progress, two prefetched (Dramatiq prefetches two
+    # per thread), the delayed one held until due; RabbitMQ shows only the two still ready.
+    start_workers(slow_mail, processes=1, threads=2, queues=(BUILD_REPORT.queue,))
+    wait_until(
+        lambda: queue_depths(slow_mail.broker_url, BUILD_REPORT.queue) == (2, 0, 0),
+        timeout=10,
+        what="the worker to take its prefetch",
+    )
+    figures = wait_until(
+        lambda: (f := _held(broker)).get("bulk", held.QueueHeld()).count == 4 and f,
+        timeout=SHOWN_WITHIN,
+        what="the worker's snapshot",
+    )
+    assert figures["bulk.DQ"] == held.QueueHeld(1, None)
+    # The two prefetched ones wait; their timestamps are from the walk a moment ago.
+    assert figures["bulk"].oldest_waiting_ms is not None
+    assert 0 <= time.time() * 1000 - figures["bulk"].oldest_waiting_ms < 60_000
+    assert backlog(broker, BUILD_REPORT.queue) == users + 1
+
+    wait_until(lambda: len(smtp_server.messages) == users, timeout=60, what="every email")
+    # Acked: only the delayed message is left, held by the worker.
+    wait_until(lambda: backlog(broker, BUILD_REPORT.queue) == 1, timeout=SHOWN_WITHIN, what="the acks to show")
+    assert _held(broker) == {"bulk.DQ": held.QueueHeld(1, None)}
+
+
+@ON_POSTGRESQL
+def test_a_killed_workers_held_messages_stop_counting_within_the_snapshot_ttl(
+    broker, slow_mail, sessions, smtp_server, start_workers
+):
+    users = _walked_behind_slow_mail(sessions, broker, smtp_server, delay_seconds=20.0)
+    group = start_workers(slow_mail, processes=1, threads=2, queues=(BUILD_REPORT.queue,))
+    wait_until(lambda: _held(broker).get("bulk", held.QueueHeld()).count == 4, timeout=10, what="the snapshot")
+
+    group.kill()
+    killed_at = time.monotonic()
+    smtp_server.handler.delay_seconds = 0.0
+    # RabbitMQ takes the messages back at once; the dead process's snapshot lives out its TTL.
+    wait_until(
+        lambda: queue_depths(slow_mail.broker_url, BUILD_REPORT.queue)[0] == users,
+        timeout=5,
+        what="RabbitMQ to requeue the killed worker's messages",
+    )
+    wait_until(lambda: _held(broker) == {}, timeout=held.SNAPSHOT_TTL_SECONDS + 2, what="the snapshot to expire")
+    assert time.monotonic() - killed_at <= held.SNAPSHOT_TTL_SECONDS + 2
+    assert backlog(broker, BUILD_REPORT.queue) == users
+    assert smtp_server.messages == []
+
+
+@ON_POSTGRESQL
+def test_an_undecodable_message_is_a_dead_letter_at_once_and_the_next_message_runs(
+    broker, rabbit_settings, sessions, smtp_server, start_workers
+):
+    settings = replace(rabbit_settings, smtp_url=smtp_server.url)
+    population = load_users(sessions, count=3, inactive_every=1000)
+    # Started first, so its boot sweep of .XQ is over before the bad messages arrive.
+    group = start_workers(settings, processes=1, threads=2, queues=(BUILD_REPORT.queue,))
+    channel = broker.channel
+    broker.declare_queue(BUILD_REPORT.queue, ensure=True)
+    channel.basic_publish(
+        "", BUILD_REPORT.queue, b"not json", pika.BasicProperties(message_id="raw-not-json", delivery_mode=2)
+    )
+    channel.basic_publish("", BUILD_REPORT.queue, b"\xff\xfe{")
+    _walk(sessions, broker)
+
+    wait_until(lambda: len(smtp_server.messages) == len(population.active), timeout=30, what="every email")
+    letters = wait_until(
+        lambda: (rows := _dead_letters(sessions)) and len(rows) == 2 and rows, timeout=5, what="two dead letters"
+    )
+    assert {row.reason for row in letters} == {DeadLetterReason.UNDECODABLE}
+    assert {row.queue for row in letters} == {BUILD_REPORT.queue}
+    by_id = {row.message_id: row for row in letters}
+    assert "not json" in by_id.pop("raw-not-json").error_message
+    [(unnamed_id, unnamed)] = by_id.items()
+    assert unnamed_id.startswith("rabbitmq-") and "\ufffd" in unnamed.error_message
+    # Stored, then acked: nothing left in .XQ for a later sweep to store a second time.
+    assert queue_depths(settings.broker_url, BUILD_REPORT.queue) == (0, 0, 0)
+    log = group.log()
+    assert "Restarting consumer" not in log and "unexpected error" not in log, log[-5000:]
+
+
+def _dead_letters(sessions) -> list[DeadLetter]:
+    with sessions() as session:
+        return list(session.scalars(select(DeadLetter)))
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_an_undecodable_message_the_store_cannot_take_waits_in_the_dead_letter_queue(broker, rabbit_settings):
+    def unavailable(_dead):
+        raise OSError("database down")
+
+    broker.add_middleware(BrokerDeadLetters(lambda: unavailable))
+    broker.declare_queue(BUILD_REPORT.queue, ensure=True)
+    broker.channel.basic_publish("", BUILD_REPORT.queue, b"not json")
+    consumer = broker.consume(BUILD_REPORT.queue, prefetch=1, timeout=100)
+    try:
+        # Nacked into .XQ, where the next sweep (a rejection, a worker boot) stores it.
+        wait_until(
+            lambda: (
+                next(consumer) is None and queue_depths(rabbit_settings.broker_url, BUILD_REPORT.queue) == (0, 0, 1)
+            ),
+            timeout=5,
+            what="the message in .XQ",
+        )
+    finally:
+        consumer.close()

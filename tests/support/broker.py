@@ -1,7 +1,8 @@
 """What Redis holds and ran: the messages in the broker's queues, and a server's command counts.
 
 ``queue_counts`` and ``queued_messages`` count RabbitMQ's queues too, for an amqp:// or amqps://
-broker URL (in its vhost, tests/support/rabbitmq.py); the other helpers read Redis only.
+broker URL (in its vhost, tests/support/rabbitmq.py), and ``held_on_rabbitmq`` what its workers
+hold; the other helpers read Redis only.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import redis
 
 from reports.jobs import CoordinatorJob, ReportJob, SendNowJob
 from reports.settings import Settings
+from reports.worker import held
 from tests.support.rabbitmq import queue_depths
 
 
@@ -59,3 +61,10 @@ def queued_messages(redis_url: str, namespace: str, queue: str) -> int:
         return ready + delayed
     client = redis.Redis.from_url(redis_url)
     return client.llen(f"{namespace}:{queue}") + client.llen(f"{namespace}:{queue}.DQ")
+
+
+def held_on_rabbitmq(settings: Settings, queue: str) -> int:
+    """Messages of ``queue`` (delayed ones included) that live RabbitMQ workers hold, as their
+    snapshots in the shared Redis say (reports/worker/held.py)."""
+    client = redis.Redis.from_url(settings.shared_redis_url)
+    return held.held_of(held.read(client, settings.broker_namespace), queue)

@@ -1,0 +1,161 @@
+"""The RabbitMQ consumer the workers run: it tells the fleet what it holds, and dead-letters what
+it cannot decode.
+
+**What it holds.** Every message the consumer hands out is kept in the broker's
+:class:`reports.worker.held.HeldMessages` until it is acked or nacked, or the consumer closes
+(RabbitMQ then requeues it); its consumer threads publish the snapshot to the shared Redis
+(:class:`reports.worker.held.Publisher`), where :func:`reports.worker.broker.backlog` and the
+exporter read it.
+
+**Undecodable messages.** Dramatiq 2.2.1's ``_RabbitmqConsumer.__next__`` nacks a message it
+cannot decode into ``<queue>.XQ`` without telling any middleware, so it reached the dead-letter
+store only at the next rejection or worker boot. Here middleware with an
+``after_undecodable_message`` hook stores it first (:class:`reports.worker.dead_letter_sink.BrokerDeadLetters`),
+and it is acked once stored; if storing fails, or nothing stores it, it is nacked into ``.XQ``
+as before, for the next sweep. A store followed by a crash before the ack is redelivered and
+stored again under the same id, which the store ignores. This overrides the private consumer's
+``__next__``; Dramatiq is pinned.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+import dramatiq
+import redis
+from dramatiq.broker import MessageProxy
+from dramatiq.brokers.rabbitmq import RabbitmqBroker, _RabbitmqConsumer, _RabbitmqMessage
+from dramatiq.common import q_name
+from dramatiq.errors import ConnectionClosed, DecodeError
+from dramatiq.message import Message
+from dramatiq.middleware import Middleware
+
+from reports.worker import held as held_messages
+from reports.worker import rabbitmq
+from reports.worker.consumer import HOOK
+
+logger = logging.getLogger(__name__)
+
+#: The attribute of a handed-out message that holds its :class:`reports.worker.held.Held`.
+_HELD = "_reports_held"
+
+
+class ReportsRabbitmqBroker(RabbitmqBroker):
+    """Dramatiq's RabbitMQ broker with this module's consumer.
+
+    :param shared_redis: the Redis of the fleet's shared state (REDIS_URL), where the snapshots go.
+    :param namespace: the key namespace there (BROKER_NAMESPACE).
+    """
+
+    def __init__(self, *, shared_redis: redis.Redis, namespace: str, **options: Any) -> None:
+        super().__init__(**options)
+        self.shared_redis = shared_redis
+        self.namespace = namespace
+        self.held = held_messages.HeldMessages()
+        self.held_publisher = held_messages.Publisher(
+            self.held, shared_redis, namespace=namespace, process=str(uuid.uuid4())
+        )
+        self.add_middleware(_StartedMessages())
+
+    @property
+    def consumer_class(self) -> type[_RabbitmqConsumer]:
+        return Consumer
+
+
+class _StartedMessages(Middleware):
+    """Marks a held message as no longer waiting once a worker thread takes it."""
+
+    def before_process_message(self, broker: dramatiq.Broker, message: MessageProxy) -> None:
+        held = getattr(message, _HELD, None)
+        if held is not None and isinstance(broker, ReportsRabbitmqBroker):
+            broker.held.start(held)
+
+
+class Consumer(_RabbitmqConsumer):
+    broker: ReportsRabbitmqBroker
+
+    def __next__(self) -> MessageProxy | None:
+        message = self._next()
+        # Before the message goes to a worker thread, so a reader sees it held before it starts.
+        self.broker.held_publisher.publish_if_due()
+        return message
+
+    def _next(self) -> MessageProxy | None:
+        # Dramatiq's __next__, with the decode error and the held message handled here.
+        try:
+            method, properties, body = next(self.iterator)
+            if method is None:
+                return None
+        except (AssertionError, *rabbitmq.AMQP_ERRORS) as e:
+            if getattr(e, "reply_code", None) == 404:
+                self.broker.queues_pending.add(q_name(self.queue_name))
+            raise ConnectionClosed(e) from None  # type: ignore[no-untyped-call]
+        try:
+            decoded = Message.decode(body)
+        except DecodeError:
+            self._dead_letter(method.delivery_tag, rabbitmq.message_id_of(properties, body), body)
+            return None
+        message = _RabbitmqMessage(method.redelivered, method.delivery_tag, decoded)  # type: ignore[no-untyped-call]
+        self.known_tags.add(method.delivery_tag)
+        waiting = not self.queue_name.endswith(held_messages.DELAY_SUFFIX)
+        setattr(
+            message, _HELD, self.broker.held.hold(self, self.queue_name, decoded.message_timestamp, waiting=waiting)
+        )
+        return message
+
+    def ack(self, message: MessageProxy) -> None:
+        try:
+            super().ack(message)  # type: ignore[no-untyped-call]
+        finally:
+            self._release(message)
+
+    def nack(self, message: MessageProxy) -> None:
+        try:
+            super().nack(message)  # type: ignore[no-untyped-call]
+        finally:
+            self._release(message)
+
+    def close(self) -> None:
+        try:
+            super().close()  # type: ignore[no-untyped-call]
+        finally:
+            self.broker.held.release_all(self)
+            self.broker.held_publisher.publish_if_due(force=True)
+
+    def _release(self, message: MessageProxy) -> None:
+        # A message of a consumer that has closed since (Dramatiq acks through the newest one)
+        # was released with it.
+        held = getattr(message, _HELD, None)
+        if held is not None:
+            self.broker.held.release(held)
+
+    def _dead_letter(self, tag: int, message_id: str, body: bytes) -> None:
+        hooks = [hook for m in self.broker.middleware if (hook := getattr(m, HOOK, None)) is not None]
+        try:
+            for hook in hooks:
+                hook(self.broker, self.queue_name, message_id, body)
+        except Exception:
+            logger.warning(
+                "Could not store undecodable message %s of %s; moving it to %s.XQ.",
+                message_id,
+                self.queue_name,
+                self.queue_name,
+                exc_info=True,
+                extra={"message_id": message_id, "queue": self.queue_name},
+            )
+            hooks = []
+        try:
+            if hooks:
+                self.channel.basic_ack(tag)
+            else:
+                self.channel.basic_nack(tag, requeue=False)
+        except rabbitmq.AMQP_ERRORS as e:
+            raise ConnectionClosed(e) from None  # type: ignore[no-untyped-call]
+        logger.error(
+            "Undecodable message %s on %s moved to the dead letters.",
+            message_id,
+            self.queue_name,
+            extra={"message_id": message_id, "queue": self.queue_name},
+        )
