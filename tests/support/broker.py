@@ -1,20 +1,23 @@
 """What Redis holds and ran: the messages in the broker's queues, and a server's command counts.
 
-``queue_counts`` and ``queued_messages`` count RabbitMQ's queues too, for an amqp:// or amqps://
-broker URL (in its vhost, tests/support/rabbitmq.py); the other helpers read Redis only.
+``queue_counts``, ``queued_messages``, ``dead_in_broker`` and ``publish_raw`` work on RabbitMQ too,
+for an amqp:// or amqps:// broker URL (in its vhost, tests/support/rabbitmq.py); the other helpers
+read Redis only.
 """
 
 from __future__ import annotations
 
 import json
+import uuid
 from collections import Counter
-from typing import TypeVar
+from typing import Any, TypeVar
 
+import dramatiq
 import redis
 
 from reports.jobs import CoordinatorJob, ReportJob, SendNowJob
 from reports.settings import Settings
-from tests.support.rabbitmq import queue_depths
+from tests.support.rabbitmq import publish, queue_depths
 
 
 def redis_commands(client: redis.Redis) -> Counter[str]:
@@ -59,3 +62,32 @@ def queued_messages(redis_url: str, namespace: str, queue: str) -> int:
         return ready + delayed
     client = redis.Redis.from_url(redis_url)
     return client.llen(f"{namespace}:{queue}") + client.llen(f"{namespace}:{queue}.DQ")
+
+
+def dead_in_broker(settings: Settings, queues: tuple[str, ...] = ("default", "bulk")) -> int:
+    """Messages still in the broker's own dead-letter queues (``<queue>.XQ``), which the workers
+    move into the dead-letter table: a message left there is one an operator would not see."""
+    if settings.broker_is_rabbitmq:
+        return sum(queue_depths(settings.broker_url, queue)[2] for queue in queues)
+    client = redis.Redis.from_url(settings.broker_url)
+    return sum(client.zcard(f"{settings.broker_namespace}:{queue}.XQ") for queue in queues)
+
+
+def publish_raw(settings: Settings, message: dramatiq.Message[Any]) -> None:
+    """Put ``message`` on its queue as its bytes alone, as another producer (an older deploy, another
+    service) would: past this process's broker object and its middleware.
+
+    On Redis what Dramatiq's dispatch script writes: the message under a fresh ``redis_message_id``
+    in the queue's hash, that id on the queue's list. On RabbitMQ a persistent publish to the queue,
+    which must exist (the workers declare it when they boot).
+    """
+    if settings.broker_is_rabbitmq:
+        publish(settings.broker_url, message.queue_name, message.encode())
+        return
+    redis_id = str(uuid.uuid4())  # as RedisBroker.enqueue draws it: the message id is not reused
+    body = message.copy(options={**message.options, "redis_message_id": redis_id}).encode()
+    key = f"{settings.broker_namespace}:{message.queue_name}"
+    with redis.Redis.from_url(settings.broker_url).pipeline(transaction=True) as pipe:
+        pipe.hset(f"{key}.msgs", redis_id, body)
+        pipe.rpush(key, redis_id)
+        pipe.execute()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
@@ -27,6 +28,8 @@ from tests.support.environment import RABBITMQ_URL, missing, unavailable
 RABBITMQCTL_TIMEOUT = 30
 #: Seconds a connection to RabbitMQ may take to open before the node counts as unreachable.
 CONNECT_TIMEOUT = 5
+#: Seconds :func:`publish` waits for the workers to declare the queue it publishes to.
+DECLARED_TIMEOUT = 10.0
 
 
 def _rabbitmqctl(*args: str) -> None:
@@ -104,5 +107,34 @@ def queue_depths(url: str, queue: str) -> tuple[int, int, int]:
                 depths.append(0)
                 channel = connection.channel()
         return depths[0], depths[1], depths[2]
+    finally:
+        connection.close()
+
+
+def publish(url: str, queue: str, body: bytes, *, timeout: float = DECLARED_TIMEOUT) -> None:
+    """Publish ``body`` persistently to ``queue`` in the vhost of ``url``, through the default
+    exchange as Dramatiq does, and wait for RabbitMQ's confirm.
+
+    Published to a missing queue, RabbitMQ would drop the message unseen; so this waits up to
+    ``timeout`` seconds for the queue to exist (workers declare theirs in their consumer threads,
+    just after they report ready), then raises ``LookupError``.
+    """
+    connection = pika.BlockingConnection(_parameters(url))
+    try:
+        channel = connection.channel()
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                channel.queue_declare(queue, passive=True)
+                break
+            except pika.exceptions.ChannelClosedByBroker as e:
+                if e.reply_code != 404:
+                    raise
+                if time.monotonic() > deadline:
+                    raise LookupError(f"no queue {queue!r} in {url.rsplit('/', 1)[-1]} after {timeout} s") from None
+                channel = connection.channel()
+                time.sleep(0.1)
+        channel.confirm_delivery()
+        channel.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2), mandatory=True)
     finally:
         connection.close()
