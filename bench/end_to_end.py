@@ -2,6 +2,7 @@
 
 Usage: .venv/bin/python bench/end_to_end.py [--users 40000] [--repeats 1] [--processes 2] [--threads 8]
                                             [--inactive-percent 0] [--timeout 3600]
+                                            [--broker redis|rabbitmq|both] [--rabbitmq-url URL]
 
 On a PostgreSQL database of its own (TEST_POSTGRES_URL's server), a private redis-server and a local
 SMTP sink in a process of its own (bench/smtp_sink.py), with --users users and their activities
@@ -10,7 +11,11 @@ seeded by `reports.ops.seed.seed` (what `reports seed --users N` runs) for last 
 1. queue: worker pools started as the Procfile does, `dramatiq actors --queues bulk --processes 2
    --threads 8` and the coordinator's `--queues default --processes 1 --threads 2`, booted before
    the clock starts. The period is triggered as `reports trigger` does (runs.trigger_and_enqueue);
-   the clock stops when `reports.fanout.progress` (read every 0.25 s) says it is complete.
+   the clock stops when `reports.fanout.progress` (read every 0.25 s) says it is complete. This is
+   done for each broker of --broker (default redis): on Redis the private redis-server is the broker;
+   on RabbitMQ the broker is a vhost `bench-<hex>` of the run's own on this machine's node (made with
+   rabbitmqctl before the pools boot, deleted after, Ctrl-C included) and the redis-server holds only
+   the shared state (REDIS_URL), as in production.
 2. plain: the same period afresh (every table but the users' and activities' emptied), done by
    --processes plain multiprocessing processes of --threads threads each, no broker. The clock
    starts, the period is triggered (runs.trigger) and walked by the coordinator's own code
@@ -21,13 +26,15 @@ seeded by `reports.ops.seed.seed` (what `reports seed --users N` runs) for last 
 
 Each run prints its wall time, reports/s, the SMTP connections opened against the emails sent, the
 PostgreSQL sessions opened, and checks that every active user got exactly one email (exit status 1
-if not). With --repeats N the two alternate (queue first on odd repeats, plain first on even ones)
-and their medians are compared; queue / plain wall time is the queue's overhead.
+if not). With --repeats N the kinds alternate (redis, rabbitmq, plain on odd repeats, the reverse
+on even ones) and a table compares their medians; each queue's wall time over plain's is its
+overhead. Redis is emptied before every run, so no run inherits another's shared state.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import multiprocessing
 import os
 import queue
@@ -40,15 +47,26 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+import redis
 from smtp_sink import Delivered  # bench/smtp_sink.py, beside this script
 from sqlalchemy.orm import Session, sessionmaker
-from support import MailBench, Pools, interrupt_on_sigterm, mail_bench, settings_environ, watch_period
+from support import (
+    RABBITMQ_URL,
+    MailBench,
+    Pools,
+    Vhosts,
+    interrupt_on_sigterm,
+    mail_bench,
+    settings_environ,
+    watch_period,
+)
 
 from reports.clock import utcnow
 from reports.database import create_db_engine, session_factory
 from reports.delivery import pipeline
 from reports.fanout import coordinator, progress, runs
 from reports.jobs import BUILD_REPORT, BULK_QUEUE, DEFAULT_QUEUE, ReportJob
+from reports.settings import Settings
 from reports.worker.broker import build_broker
 
 #: Tables a run leaves alone; every other one (runs, items and their counts, reports, deliveries…) is
@@ -58,6 +76,8 @@ SEEDED_TABLES = ("users", "activities", "alembic_version")
 START_TIMEOUT = 60
 #: Seconds between progress reads while the queue run goes on.
 POLL_SECONDS = 0.25
+#: The brokers a queue run can go through.
+BROKERS = ("redis", "rabbitmq")
 
 
 @dataclass(frozen=True)
@@ -79,10 +99,10 @@ class Run:
         stats = self.delivered_check.stats
         planned = f"walk planned at {self.planned_seconds:.1f} s" if self.planned_seconds is not None else ""
         return (
-            f"{self.kind:<5} #{index}: {self.delivered:,} reports in {self.seconds:.1f} s = {self.rate:,.0f} "
+            f"{self.kind:<8} #{index}: {self.delivered:,} reports in {self.seconds:.1f} s = {self.rate:,.0f} "
             f"reports/s ({planned}); SMTP: {stats['connections']:,} connections opened for "
             f"{stats['messages']:,} emails; PostgreSQL sessions opened: {self.pg_sessions:,}{self.extra}\n"
-            f"         {self.delivered_check.describe()}"
+            f"            {self.delivered_check.describe()}"
         )
 
 
@@ -138,12 +158,32 @@ def finish(
 # --------------------------------------------------------------------------- 1. through the queue
 
 
-def queue_run(args: argparse.Namespace, bench: MailBench, sessions: sessionmaker[Session]) -> Run:
-    settings = bench.settings
+def queue_run(
+    args: argparse.Namespace, bench: MailBench, sessions: sessionmaker[Session], kind: str, vhosts: Vhosts | None
+) -> Run:
+    """One period through worker pools on the broker ``kind`` names (a fresh vhost when it is RabbitMQ)."""
+    vhost = None
+    try:
+        if kind == "rabbitmq":
+            assert vhosts is not None
+            vhost, vhost_url = vhosts.create()
+            # The bench's redis-server stays the fleet's shared state (breaker, send rate, metrics).
+            settings = dataclasses.replace(bench.settings, broker_url=vhost_url, redis_url=bench.settings.broker_url)
+        else:
+            settings = bench.settings
+        return _queue_run(args, bench, sessions, kind, settings)
+    finally:
+        if vhost is not None and vhosts is not None:
+            vhosts.delete(vhost)
+
+
+def _queue_run(
+    args: argparse.Namespace, bench: MailBench, sessions: sessionmaker[Session], kind: str, settings: Settings
+) -> Run:
     pools = Pools(bench.workdir, settings_environ(settings))
     try:
-        pools.start("coordinator", DEFAULT_QUEUE, 1, 2)
-        pools.start("bulk", BULK_QUEUE, args.processes, args.threads)
+        pools.start(f"{kind}-coordinator", DEFAULT_QUEUE, 1, 2)
+        pools.start(f"{kind}-bulk", BULK_QUEUE, args.processes, args.threads)
         broker = build_broker(settings)
         bench.sink.reset()
         before = pg_sessions(settings.database_url)
@@ -163,7 +203,7 @@ def queue_run(args: argparse.Namespace, bench: MailBench, sessions: sessionmaker
         broker.close()
     finally:
         pools.stop_all()
-    return finish("queue", bench, sessions, started, ended, planned_at, before)
+    return finish(kind, bench, sessions, started, ended, planned_at, before)
 
 
 # --------------------------------------------------------------------------- 2. plain processes, no queue
@@ -264,6 +304,39 @@ def plain_run(args: argparse.Namespace, bench: MailBench, sessions: sessionmaker
 # --------------------------------------------------------------------------- main
 
 
+def table(results: dict[str, list[Run]], users: int) -> None:
+    """Each kind's median wall time and rate, its ratio to plain, and whether every user got one email."""
+    label = "median " if max(len(runs) for runs in results.values()) > 1 else ""
+    plain = statistics.median(r.seconds for r in results["plain"])
+    header = ["run", f"{label}seconds", "reports/s", "/ plain", "each run's seconds", "every user one email"]
+    rows = [header]
+    for kind, kind_runs in results.items():
+        seconds = statistics.median(r.seconds for r in kind_runs)
+        rows.append(
+            [
+                kind,
+                f"{seconds:.1f}",
+                f"{users / seconds:,.0f}",
+                "-" if kind == "plain" else f"{seconds / plain:.3f}",
+                " ".join(f"{r.seconds:.1f}" for r in kind_runs),
+                "yes" if all(r.delivered_check.ok for r in kind_runs) else "NO",
+            ]
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    print()
+    for i, cells in enumerate(rows):
+        print(
+            "  ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in enumerate(zip(cells, widths, strict=True)))
+        )
+        if i == 0:
+            print("  ".join("-" * w for w in widths))
+    if "redis" in results and "rabbitmq" in results:
+        redis_s = statistics.median(r.seconds for r in results["redis"])
+        rabbitmq_s = statistics.median(r.seconds for r in results["rabbitmq"])
+        print(f"rabbitmq / redis wall time = {rabbitmq_s / redis_s:.3f}")
+    print("target for a queue / plain: within +10% (1.10)")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--users", type=int, default=40_000)
@@ -273,43 +346,59 @@ def main() -> int:
         default=0,
         help="seeded users left inactive (reports seed's default is 10); 0: every user is mailed",
     )
-    parser.add_argument("--repeats", type=int, default=1, help="queue and plain runs each, alternating")
+    parser.add_argument("--repeats", type=int, default=1, help="runs of each kind, alternating")
     parser.add_argument("--processes", type=int, default=2, help="worker processes (bulk pool) and plain processes")
     parser.add_argument("--threads", type=int, default=8, help="threads per process, both kinds")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds one run may take")
+    # Redis by default: README's earlier rows were measured without RabbitMQ, which not every machine runs.
+    parser.add_argument("--broker", choices=(*BROKERS, "both"), default="redis", help="the queue runs' broker(s)")
+    parser.add_argument(
+        "--rabbitmq-url",
+        default=RABBITMQ_URL,
+        help="this machine's RabbitMQ node, which the bench makes its vhosts on (default BENCH_RABBITMQ_URL or "
+        "amqp://guest:guest@127.0.0.1:5672/)",
+    )
     args = parser.parse_args()
     interrupt_on_sigterm()
+    brokers = BROKERS if args.broker == "both" else (args.broker,)
+    vhosts = Vhosts(args.rabbitmq_url) if "rabbitmq" in brokers else None
+    rabbitmq = ""
+    if vhosts is not None:
+        try:
+            rabbitmq = f", RabbitMQ {vhosts.check()} (a vhost of each run's own)"
+        except RuntimeError as error:
+            parser.error(f"{error} (--broker redis leaves RabbitMQ out)")
 
     failed = False
-    with mail_bench(users=args.users, inactive_percent=args.inactive_percent, prefix="end-to-end-bench-") as bench:
-        print(
-            f"{args.processes} processes x {args.threads} threads; PostgreSQL, redis-server and the SMTP sink "
-            f"on this machine",
-            flush=True,
-        )
-        engine = create_db_engine(bench.settings.database_url)
-        sessions = session_factory(engine)
-        results: dict[str, list[Run]] = {"queue": [], "plain": []}
-        for repeat in range(args.repeats):
-            for kind in ("queue", "plain") if repeat % 2 == 0 else ("plain", "queue"):
-                empty_run_tables(bench.settings.database_url)
-                run = (queue_run if kind == "queue" else plain_run)(args, bench, sessions)
-                results[kind].append(run)
-                failed |= not run.delivered_check.ok
-                print(run.describe(repeat + 1), flush=True)
-        engine.dispose()
-    queue = statistics.median(r.seconds for r in results["queue"])
-    plain = statistics.median(r.seconds for r in results["plain"])
-    label = "median " if args.repeats > 1 else ""
-    users = len(bench.active)
-    print(
-        f"queue: {label}{queue:.1f} s = {users / queue:,.0f} reports/s; plain: {label}{plain:.1f} s "
-        f"= {users / plain:,.0f} reports/s"
-    )
-    print(
-        f"queue / plain wall time = {queue / plain:.3f}: the queue's overhead is {(queue / plain - 1):+.1%} "
-        f"(target: within +10%)"
-    )
+    kinds = (*brokers, "plain")
+    results: dict[str, list[Run]] = {kind: [] for kind in kinds}
+    try:
+        with mail_bench(users=args.users, inactive_percent=args.inactive_percent, prefix="end-to-end-bench-") as bench:
+            print(
+                f"{args.processes} processes x {args.threads} threads; PostgreSQL, redis-server{rabbitmq} and the "
+                f"SMTP sink on this machine",
+                flush=True,
+            )
+            engine = create_db_engine(bench.settings.database_url)
+            sessions = session_factory(engine)
+            shared = redis.Redis.from_url(bench.settings.broker_url)
+            for repeat in range(args.repeats):
+                for kind in kinds if repeat % 2 == 0 else kinds[::-1]:
+                    empty_run_tables(bench.settings.database_url)
+                    shared.flushall()
+                    if kind == "plain":
+                        run = plain_run(args, bench, sessions)
+                    else:
+                        run = queue_run(args, bench, sessions, kind, vhosts)
+                    results[kind].append(run)
+                    failed |= not run.delivered_check.ok
+                    print(run.describe(repeat + 1), flush=True)
+            shared.close()
+            engine.dispose()
+    finally:
+        if vhosts is not None:
+            vhosts.delete_all()
+    table(results, len(bench.active))
     if failed:
         print("FAILED: not every user got exactly one email", file=sys.stderr)
     return 1 if failed else 0

@@ -95,7 +95,8 @@ class BrokerDeadLetters(Middleware):
     def after_undecodable_message(
         self, broker: dramatiq.Broker, queue_name: str, broker_message_id: str, body: bytes
     ) -> None:
-        """Called by the consumers with a message they could not decode.
+        """Called by the consumers with a message they could not decode, and on RabbitMQ also with
+        one Dramatiq rejected (:meth:`reports.worker.rabbitmq_consumer.Consumer.nack`).
 
         On Redis (:mod:`reports.worker.consumer`) it is in ``.XQ`` already and is swept from
         there. On RabbitMQ (:mod:`reports.worker.rabbitmq_consumer`) it is still unacked and is

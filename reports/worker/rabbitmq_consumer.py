@@ -7,6 +7,11 @@ it cannot decode.
 (:class:`reports.worker.held.Publisher`), where :func:`reports.worker.broker.backlog` and the
 exporter read it.
 
+**Rejected messages.** A message Dramatiq rejects (an actor no worker knows, the retry
+middleware's last resort) is stored the same way in :meth:`Consumer.nack` and acked, rather than
+left in ``.XQ`` until a sweep: Dramatiq's nack is only scheduled on the consumer's connection,
+so the sweep that follows a nack ran before RabbitMQ had moved the message.
+
 **Undecodable messages.** Dramatiq 2.2.1's ``_RabbitmqConsumer.__next__`` nacks a message it
 cannot decode into ``<queue>.XQ`` without telling any middleware, so it reached the dead-letter
 store only at the next rejection or worker boot. Here middleware with an
@@ -112,8 +117,14 @@ class Consumer(_RabbitmqConsumer):
             self._release(message)
 
     def nack(self, message: MessageProxy) -> None:
+        # Dramatiq's nack only schedules the reject on this consumer's connection, so a sweep of
+        # .XQ right after it finds nothing, and the message would wait there for the next worker
+        # boot. Stored here, it is acked instead; if it cannot be stored, it is rejected as before.
         try:
-            super().nack(message)  # type: ignore[no-untyped-call]
+            if self._store(message.message_id, message.encode()):
+                super().ack(message)  # type: ignore[no-untyped-call]
+            else:
+                super().nack(message)  # type: ignore[no-untyped-call]
         finally:
             self._release(message)
 
@@ -131,23 +142,28 @@ class Consumer(_RabbitmqConsumer):
         if held is not None:
             self.broker.held.release(held)
 
-    def _dead_letter(self, tag: int, message_id: str, body: bytes) -> None:
+    def _store(self, message_id: str, body: bytes) -> bool:
+        """Hand a rejected message to the middleware that stores dead letters; whether one did."""
         hooks = [hook for m in self.broker.middleware if (hook := getattr(m, HOOK, None)) is not None]
         try:
             for hook in hooks:
                 hook(self.broker, self.queue_name, message_id, body)
         except Exception:
             logger.warning(
-                "Could not store undecodable message %s of %s; moving it to %s.XQ.",
+                "Could not store rejected message %s of %s; moving it to %s.XQ.",
                 message_id,
                 self.queue_name,
                 self.queue_name,
                 exc_info=True,
                 extra={"message_id": message_id, "queue": self.queue_name},
             )
-            hooks = []
+            return False
+        return bool(hooks)
+
+    def _dead_letter(self, tag: int, message_id: str, body: bytes) -> None:
+        stored = self._store(message_id, body)
         try:
-            if hooks:
+            if stored:
                 self.channel.basic_ack(tag)
             else:
                 self.channel.basic_nack(tag, requeue=False)

@@ -17,7 +17,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import dramatiq
-import pika
 import pytest
 import redis
 from sqlalchemy import text
@@ -28,9 +27,8 @@ from reports.failures import dead_letters
 from reports.fanout import coordinator, runs
 from reports.fanout.progress import count
 from reports.periods import Period
-from reports.worker.broker import build_broker
 from reports.worker.retries import DeadMessage
-from tests.support.broker import held_on_rabbitmq, queued_messages
+from tests.support.broker import dead_in_broker, held_on_rabbitmq, publish_message, publish_raw, queued_messages
 from tests.support.databases import load_users
 from tests.support.processes import run_cli
 from tests.support.rabbitmq import queue_depths
@@ -86,6 +84,18 @@ def trigger(settings) -> None:
 
 def xq_keys(settings) -> list[bytes]:
     return redis.Redis.from_url(settings.broker_url).keys(f"{settings.broker_namespace}:*.XQ")
+
+
+def plan_without_enqueueing(settings, sessions) -> None:
+    """Trigger and walk the period without enqueueing anything: every active user has a pending
+    item, and only the messages a test puts on the queue itself are there."""
+    period = Period.parse(PERIOD)
+    with sessions.begin() as session:
+        runs.trigger(session, period, template_version=settings.template_version, now=utcnow())
+    outcome = coordinator.walk_slice(
+        sessions, period, lambda payloads: len(list(payloads)), page_size=settings.plan_page_size, budget_seconds=30
+    )
+    assert outcome.planned
 
 
 def dead_summary(letters: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
@@ -225,19 +235,13 @@ def test_an_outage_longer_than_the_retry_budget_opens_the_breaker_and_loses_no_e
 # --- malformed payloads ----------------------------------------------------------------------
 
 
+@pytest.mark.both_brokers
 def test_malformed_payloads_become_dead_letters_with_a_clear_reason_and_the_worker_goes_on(
     settings, sessions, smtp_server, start_workers
 ):
     settings = replace(settings, smtp_url=smtp_server.url, min_backoff_ms=100, max_backoff_ms=1_000)
     load_users(sessions, count=2, inactive_every=100)
-    # Walk the period without enqueueing anything, so both users have a pending item.
-    period = Period.parse(PERIOD)
-    with sessions.begin() as session:
-        runs.trigger(session, period, template_version=settings.template_version, now=utcnow())
-    outcome = coordinator.walk_slice(
-        sessions, period, lambda payloads: len(list(payloads)), page_size=settings.plan_page_size, budget_seconds=30
-    )
-    assert outcome.planned
+    plan_without_enqueueing(settings, sessions)
     group = start_workers(settings, processes=2, threads=2)
 
     valid = (PERIOD, 2, "v1")
@@ -256,20 +260,17 @@ def test_malformed_payloads_become_dead_letters_with_a_clear_reason_and_the_work
         ),
         "positional and named": ("build_report", (PERIOD,), {"user_id": 2}, "InvalidPayload", "positionally"),
         "unknown template": ("build_report", (PERIOD, 1, "v999"), {}, "UnknownTemplateVersion", "v999"),
-        "unknown actor": ("no_such_actor", valid, {}, "BrokerDeadLetter", "actor"),
     }
-    broker = build_broker(settings)
-    try:
-        ids: dict[str, str] = {}
-        for name, (actor, args, kwargs, _, _) in malformed.items():
-            message = dramatiq.Message(queue_name="bulk", actor_name=actor, args=args, kwargs=kwargs, options={})
-            broker.enqueue(message)
-            ids[message.message_id] = name
-        broker.enqueue(
-            dramatiq.Message(queue_name="bulk", actor_name="build_report", args=valid, kwargs={}, options={})
-        )
-    finally:
-        broker.close()
+    # As raw bytes on the wire: such payloads come from an older deploy or another producer, not
+    # from this code's senders, which build every message from a parsed job.
+    ids: dict[str, str] = {}
+    for name, (actor, args, kwargs, _, _) in malformed.items():
+        message = dramatiq.Message(queue_name="bulk", actor_name=actor, args=args, kwargs=kwargs, options={})
+        publish_message(settings, message)
+        ids[message.message_id] = name
+    publish_message(
+        settings, dramatiq.Message(queue_name="bulk", actor_name="build_report", args=valid, kwargs={}, options={})
+    )
 
     wait_until(lambda: (p := progress(sessions)) and p["complete"], timeout=30, what="both items to finish")
     wait_until(lambda: len(dlq_list(settings)) >= len(malformed), timeout=30, what="every dead letter")
@@ -282,7 +283,8 @@ def test_malformed_payloads_become_dead_letters_with_a_clear_reason_and_the_work
         assert (letter["actor"], letter["queue"], letter["error_class"]) == (actor, "bulk", error_class), name
         assert needle in letter["error_message"], (name, letter["error_message"])
         assert letter["attempts"] == 1, (name, letter)
-    assert letters["unknown template"]["reason"] == "permanent"
+        # What `reports dlq list --reason` filters on: retrying cannot fix any of these.
+        assert letter["reason"] == "permanent", (name, letter)
     assert (letters["unknown template"]["period"], letters["unknown template"]["user_id"]) == (PERIOD, 1)
 
     final = progress_json(settings)
@@ -290,8 +292,37 @@ def test_malformed_payloads_become_dead_letters_with_a_clear_reason_and_the_work
     assert_each_mailed_once(smtp_server, [2])
     assert group.process.poll() is None, group.log()[-5000:]
     assert group.log().count("Worker process is ready") == 2, "a worker process was restarted"
-    assert xq_keys(settings) == []
+    assert dead_in_broker(settings) == 0
     assert queued_messages(settings.broker_url, settings.broker_namespace, "bulk") == 0
+
+
+@pytest.mark.both_brokers
+def test_a_message_for_an_unknown_actor_becomes_a_broker_dead_letter_and_the_worker_goes_on(
+    settings, sessions, smtp_server, start_workers
+):
+    settings = replace(settings, smtp_url=smtp_server.url)
+    load_users(sessions, count=1, inactive_every=100)
+    plan_without_enqueueing(settings, sessions)
+    group = start_workers(settings, processes=1, threads=2)
+
+    job = (PERIOD, 1, "v1")
+    unknown = dramatiq.Message(queue_name="bulk", actor_name="no_such_actor", args=job, kwargs={}, options={})
+    publish_message(settings, unknown)
+    publish_message(
+        settings, dramatiq.Message(queue_name="bulk", actor_name="build_report", args=job, kwargs={}, options={})
+    )
+
+    final = wait_complete(sessions)
+    assert (final["delivered"], final["dead"]) == (1, 0)
+    assert_each_mailed_once(smtp_server, [1])
+    letters = wait_until(lambda: dlq_list(settings), timeout=20, what="the unknown actor's dead letter")
+    assert [(letter["message_id"], letter["actor"], letter["queue"]) for letter in letters] == [
+        (unknown.message_id, "no_such_actor", "bulk")
+    ]
+    assert (letters[0]["reason"], letters[0]["error_class"]) == ("broker", "BrokerDeadLetter")
+    assert "actor" in letters[0]["error_message"], letters[0]
+    assert group.process.poll() is None, group.log()[-5000:]
+    assert dead_in_broker(settings) == 0
 
 
 @pytest.mark.both_brokers
@@ -301,8 +332,8 @@ def test_an_undecodable_raw_message_becomes_a_dead_letter_and_the_worker_goes_on
     settings = replace(settings, smtp_url=smtp_server.url)
     population = load_users(sessions, count=12, inactive_every=100)
     raw = {"raw-not-json": b"not json", "raw-not-utf8": b"\xff\xfe{", "raw-not-a-message": b'{"args": 1}'}
-    put_raw = put_raw_on_rabbitmq if settings.broker_is_rabbitmq else put_raw_on_redis
-    put_raw(settings, "bulk", raw)
+    for message_id, body in raw.items():
+        publish_raw(settings, "bulk", body, message_id=message_id)
     group = start_workers(settings, processes=1, threads=2)
     trigger(settings)
 
@@ -325,26 +356,6 @@ def test_an_undecodable_raw_message_becomes_a_dead_letter_and_the_worker_goes_on
     assert group.process.poll() is None, log[-5000:]
     # Nothing is left in the broker: not in the queue, not held by the worker, not in .XQ.
     wait_until(lambda: bulk_left(settings) == {}, timeout=10, what="the bulk queue to be empty")
-
-
-def put_raw_on_redis(settings, queue: str, raw: dict[str, bytes]) -> None:
-    """Put each body on ``queue`` under its id as a producer other than Dramatiq might."""
-    client = redis.Redis.from_url(settings.broker_url)
-    key = f"{settings.broker_namespace}:{queue}"
-    for redis_id, body in raw.items():
-        client.hset(f"{key}.msgs", redis_id, body)
-        client.rpush(key, redis_id)
-
-
-def put_raw_on_rabbitmq(settings, queue: str, raw: dict[str, bytes]) -> None:
-    """Publish each body to ``queue`` with its id as the AMQP message_id, into the queue as Dramatiq declares it."""
-    broker = build_broker(settings)
-    try:
-        broker.declare_queue(queue, ensure=True)
-        for message_id, body in raw.items():
-            broker.channel.basic_publish("", queue, body, pika.BasicProperties(message_id=message_id, delivery_mode=2))
-    finally:
-        broker.close()
 
 
 def bulk_left(settings) -> dict[str, int]:

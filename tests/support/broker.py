@@ -1,21 +1,25 @@
 """What Redis holds and ran: the messages in the broker's queues, and a server's command counts.
 
-``queue_counts`` and ``queued_messages`` count RabbitMQ's queues too, for an amqp:// or amqps://
-broker URL (in its vhost, tests/support/rabbitmq.py), and ``held_on_rabbitmq`` what its workers
-hold; the other helpers read Redis only.
+``queue_counts``, ``queued_messages``, ``dead_in_broker`` and the ``publish_*`` helpers work on RabbitMQ too,
+for an amqp:// or amqps:// broker URL (in its vhost, tests/support/rabbitmq.py), and
+``held_on_rabbitmq`` counts what its workers hold; the other helpers read Redis only.
 """
 
 from __future__ import annotations
 
 import json
+import uuid
 from collections import Counter
-from typing import TypeVar
+from typing import Any, TypeVar
 
+import dramatiq
+import pika
 import redis
 
 from reports.jobs import CoordinatorJob, ReportJob, SendNowJob
 from reports.settings import Settings
 from reports.worker import held
+from reports.worker.broker import build_broker
 from tests.support.rabbitmq import queue_depths
 
 
@@ -68,3 +72,49 @@ def held_on_rabbitmq(settings: Settings, queue: str) -> int:
     snapshots in the shared Redis say (reports/worker/held.py)."""
     client = redis.Redis.from_url(settings.shared_redis_url)
     return held.held_of(held.read(client, settings.broker_namespace), queue)
+
+
+def dead_in_broker(settings: Settings, queues: tuple[str, ...] = ("default", "bulk")) -> int:
+    """Messages still in the broker's own dead-letter queues (``<queue>.XQ``), which the workers
+    move into the dead-letter table: a message left there is one an operator would not see."""
+    if settings.broker_is_rabbitmq:
+        return sum(queue_depths(settings.broker_url, queue)[2] for queue in queues)
+    client = redis.Redis.from_url(settings.broker_url)
+    return sum(client.zcard(f"{settings.broker_namespace}:{queue}.XQ") for queue in queues)
+
+
+def publish_raw(settings: Settings, queue: str, body: bytes, *, message_id: str | None = None) -> None:
+    """Put ``body`` on ``queue`` as its bytes alone, as another producer (an older deploy, another
+    service) would: past this process's broker object and its middleware.
+
+    On Redis what Dramatiq's dispatch script writes: the body under ``message_id`` (a fresh one if
+    not given) in the queue's hash, that id on the queue's list. On RabbitMQ a persistent publish,
+    confirmed, with ``message_id`` as the AMQP message_id, to the queue as Dramatiq declares it.
+    """
+    if settings.broker_is_rabbitmq:
+        broker = build_broker(settings)
+        try:
+            broker.declare_queue(queue, ensure=True)
+            channel = broker.channel
+            channel.confirm_delivery()
+            properties = pika.BasicProperties(message_id=message_id, delivery_mode=2)
+            channel.basic_publish("", queue, body, properties, mandatory=True)
+        finally:
+            broker.close()
+        return
+    key = f"{settings.broker_namespace}:{queue}"
+    redis_id = message_id or str(uuid.uuid4())
+    with redis.Redis.from_url(settings.broker_url).pipeline(transaction=True) as pipe:
+        pipe.hset(f"{key}.msgs", redis_id, body)
+        pipe.rpush(key, redis_id)
+        pipe.execute()
+
+
+def publish_message(settings: Settings, message: dramatiq.Message[Any]) -> None:
+    """:func:`publish_raw` of a message's bytes, with the id Dramatiq's Redis broker would draw."""
+    if settings.broker_is_rabbitmq:
+        publish_raw(settings, message.queue_name, message.encode())
+        return
+    redis_id = str(uuid.uuid4())  # as RedisBroker.enqueue draws it: the message id is not reused
+    body = message.copy(options={**message.options, "redis_message_id": redis_id}).encode()
+    publish_raw(settings, message.queue_name, body, message_id=redis_id)
