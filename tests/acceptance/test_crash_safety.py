@@ -8,6 +8,7 @@ import time
 from dataclasses import replace
 
 import pytest
+import redis
 from sqlalchemy import select
 
 from reports.fanout.progress import count
@@ -15,6 +16,7 @@ from reports.models import PeriodRun
 from reports.periods import Period
 from tests.support.databases import load_users
 from tests.support.processes import run_cli
+from tests.support.rabbitmq import purge
 from tests.support.waiting import wait_until
 
 # The issue asks for these on PostgreSQL; the pipeline's SQLite path is covered end to end elsewhere.
@@ -165,10 +167,15 @@ def test_the_coordinator_killed_mid_walk_resumes_from_its_checkpoint(
     assert 0 < at_kill < population.active[-1]
 
 
-def test_redis_flushed_mid_run_is_repaired_by_reconcile(settings, sessions, smtp_server, start_workers, private_redis):
-    import redis
-
-    settings = replace(settings, smtp_url=smtp_server.url, broker_url=private_redis, heartbeat_timeout_ms=3000)
+@pytest.mark.both_brokers
+def test_the_brokers_queued_messages_lost_mid_run_are_repaired_by_reconcile(
+    request, broker_kind, settings, sessions, smtp_server, start_workers
+):
+    """Redis flushed (a failover to an empty replica), or RabbitMQ's queue purged (a lost node
+    without a mirror): the items are durable, and reconcile hands out what has nothing on its way."""
+    settings = replace(settings, smtp_url=smtp_server.url)
+    if broker_kind == "redis":
+        settings = replace(settings, broker_url=request.getfixturevalue("private_redis"), heartbeat_timeout_ms=3000)
     population = load_users(sessions, count=300, inactive_every=1000)
     smtp_server.handler.delay_seconds = 0.02
     start_workers(settings, processes=1, threads=4)
@@ -176,7 +183,10 @@ def test_redis_flushed_mid_run_is_repaired_by_reconcile(settings, sessions, smtp
     wait_until(lambda: progress_of(sessions).planned, timeout=30, what="the walk")
     wait_for_delivered(sessions, 60)
 
-    redis.Redis.from_url(private_redis).flushall()
+    if settings.broker_is_rabbitmq:
+        assert purge(settings.broker_url, "bulk") > 0, "nothing was queued to lose"
+    else:
+        redis.Redis.from_url(settings.broker_url).flushall()
 
     # The broker lost every queued message: delivery stops short of the total.
     def stalled() -> bool:

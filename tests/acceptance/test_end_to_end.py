@@ -69,6 +69,7 @@ def test_every_active_user_gets_exactly_one_correct_email(settings, sessions, sm
     assert progress_json(settings) == final
 
 
+@pytest.mark.both_brokers
 def test_a_user_deactivated_after_planning_is_skipped_not_mailed(settings, sessions, smtp_server, start_workers):
     from sqlalchemy import text
 

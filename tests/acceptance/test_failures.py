@@ -379,6 +379,7 @@ def bulk_left(settings) -> dict[str, int]:
 # --- replay ----------------------------------------------------------------------------------
 
 
+@pytest.mark.both_brokers
 def test_replay_mails_a_fixed_user_once_and_a_second_replay_sends_nothing(
     settings, sessions, smtp_server, start_workers
 ):
@@ -503,6 +504,7 @@ def webhook() -> Iterator[ThreadingHTTPServer]:
         thread.join()
 
 
+@pytest.mark.both_brokers
 def test_dead_letters_raise_few_webhook_posts_and_one_id_only_error_line_each(
     settings, sessions, smtp_server, start_workers, webhook
 ):

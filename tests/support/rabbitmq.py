@@ -106,3 +106,13 @@ def queue_depths(url: str, queue: str) -> tuple[int, int, int]:
         return depths[0], depths[1], depths[2]
     finally:
         connection.close()
+
+
+def purge(url: str, queue: str) -> int:
+    """Drop every ready message of ``queue`` (not those a consumer holds), as a lost node or an
+    operator's mistake would; how many were dropped."""
+    connection = pika.BlockingConnection(_parameters(url))
+    try:
+        return int(connection.channel().queue_purge(queue).method.message_count)
+    finally:
+        connection.close()
