@@ -46,6 +46,11 @@ ACK_DELAY_SECONDS = 0.1
 #: Acks written at once at most: a batch this large is written without waiting.
 ACK_BATCH = 100
 
+#: Of the prefetch, the share still outstanding below which the consumer fetches again.
+REFILL_BELOW = 0.75
+#: How long the consumer waits before it looks again while enough is still outstanding, in seconds.
+REFILL_PAUSE_SECONDS = 0.005
+
 #: Dramatiq's ``ack`` for each id: the body is deleted only if this process still held the id,
 #: since a message requeued from a process thought dead may now be another one's.
 _ACK_ALL = """
@@ -130,6 +135,13 @@ class Consumer(_RedisConsumer):
         # The consumer thread calls this between its other work, and before it idles.
         if self._acks.ids and time.monotonic() - self._acks.oldest >= ACK_DELAY_SECONDS:
             self._write_acks()
+        if not self.message_cache and len(self.queued_message_ids) > self.prefetch * REFILL_BELOW:
+            # Dramatiq fetches as soon as one message is acked, so under load each fetch (a script
+            # call) brought the one message a finished thread made room for. Waiting until a
+            # quarter of the prefetch is spent makes it bring a batch, while the threads still
+            # have the rest queued.
+            time.sleep(REFILL_PAUSE_SECONDS)
+            return None
         while True:
             try:
                 # Dramatiq's _RedisConsumer.__next__ has no annotations.

@@ -4,6 +4,7 @@ the worker stops, and a batch never deletes a message another process holds."""
 from __future__ import annotations
 
 import threading
+import time
 
 import dramatiq
 import pytest
@@ -109,3 +110,43 @@ def test_acks_that_redis_could_not_take_are_written_by_the_next_consumer(tmp_pat
         second.close()
         assert keys_left(client, "acks") == {"unacked": 0, "bodies": 0}
     broker.close()
+
+
+def test_under_load_a_fetch_brings_a_batch_not_the_one_message_an_ack_made_room_for(settings: Settings) -> None:
+    broker = build_broker(settings)
+    ran: list[int] = []
+    lock = threading.Lock()
+
+    @dramatiq.actor(queue_name=QUEUE, broker=broker)
+    def slow(index: int) -> None:
+        # A report's send, of uneven length: the threads stay busy and finish one at a time.
+        time.sleep(0.005 + (index * 7919 % 31) / 1000)
+        with lock:
+            ran.append(index)
+
+    fetched: list[int] = []
+    do_fetch = broker.do_fetch
+
+    def counted_fetch(queue_name: str, count: int) -> list[bytes]:
+        messages = do_fetch(queue_name, count)
+        if messages and queue_name == QUEUE:
+            fetched.append(len(messages))
+        return messages
+
+    broker.do_fetch = counted_fetch  # type: ignore[method-assign]
+    messages = 300
+    for index in range(messages):
+        slow.send(index)
+    worker = dramatiq.Worker(broker, queues={QUEUE}, worker_threads=4, worker_timeout=100)
+    worker.start()
+    try:
+        wait_until(lambda: len(ran) == messages, timeout=60, what="every message to run")
+    finally:
+        worker.stop()
+        broker.close()
+
+    assert sorted(ran) == list(range(messages))
+    # Prefetch 8 (two per thread): a fetch waits until 2 are spent, so it brings at least 2.
+    # Prefetch 8 (two per thread): a fetch waits until 2 are spent, so it brings at least 2; only
+    # the last ones, when the queue runs dry, may bring fewer.
+    assert min(fetched[:-3]) >= 2, f"{len(fetched)} fetches for {messages} messages: {fetched}"
