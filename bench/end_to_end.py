@@ -25,7 +25,9 @@ seeded by `reports.ops.seed.seed` (what `reports seed --users N` runs) for last 
    when every job has returned.
 
 Each run prints its wall time, reports/s, the SMTP connections opened against the emails sent, the
-PostgreSQL sessions opened, and checks that every active user got exactly one email (exit status 1
+PostgreSQL sessions opened and PostgreSQL's CPU per report (every process of the server, when it
+runs on this machine, with the backends that exited meanwhile: the whole server's, so other
+databases' work on it is counted too), and checks that every active user got exactly one email (exit status 1
 if not). With --repeats N the kinds alternate (redis, rabbitmq, plain on odd repeats, the reverse
 on even ones) and a table compares their medians; each queue's wall time over plain's is its
 overhead. Redis is emptied before every run, so no run inherits another's shared state.
@@ -57,6 +59,7 @@ from support import (
     Vhosts,
     interrupt_on_sigterm,
     mail_bench,
+    postgres_cpu_seconds,
     settings_environ,
     watch_period,
 )
@@ -89,19 +92,27 @@ class Run:
     delivered: int
     delivered_check: Delivered
     pg_sessions: int
+    #: CPU seconds PostgreSQL used during the run; ``None`` for a server on another machine.
+    pg_cpu_seconds: float | None = None
     extra: str = ""
 
     @property
     def rate(self) -> float:
         return self.delivered / self.seconds
 
+    @property
+    def pg_cpu_ms_per_report(self) -> float | None:
+        return None if self.pg_cpu_seconds is None else 1000 * self.pg_cpu_seconds / self.delivered
+
     def describe(self, index: int) -> str:
         stats = self.delivered_check.stats
         planned = f"walk planned at {self.planned_seconds:.1f} s" if self.planned_seconds is not None else ""
+        pg_cpu = self.pg_cpu_ms_per_report
+        cpu = "" if pg_cpu is None else f"; PostgreSQL CPU {pg_cpu:.2f} ms per report"
         return (
             f"{self.kind:<8} #{index}: {self.delivered:,} reports in {self.seconds:.1f} s = {self.rate:,.0f} "
             f"reports/s ({planned}); SMTP: {stats['connections']:,} connections opened for "
-            f"{stats['messages']:,} emails; PostgreSQL sessions opened: {self.pg_sessions:,}{self.extra}\n"
+            f"{stats['messages']:,} emails; PostgreSQL sessions opened: {self.pg_sessions:,}{cpu}{self.extra}\n"
             f"            {self.delivered_check.describe()}"
         )
 
@@ -138,6 +149,7 @@ def finish(
     ended: float,
     planned_at: float | None,
     sessions_before: int,
+    pg_cpu_seconds: float | None,
     extra: str = "",
 ) -> Run:
     with sessions.begin() as session:
@@ -151,6 +163,7 @@ def finish(
         final.delivered,
         bench.sink.check(bench.active),
         pg_sessions(bench.settings.database_url) - sessions_before,
+        pg_cpu_seconds,
         extra,
     )
 
@@ -187,6 +200,7 @@ def _queue_run(
         broker = build_broker(settings)
         bench.sink.reset()
         before = pg_sessions(settings.database_url)
+        cpu_before = postgres_cpu_seconds()
         started = time.monotonic()
         runs.trigger_and_enqueue(
             sessions, broker, bench.period, template_version=settings.template_version, now=utcnow()
@@ -200,10 +214,11 @@ def _queue_run(
             alive=pools.check,
         )
         ended = time.monotonic()
+        pg_cpu = _spent(cpu_before, postgres_cpu_seconds())
         broker.close()
     finally:
         pools.stop_all()
-    return finish(kind, bench, sessions, started, ended, planned_at, before)
+    return finish(kind, bench, sessions, started, ended, planned_at, before, pg_cpu)
 
 
 # --------------------------------------------------------------------------- 2. plain processes, no queue
@@ -255,6 +270,7 @@ def plain_run(args: argparse.Namespace, bench: MailBench, sessions: sessionmaker
             results.get(timeout=START_TIMEOUT)
         bench.sink.reset()
         before = pg_sessions(settings.database_url)
+        cpu_before = postgres_cpu_seconds()
 
         def hand_over(payloads: Any) -> int:
             sent = 0
@@ -290,6 +306,7 @@ def plain_run(args: argparse.Namespace, bench: MailBench, sessions: sessionmaker
             outcomes.update(counts)
             done += 1
         ended = time.monotonic()
+        pg_cpu = _spent(cpu_before, postgres_cpu_seconds())
         for process in processes:
             process.join(timeout=30)
     finally:
@@ -298,17 +315,34 @@ def plain_run(args: argparse.Namespace, bench: MailBench, sessions: sessionmaker
                 process.kill()
     others = {k: n for k, n in outcomes.items() if k != str(pipeline.Outcome.DELIVERED)}
     extra = f"; other outcomes: {others}" if others else ""
-    return finish("plain", bench, sessions, started, ended, planned_at, before, extra)
+    return finish("plain", bench, sessions, started, ended, planned_at, before, pg_cpu, extra)
+
+
+def _spent(before: float | None, after: float | None) -> float | None:
+    return None if before is None or after is None else after - before
 
 
 # --------------------------------------------------------------------------- main
+
+
+def _median_cpu(kind_runs: list[Run]) -> str:
+    figures = [cpu for r in kind_runs if (cpu := r.pg_cpu_ms_per_report) is not None]
+    return f"{statistics.median(figures):.2f}" if figures else "n/a"
 
 
 def table(results: dict[str, list[Run]], users: int) -> None:
     """Each kind's median wall time and rate, its ratio to plain, and whether every user got one email."""
     label = "median " if max(len(runs) for runs in results.values()) > 1 else ""
     plain = statistics.median(r.seconds for r in results["plain"])
-    header = ["run", f"{label}seconds", "reports/s", "/ plain", "each run's seconds", "every user one email"]
+    header = [
+        "run",
+        f"{label}seconds",
+        "reports/s",
+        "/ plain",
+        "each run's seconds",
+        "PostgreSQL CPU ms/report",
+        "every user one email",
+    ]
     rows = [header]
     for kind, kind_runs in results.items():
         seconds = statistics.median(r.seconds for r in kind_runs)
@@ -319,6 +353,7 @@ def table(results: dict[str, list[Run]], users: int) -> None:
                 f"{users / seconds:,.0f}",
                 "-" if kind == "plain" else f"{seconds / plain:.3f}",
                 " ".join(f"{r.seconds:.1f}" for r in kind_runs),
+                _median_cpu(kind_runs),
                 "yes" if all(r.delivered_check.ok for r in kind_runs) else "NO",
             ]
         )

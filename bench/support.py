@@ -359,3 +359,32 @@ def tree_rss_kib(root: int) -> dict[int, int]:
                 if line.startswith("VmRSS:"):
                     rss[pid] = int(line.split()[1])
     return rss
+
+
+def postgres_cpu_seconds() -> float | None:
+    """CPU seconds the PostgreSQL server on this machine has used so far, every process of it.
+
+    The live processes' own time, plus what the postmaster has collected from the children that
+    exited (its ``cutime``/``cstime``), so backends that come and go in between are counted too.
+    ``None`` when no PostgreSQL runs here (a remote server): then nothing can be read.
+    """
+    ticks = os.sysconf("SC_CLK_TCK")
+    fields: dict[int, tuple[int, list[str]]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        name, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
+        if name == "postgres":
+            fields[int(entry)] = (int(rest[1]), rest)
+    if not fields:
+        return None
+    total = 0
+    for parent, rest in fields.values():
+        total += int(rest[11]) + int(rest[12])  # utime, stime
+        if parent not in fields:  # the postmaster: add its reaped children
+            total += int(rest[13]) + int(rest[14])
+    return total / ticks
