@@ -4,7 +4,7 @@
 outstanding than its prefetch: under load every ack made room for one message, and the next
 fetch brought that one. Here it fetches again only once :data:`REFILL_BELOW` of the prefetch is
 left, so a fetch brings a quarter of the prefetch or more while the worker threads still have
-the rest queued (bench/end_to_end.py: queue / plain from 1.13 to 1.07).
+the rest queued (bench/end_to_end.py: queue / plain from 1.11–1.15 to 1.05–1.08).
 
 **Acks in batches.** Dramatiq acks each message with a call of its dispatch script: in a profile of
 a worker running an actor that does nothing (bench/dramatiq_overhead.py) that round trip was about
