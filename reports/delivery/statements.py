@@ -172,15 +172,12 @@ def read_and_claim(
     before the lock; the claim stores it moved on by the time the lock took.
     """
     if _is_sqlite(session):
-        return _read_and_claim_each(
-            session,
-            period,
-            user_id,
-            message_id=message_id,
-            lease_seconds=lease_seconds,
-            now=now,
-            empty_month=empty_month,
-        )
+        inputs = _read_each(session, period, user_id)
+        if not mailable(inputs, empty_month=empty_month):
+            return inputs
+        items.touch(session, period, user_id, now=now)
+        claimed = claims.take(session, period, user_id, message_id=message_id, lease_seconds=lease_seconds, now=now)
+        return replace(inputs, claim=claimed)
     claim = claims.Claim(period, user_id, claims.new_token())
     rows = session.execute(
         _READ_AND_CLAIM,
@@ -230,16 +227,7 @@ def read_and_claim(
     raise ClaimHeld(retry_after_seconds=max((expires - claimed_at).total_seconds(), 0.0))
 
 
-def _read_and_claim_each(
-    session: Executor,
-    period: Period,
-    user_id: int,
-    *,
-    message_id: str,
-    lease_seconds: float,
-    now: datetime,
-    empty_month: str,
-) -> Inputs:
+def _read_each(session: Executor, period: Period, user_id: int) -> Inputs:
     # SQLite has no row locks: its write-intent transaction (BEGIN IMMEDIATE) serializes the copies.
     item_state = session.scalar(
         select(ReportItem.state).where(ReportItem.period == str(period), ReportItem.user_id == user_id)
@@ -252,7 +240,7 @@ def _read_and_claim_each(
         .outerjoin(Suppression, Suppression.user_id == User.id)
         .where(User.id == user_id)
     ).one_or_none()
-    inputs = Inputs(
+    return Inputs(
         item_state=item_state,
         run_state=run.state if run else None,
         planned=bool(run and run.planned),
@@ -263,11 +251,6 @@ def _read_and_claim_each(
         summary=load_summary(session, user_id, period),
         suppressed=user.reason if user else None,
     )
-    if not mailable(inputs, empty_month=empty_month):
-        return inputs
-    items.touch(session, period, user_id, now=now)
-    claim = claims.take(session, period, user_id, message_id=message_id, lease_seconds=lease_seconds, now=now)
-    return replace(inputs, claim=claim)
 
 
 def store(session: Executor, period: Period, user_id: int, report: StoredReport) -> None:
