@@ -279,11 +279,7 @@ def _blpop(
     Waits in short blocking pops so that Ctrl-C and dead worker groups are noticed.
     """
     while True:
-        if ctx.stop.is_set():
-            raise Interrupted()
-        for group in groups:
-            if group.poll() is not None:
-                raise RunFailed(f"worker group {group.pid} exited with {group.returncode}")
+        _check_running(ctx, groups)
         remaining = deadline - time.time()
         if remaining <= 0:
             return None
@@ -291,6 +287,15 @@ def _blpop(
         if item is not None:
             raw = item[1].decode()
             return json.loads(raw) if raw.startswith("{") else raw
+
+
+def _check_running(ctx: Context, groups: list[subprocess.Popen[bytes]]) -> None:
+    """Raise if the run was interrupted or a worker group has exited."""
+    if ctx.stop.is_set():
+        raise Interrupted()
+    for group in groups:
+        if group.poll() is not None:
+            raise RunFailed(f"worker group {group.pid} exited with {group.returncode}")
 
 
 def _await_consumers(
@@ -302,11 +307,7 @@ def _await_consumers(
     try:
         channel = connection.channel()
         while True:
-            if ctx.stop.is_set():
-                raise Interrupted()
-            for group in groups:
-                if group.poll() is not None:
-                    raise RunFailed(f"worker group {group.pid} exited with {group.returncode}")
+            _check_running(ctx, groups)
             try:
                 if channel.queue_declare(queue, passive=True).method.consumer_count >= count:
                     return

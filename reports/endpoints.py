@@ -193,14 +193,19 @@ def _check_redis_url(url: str, variable: str) -> None:
         )
 
 
-def _check_amqp_url(url: str) -> None:
-    # pika reads a URL without a host as localhost, without a word.
+def _host_of(url: str) -> str | None:
+    """The URL's host, or ``None`` when it has none or its host or port is malformed."""
     try:
         parts = urlsplit(url)
         host, _port = parts.hostname, parts.port
     except ValueError:
-        host = None
-    if not host:
+        return None
+    return host or None
+
+
+def _check_amqp_url(url: str) -> None:
+    # pika reads a URL without a host as localhost, without a word.
+    if not _host_of(url):
         raise ConfigurationError(
             f"BROKER_URL must name the RabbitMQ host (amqp://user:password@host:5672/vhost), got {redact_url(url)}."
         )
@@ -209,17 +214,13 @@ def _check_amqp_url(url: str) -> None:
 def _check_webhook_url(url: str) -> None:
     # The posts carry message ids and error classes; over plain http anyone on the path reads them
     # and the secret in the URL. http is fine where nothing leaves the machine.
-    try:
-        parts = urlsplit(url)
-        host, _port = parts.hostname, parts.port
-    except ValueError:
-        host = None
-    if not host or parts.scheme not in ("https", "http") or BLANK_OR_CONTROL.search(url):
+    host = _host_of(url)  # a URL with a host is one urlsplit can read
+    if not host or urlsplit(url).scheme not in ("https", "http") or BLANK_OR_CONTROL.search(url):
         raise ConfigurationError(
             f"ALERT_WEBHOOK_URL must be an https:// URL such as https://hooks.example.com/…,"
             f" got {redact_webhook_url(url)}."
         )
-    if parts.scheme == "http" and not is_loopback(host):
+    if urlsplit(url).scheme == "http" and not is_loopback(host):
         raise ConfigurationError(
             "ALERT_WEBHOOK_URL must use https:// (plain http:// only to 127.0.0.1, ::1 or localhost),"
             f" got {redact_webhook_url(url)}."
