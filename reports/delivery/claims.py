@@ -170,10 +170,17 @@ def _take(
         )
     if inserted:
         return claim
+    not_taken(session, claim, now=now)
+    return None
+
+
+def not_taken(session: Executor, claim: Claim, *, now: datetime) -> None:
+    """Why ``claim`` was not taken: returns when its email went out (or the request died); raises
+    :class:`ClaimHeld` while another copy's lease runs."""
+    model = claim._model
     state, expires = session.execute(select(model.state, model.lease_expires_at).where(*claim._key())).one()
-    if state in (DeliveryState.SENT, DeliveryState.DEAD):
-        return None
-    raise ClaimHeld(retry_after_seconds=max((expires - now).total_seconds(), 0.0))
+    if state not in (DeliveryState.SENT, DeliveryState.DEAD):
+        raise ClaimHeld(retry_after_seconds=max((expires - now).total_seconds(), 0.0))
 
 
 def is_sent(session: Session, period: Period, user_id: int) -> bool:

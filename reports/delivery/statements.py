@@ -23,12 +23,9 @@ from reports.content.activity import Summary, load_summary, summarize
 from reports.content.render import RenderedReport
 from reports.content.view import should_send
 from reports.delivery import claims
-from reports.errors import ClaimHeld
 from reports.fanout import items
 from reports.models import (
     FINAL_STATES,
-    Delivery,
-    DeliveryState,
     ItemState,
     PeriodRun,
     Report,
@@ -216,15 +213,8 @@ def read_and_claim(
         return replace(inputs, claim=claim, lock_wait_seconds=lock_wait)
     # Read again: the statement's snapshot predates the lock, so it may not show the claim that
     # stopped this one (a copy that held the lock took it).
-    state, expires = session.execute(
-        select(Delivery.state, Delivery.lease_expires_at).where(
-            Delivery.period == str(period), Delivery.user_id == user_id
-        )
-    ).one()
-    if state in (DeliveryState.SENT, DeliveryState.DEAD):
-        return replace(inputs, lock_wait_seconds=lock_wait)
-    claimed_at = now + timedelta(seconds=lock_wait)
-    raise ClaimHeld(retry_after_seconds=max((expires - claimed_at).total_seconds(), 0.0))
+    claims.not_taken(session, claim, now=now + timedelta(seconds=lock_wait))
+    return replace(inputs, lock_wait_seconds=lock_wait)
 
 
 def _read_each(session: Executor, period: Period, user_id: int) -> Inputs:

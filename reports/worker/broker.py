@@ -11,7 +11,6 @@ from typing import Any, cast
 
 import dramatiq
 import redis
-from dramatiq.brokers.rabbitmq import RabbitmqBroker
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import CurrentMessage, TimeLimit
 from redis.typing import EncodableT, FieldT
@@ -25,7 +24,7 @@ from reports.worker.rabbitmq_consumer import ReportsRabbitmqBroker
 logger = logging.getLogger(__name__)
 
 #: The broker as the library passes it around: only this package imports Dramatiq.
-Broker = RedisBroker | RabbitmqBroker
+Broker = RedisBroker | ReportsRabbitmqBroker
 
 #: Message option naming the coordinator chain a ``plan_period`` message belongs to.
 WALKER_OPTION = "walker"
@@ -200,11 +199,9 @@ def backlog(broker: Broker, queue: str) -> int:
     there the held messages are read from the workers' snapshots in the shared Redis
     (:mod:`reports.worker.held`, which says how far they may be off).
     """
-    if isinstance(broker, RabbitmqBroker):
+    if isinstance(broker, ReportsRabbitmqBroker):
         # RabbitMQ's counts first: a message taken in between is then counted twice, not missed.
         ready, delayed, _dead = rabbitmq.ready_counts(broker, queue)
-        if not isinstance(broker, ReportsRabbitmqBroker):
-            return ready + delayed
         return ready + delayed + held.held_of(held.read(broker.shared_redis, broker.namespace), queue)
     namespace, client = broker.namespace, broker.client
     workers = cast(list[bytes], client.zrange(f"{namespace}:__heartbeats__", 0, -1))
