@@ -45,7 +45,9 @@ broker.add_middleware(
 )
 # Before the retries: after-hooks run in reverse, so it records the retry middleware's verdict.
 broker.add_middleware(ActorMetrics(_shared_redis, namespace=_settings.broker_namespace), before=JitteredRetries)
-broker.add_middleware(BrokerDeadLetters(lambda: runtime.dead_letter_sink))
+broker.add_middleware(
+    BrokerDeadLetters(lambda: runtime.dead_letter_sink, interval_seconds=_settings.dead_letter_sweep_seconds)
+)
 broker.add_middleware(Heartbeat(interval_seconds=_settings.heartbeat_timeout_ms / 4000))
 broker.add_middleware(DrainOnce(window_seconds=REPEATED_SIGTERM_WINDOW_SECONDS))
 dramatiq.set_broker(broker)

@@ -128,6 +128,9 @@ class Settings:
     #: Shortest and longest backoff between retries, in milliseconds.
     min_backoff_ms: int = 1_000
     max_backoff_ms: int = 3_600_000
+    #: How often each worker process moves what the broker dead-lettered by itself (``.XQ``) into the
+    #: dead-letter store, in seconds: a dead letter the store could not take comes in this soon after.
+    dead_letter_sweep_seconds: float = 30.0
     #: A pending item untouched for this long, with no live claim, is re-enqueued by reconcile.
     reconcile_stuck_after_seconds: float = 600.0
     #: When the scheduler triggers last month's run: the 1st of each month at this time
@@ -281,10 +284,17 @@ _RANGES = {
     "send_rate_burst": _Range(1, MAX_COUNT, "a whole number"),
     "retention_months": _Range(1, MAX_RETENTION_MONTHS, "a number of months"),
     # Zero would mean no time at all: an SMTP timeout that fails every send, a lease that
-    # protects nothing, a breaker that is open for no time, a coordinator slice that walks no page.
+    # protects nothing, a breaker that is open for no time, a coordinator slice that walks no page,
+    # a dead-letter sweep that never pauses.
     **{
         name: _Range(0, MAX_SECONDS, "a number of seconds", above=True)
-        for name in ("claim_lease_seconds", "smtp_timeout_seconds", "breaker_cooldown_seconds", "plan_slice_seconds")
+        for name in (
+            "claim_lease_seconds",
+            "smtp_timeout_seconds",
+            "breaker_cooldown_seconds",
+            "plan_slice_seconds",
+            "dead_letter_sweep_seconds",
+        )
     },
     # Zero is meaningful here: re-enqueue at once, do not pause, no window, reconcile never.
     **{
@@ -375,6 +385,7 @@ ENVIRONMENT = {
     "max_retries": "MAX_RETRIES",
     "min_backoff_ms": "MIN_BACKOFF_MS",
     "max_backoff_ms": "MAX_BACKOFF_MS",
+    "dead_letter_sweep_seconds": "DEAD_LETTER_SWEEP_SECONDS",
     "reconcile_stuck_after_seconds": "RECONCILE_STUCK_AFTER_SECONDS",
     "schedule_time": "SCHEDULE_TIME",
     "schedule_timezone": "SCHEDULE_TIMEZONE",

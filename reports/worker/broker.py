@@ -189,31 +189,33 @@ def _enqueue_chunk(broker: RedisBroker, queue: str, messages: list[dramatiq.Mess
 
 
 def backlog(broker: Broker, queue: str) -> int:
-    """Messages of ``queue`` not yet done: ready, delayed, and held by a live worker.
+    """Messages of ``queue`` not yet done: ready, delayed, and held by a worker.
 
     A worker holds what it fetched (its prefetch, and delayed messages until they are due, up
-    to thousands) in memory; the Redis broker keeps their ids in that worker's acks set until
-    they are acked. Leaving them out would let the high-water mark and reconcile see an empty
-    queue while thousands of messages are still on their way. Keys as the Redis broker lays
-    them out. RabbitMQ tells only what no consumer holds (:func:`reports.worker.rabbitmq.ready_counts`):
-    there the held messages are read from the workers' snapshots in the shared Redis
-    (:mod:`reports.worker.held`, which says how far they may be off).
+    to thousands) in memory; leaving them out would let the high-water mark and reconcile see
+    an empty queue while thousands of messages are still on their way. What the live workers
+    hold is read from their snapshots (:mod:`reports.worker.held`, which says how far they may
+    be off): on Redis not from their ack sets, where a message a dropped consumer left would
+    count as on its way for as long as the process lives, so reconcile never re-sent its item.
+    A dead worker's ack sets are counted until the dead-worker sweep puts them back. The counts
+    of the queues come first: a message taken in between is then counted twice, not missed.
+    RabbitMQ tells only what no consumer holds (:func:`reports.worker.rabbitmq.ready_counts`).
     """
     if isinstance(broker, ReportsRabbitmqBroker):
-        # RabbitMQ's counts first: a message taken in between is then counted twice, not missed.
         ready, delayed, _dead = rabbitmq.ready_counts(broker, queue)
         return ready + delayed + held.held_of(held.read(broker.shared_redis, broker.namespace), queue)
     namespace, client = broker.namespace, broker.client
-    workers = cast(list[bytes], client.zrange(f"{namespace}:__heartbeats__", 0, -1))
+    stale_before_ms = int(time.time() * 1000) - broker.heartbeat_timeout
+    dead = cast(list[bytes], client.zrangebyscore(f"{namespace}:__heartbeats__", 0, stale_before_ms))
     with client.pipeline(transaction=False) as pipe:
         pipe.llen(f"{namespace}:{queue}")
         pipe.llen(f"{namespace}:{queue}.DQ")
-        for worker in workers:
+        for worker in dead:
             acks = f"{namespace}:__acks__.{worker.decode()}.{queue}"
             pipe.scard(acks)
             pipe.scard(f"{acks}.DQ")
         counts = pipe.execute()
-    return sum(int(count) for count in counts)
+    return sum(int(count) for count in counts) + held.held_of(held.read(client, namespace), queue)
 
 
 def defer_current(broker: dramatiq.Broker, *, delay_ms: int) -> None:

@@ -1,4 +1,5 @@
-"""The Redis consumer the workers run: it acks and fetches in batches, and dead-letters what it cannot decode.
+"""The Redis consumer the workers run: it acks and fetches in batches, hands what it holds to the
+consumer after it, and dead-letters what it cannot decode.
 
 **Fetches in batches.** Dramatiq's consumer fetches (one script call) whenever fewer messages are
 outstanding than its prefetch: under load every ack made room for one message, and the next
@@ -11,9 +12,25 @@ a worker running an actor that does nothing (bench/dramatiq_overhead.py) that ro
 half of Dramatiq's own CPU per message. Here an ack leaves the consumer's count of outstanding
 messages at once (so prefetching goes on as before) and reaches Redis with the others of up to
 :data:`ACK_DELAY_SECONDS`, in one script call that does what Dramatiq's ``ack`` does for each id.
-A process killed before its batch is written leaves those messages in its ack set, so they run
-again once its heartbeat times out, as any message in flight at a kill does: the delivery claim
-makes that second run send nothing.
+A batch Redis could not take is kept and written on a later turn, after a pause that grows to
+:data:`ACK_RETRY_PAUSE_CAP_SECONDS`; the write never raises, since Dramatiq drops a consumer that
+raises. A process killed before its batch is written leaves those messages in its ack set, so
+they run again once its heartbeat times out, as any message in flight at a kill does: the
+delivery claim makes that second run send nothing.
+
+**Handed over.** When Dramatiq's consumer thread meets a connection error (Redis restarting,
+failing over, a network blip), it drops its consumer, and with it the in-memory delay queue:
+the retries and deferrals it held until due. They stay in this live process's ack set, so
+nothing requeues them while the process lives. Here each consumer leaves to the next one of its
+queue (:class:`_Handover`) its unwritten acks, the messages it fetched and had not handed out,
+and, on a delay queue, those it handed out and that were not settled: the next consumer hands
+them out again first, without asking Redis, and they run when due.
+
+**Held.** Every message handed out is held (:mod:`reports.worker.holding`) until it is acked,
+nacked or requeued, and the process publishes what it holds as the RabbitMQ workers do
+(:class:`reports.worker.held.Publisher`): :func:`reports.worker.broker.backlog` counts that, not
+the live workers' ack sets, so a message left in an ack set that no consumer will run is not
+taken for one in flight.
 
 **Undecodable messages.** Dramatiq 2.2.1's Redis consumer decodes each fetched message in ``_RedisConsumer.__next__``. A
 ``DecodeError`` there (bytes that are not UTF-8, text that is not JSON, JSON that is not a
@@ -32,14 +49,18 @@ broker's private consumer class and key layout; Dramatiq is pinned.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
+from collections.abc import Iterable
 from typing import Any, cast
 
 import redis
 from dramatiq.broker import MessageProxy
 from dramatiq.brokers.redis import RedisBroker, _RedisConsumer
 from dramatiq.errors import ConnectionClosed, DecodeError
+
+from reports.worker import held, holding
 
 logger = logging.getLogger(__name__)
 
@@ -51,11 +72,17 @@ HOOK = "after_undecodable_message"
 ACK_DELAY_SECONDS = 0.1
 #: Acks written at once at most: a batch this large is written without waiting.
 ACK_BATCH = 100
+#: First and longest pause before a batch of acks Redis could not take is tried again, in seconds.
+ACK_RETRY_PAUSE_SECONDS = 0.1
+ACK_RETRY_PAUSE_CAP_SECONDS = 2.0
 
 #: Of the prefetch, the share still outstanding below which the consumer fetches again.
 REFILL_BELOW = 0.75
 #: How long the consumer waits before it looks again while enough is still outstanding, in seconds.
 REFILL_PAUSE_SECONDS = 0.005
+
+#: What a Redis call raises when Redis cannot be reached (or answered too late).
+_UNREACHABLE = (redis.ConnectionError, redis.TimeoutError)
 
 #: Dramatiq's ``ack`` for each id: the body is deleted only if this process still held the id,
 #: since a message requeued from a process thought dead may now be another one's.
@@ -68,38 +95,59 @@ end
 """
 
 
-class _UnwrittenAcks:
-    """One queue's acks not yet in Redis. Kept by the broker, not the consumer: Dramatiq drops a
-    consumer whose connection failed and starts a new one, which must write them, or their ids
-    would stay in this live process's ack set (never requeued, counted as in flight) for good."""
+class _Handover:
+    """What one consumer of a queue leaves to the next (see the module): kept by the broker, since
+    Dramatiq drops a consumer whose connection failed and starts a new one."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.ids: list[str] = []
+        #: Acks not yet written, the monotonic time the oldest was made, and when to try again.
+        self.ack_ids: list[str] = []
         self.oldest = 0.0
+        self.retry_at = 0.0
+        self.pause = ACK_RETRY_PAUSE_SECONDS
+        self.failing = False
+        #: Fetched and not handed out, as Redis returned them.
+        self.bodies: list[bytes] = []
+        #: Handed out by a delay queue's consumer and not settled: still held.
+        self.delayed: list[MessageProxy] = []
 
 
 class ReportsBroker(RedisBroker):
-    """Dramatiq's Redis broker with this module's consumer."""
+    """Dramatiq's Redis broker with this module's consumer, publishing what its consumers hold."""
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)  # type: ignore[no-untyped-call]  # Dramatiq has no annotations
-        self._unwritten_acks: dict[str, _UnwrittenAcks] = {}
+        self._handovers: dict[str, _Handover] = {}
+        self.held = held.HeldMessages()
+        # Outlives the heartbeat: a process killed with -9 counts as holding its messages until
+        # its heartbeat is stale, when backlog counts its ack sets instead.
+        ttl_seconds = math.ceil(self.heartbeat_timeout / 1000 + held.PUBLISH_INTERVAL_SECONDS)
+        self.held_publisher = held.Publisher(
+            self.held, self.client, namespace=self.namespace, process=self.broker_id, ttl_seconds=ttl_seconds
+        )
+        self.add_middleware(holding.StartedMessages())
 
     @property
     def consumer_class(self) -> type[_RedisConsumer]:
         return Consumer
 
-    def unwritten_acks(self, queue_name: str) -> _UnwrittenAcks:
+    def handover(self, queue_name: str) -> _Handover:
         # Consumers of one queue follow each other (one consumer thread per queue).
-        return self._unwritten_acks.setdefault(queue_name, _UnwrittenAcks())
+        return self._handovers.setdefault(queue_name, _Handover())
 
 
 class Consumer(_RedisConsumer):
     def __init__(self, broker: ReportsBroker, queue_name: str, prefetch: int, timeout: int) -> None:
         super().__init__(broker, queue_name, prefetch, timeout)  # type: ignore[no-untyped-call]
         # Worker threads ack; the consumer thread writes what waited too long.
-        self._acks = broker.unwritten_acks(queue_name)
+        self._handover = handover = broker.handover(queue_name)
+        with handover.lock:
+            self.message_cache, handover.bodies = handover.bodies, []
+            self._handed_back, handover.delayed = handover.delayed, []
+        self._on_delay_queue = queue_name.endswith(held.DELAY_SUFFIX)
+        #: A delay queue's messages handed out and not yet settled, by Redis id.
+        self._delayed: dict[str, MessageProxy] = {}
         self._ack_all = broker.client.register_script(_ACK_ALL)
         self._ack_keys = [
             f"{broker.namespace}:__acks__.{broker.broker_id}.{queue_name}",
@@ -107,39 +155,64 @@ class Consumer(_RedisConsumer):
         ]
 
     def ack(self, message: MessageProxy) -> None:
-        acks = self._acks
+        acks = self._handover
         with acks.lock:
-            if not acks.ids:
+            if not acks.ack_ids:
                 acks.oldest = time.monotonic()
-            acks.ids.append(message.options["redis_message_id"])
+            acks.ack_ids.append(message.options["redis_message_id"])
             self.queued_message_ids.discard(message.message_id)
-            full = len(acks.ids) >= ACK_BATCH
+            full = len(acks.ack_ids) >= ACK_BATCH and time.monotonic() >= acks.retry_at
+        self._settle(message)
         if full:
             self._write_acks()
 
-    def _write_acks(self) -> None:
-        acks = self._acks
-        with acks.lock:
-            written, acks.ids = acks.ids, []
-        if not written:
-            return
+    def nack(self, message: MessageProxy) -> None:
+        super().nack(message)  # type: ignore[no-untyped-call]
+        # Only once it is in .XQ: Dramatiq tries a nack that raised again, on this thread.
+        self._settle(message)
+
+    def requeue(self, messages: Iterable[MessageProxy]) -> None:
+        messages = list(messages)
         try:
-            self._ack_all(keys=self._ack_keys, args=written)
-        except redis.ConnectionError as e:
-            # Kept for the next write, by this consumer or the one Dramatiq starts after it.
-            with acks.lock:
-                acks.ids[:0] = written
-            raise ConnectionClosed(e) from None  # type: ignore[no-untyped-call]  # Dramatiq has no annotations
+            super().requeue(messages)  # type: ignore[no-untyped-call]
+        except _UNREACHABLE as error:
+            # Still in this process's ack set and still held: a delay queue's go to the next
+            # consumer with close(); others (a stopping worker's) run again once the process is gone.
+            logger.warning(
+                "Could not requeue %d message(s) of %s (%s).", len(messages), self.queue_name, type(error).__name__
+            )
+            return
+        for message in messages:
+            self._settle(message)
 
     def close(self) -> None:
         try:
             self._write_acks()
         finally:
+            handover = self._handover
+            with handover.lock:
+                handover.bodies[:0] = self.message_cache
+                handover.delayed[:0] = self._delayed.values()
+            self.message_cache, self._delayed = [], {}
+            self.broker.held_publisher.publish_if_due(force=True)
             super().close()
 
     def __next__(self) -> MessageProxy | None:
+        message = self._next()
+        if message is not None:
+            self._hand_out(message)
+        self.broker.held_publisher.publish_if_due()
+        return message
+
+    def _next(self) -> MessageProxy | None:
         # The consumer thread calls this between its other work, and before it idles.
-        if self._acks.ids and time.monotonic() - self._acks.oldest >= ACK_DELAY_SECONDS:
+        if self._handed_back:
+            handed_back = self._handed_back.pop(0)
+            self.queued_message_ids.add(handed_back.message_id)
+            return handed_back
+        acks = self._handover
+        now = time.monotonic()
+        if acks.ack_ids and now - acks.oldest >= ACK_DELAY_SECONDS and now >= acks.retry_at:
             self._write_acks()
         if not self.message_cache and len(self.queued_message_ids) > self.prefetch * REFILL_BELOW:
             # Dramatiq fetches as soon as one message is acked, so under load each fetch (a script
@@ -156,16 +229,58 @@ class Consumer(_RedisConsumer):
                 # The rest of the prefetched batch is still in the cache: the next turn takes it.
                 self._dead_letter(error.data)
                 continue
-            if message is None and self._acks.ids:
+            if message is None and acks.ack_ids and time.monotonic() >= acks.retry_at:
                 self._write_acks()  # nothing to fetch: the queue is idle, write what waits
             return message
 
+    def _hand_out(self, message: MessageProxy) -> None:
+        if self._on_delay_queue:
+            self._delayed[message.options["redis_message_id"]] = message
+        holding.hold(self.broker.held, self, self.queue_name, message)
+
+    def _settle(self, message: MessageProxy) -> None:
+        self._delayed.pop(message.options["redis_message_id"], None)
+        holding.release(self.broker.held, message)
+
+    def _write_acks(self) -> None:
+        """Write the acks waiting; if Redis cannot take them, keep them for a later turn."""
+        acks = self._handover
+        with acks.lock:
+            written, acks.ack_ids = acks.ack_ids, []
+        if not written:
+            return
+        try:
+            self._ack_all(keys=self._ack_keys, args=written)
+        except _UNREACHABLE as error:
+            with acks.lock:
+                acks.ack_ids[:0] = written
+                acks.retry_at = time.monotonic() + acks.pause
+                acks.pause = min(acks.pause * 2, ACK_RETRY_PAUSE_CAP_SECONDS)
+                first, acks.failing = not acks.failing, True
+            if first:
+                logger.warning(
+                    "Could not write acks of %s (%s); keeping them and trying again.",
+                    self.queue_name,
+                    type(error).__name__,
+                )
+            return
+        if acks.failing:
+            with acks.lock:
+                acks.failing, acks.pause, acks.retry_at = False, ACK_RETRY_PAUSE_SECONDS, 0.0
+            logger.info("Acks of %s written again.", self.queue_name)
+
     def _dead_letter(self, data: bytes) -> None:
-        redis_id = self._fetched_id_of(data)
+        try:
+            redis_id = self._fetched_id_of(data)
+            if redis_id is not None:
+                self.broker.do_nack(self.queue_name, redis_id)
+        except _UNREACHABLE as error:
+            # Back at the head of the cache, which the next consumer takes over.
+            self.message_cache.insert(0, data)
+            raise ConnectionClosed(error) from None  # type: ignore[no-untyped-call]  # Dramatiq has no annotations
         if redis_id is None:
             logger.error("An undecodable message on %s vanished before it could be dead-lettered.", self.queue_name)
             return
-        self.broker.do_nack(self.queue_name, redis_id)
         logger.error(
             "Undecodable message %s on %s moved to the dead letters.",
             redis_id,

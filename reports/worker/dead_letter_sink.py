@@ -1,14 +1,16 @@
 """Where dead messages go: the durable store, one ERROR line, and the rate-limited alert.
 
 Also a Dramatiq middleware for the messages Dramatiq dead-letters by itself (an actor no worker
-declares, a message that cannot be decoded, or the retry middleware's last resort): they are
-moved from the broker's ``.XQ`` keys (Redis) or queues (RabbitMQ) into the same store, when they
-are rejected and again whenever a worker boots.
+declares, a message that cannot be decoded, or the retry middleware's last resort when the store
+was unreachable): they are moved from the broker's ``.XQ`` keys (Redis) or queues (RabbitMQ) into
+the same store when they are rejected, when a worker boots, and on a timer in every worker
+process, so that a dead letter the store could not take comes in once it is reachable again.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, cast
@@ -80,14 +82,35 @@ class DeadLetterSink:
 
 
 class BrokerDeadLetters(Middleware):
-    """Moves messages that Dramatiq rejected into its ``.XQ`` keys into the dead-letter store."""
+    """Moves messages that Dramatiq rejected into its ``.XQ`` keys into the dead-letter store.
 
-    def __init__(self, sink: Any) -> None:
-        #: A callable returning the sink, so the engine is built inside the worker process.
+    :param sink: a callable returning the sink, so the engine is built inside the worker process.
+    :param interval_seconds: how often each worker process sweeps, from its boot to its shutdown.
+    """
+
+    def __init__(self, sink: Any, *, interval_seconds: float) -> None:
         self._sink = sink
+        self.interval_seconds = interval_seconds
+        self._stopped = threading.Event()
 
     def after_worker_boot(self, broker: dramatiq.Broker, worker: dramatiq.Worker) -> None:
         self._sweep(broker)
+        self._stopped.clear()
+        threading.Thread(
+            target=self._sweep_until_stopped, args=(broker,), name="dead-letter-sweep", daemon=True
+        ).start()
+
+    def before_worker_shutdown(self, broker: dramatiq.Broker, worker: dramatiq.Worker) -> None:
+        self._stopped.set()
+
+    def _sweep_until_stopped(self, broker: dramatiq.Broker) -> None:
+        # Processes sweep at once, each message taken by one (RabbitMQ) or stored by each under
+        # its id, which the store keeps once (Redis); it leaves the broker only once stored.
+        while not self._stopped.wait(self.interval_seconds):
+            self._sweep(broker)
+            if isinstance(broker, RabbitmqBroker):
+                # Idle until the next sweep, this thread's connection would miss its heartbeats.
+                del broker.connection
 
     def after_nack(self, broker: dramatiq.Broker, message: MessageProxy) -> None:
         self._sweep(broker)

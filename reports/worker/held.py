@@ -1,11 +1,12 @@
-"""The messages a RabbitMQ worker process holds, and their snapshots in the shared Redis.
+"""The messages a worker process holds, and their snapshots in Redis.
 
-On Redis the broker's per-worker ack sets say what each live worker holds. RabbitMQ without its
-management plugin counts only the messages no consumer holds, so each worker process keeps here
-every message its consumers handed out until it is acked or nacked (prefetched, processing, and
-delayed ones held until they are due), and publishes a snapshot of them: the JSON object
-``{queue: [count, oldest_waiting_ms]}`` at ``{namespace}:__held__.{process}``, with a TTL of
-:data:`SNAPSHOT_TTL_SECONDS`, its process listed in the set ``{namespace}:__held__`` so that
+RabbitMQ without its management plugin counts only the messages no consumer holds; on Redis a
+worker's ack set holds what it fetched, including messages a consumer Dramatiq dropped will never
+run. So each worker process keeps here every message its consumers handed out until it is acked
+or nacked (prefetched, processing, and delayed ones held until they are due), and publishes a
+snapshot of them: the JSON object ``{queue: [count, oldest_waiting_ms]}`` at
+``{namespace}:__held__.{process}``, with a TTL (:data:`SNAPSHOT_TTL_SECONDS` on RabbitMQ, past the
+heartbeat timeout on Redis), its process listed in the set ``{namespace}:__held__`` so that
 readers find the snapshots without a SCAN. ``oldest_waiting_ms`` is the ``message_timestamp`` of
 the oldest held message no worker thread has started (``None`` if there is none); delayed
 messages held until due do not count as waiting.
@@ -17,7 +18,8 @@ more than one extra round trip per message however the messages arrive. The coun
 approximate, in known directions:
 
 * up to about a second (the next write) after an ack, and up to the TTL after a ``kill -9``
-  (RabbitMQ requeues the dead process's messages at once, so they count as ready and as held),
+  (RabbitMQ requeues the dead process's messages at once, so they count as ready and as held;
+  on Redis they count in the dead process's ack sets too once its heartbeat is stale),
   they are counted twice;
 * a queue that already had messages held here and gains more shows them up to a second late.
 
@@ -196,6 +198,7 @@ def read(client: redis.Redis, namespace: str) -> dict[str, QueueHeld]:
 class Publisher:
     """Writes one process's snapshot when :func:`due`; called by its consumer threads.
 
+    :param ttl_seconds: how long a snapshot outlives its last write (:data:`SNAPSHOT_TTL_SECONDS`).
     :param clock: seconds from an arbitrary start (``time.monotonic``).
     """
 
@@ -206,12 +209,14 @@ class Publisher:
         *,
         namespace: str,
         process: str,
+        ttl_seconds: int = SNAPSHOT_TTL_SECONDS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.held = held
         self.client = client
         self.namespace = namespace
         self.process = process
+        self.ttl_seconds = ttl_seconds
         self.clock = clock
         self._lock = threading.Lock()
         self._written: dict[str, int] = {}
@@ -236,7 +241,7 @@ class Publisher:
         try:
             with self.client.pipeline(transaction=False) as pipe:
                 if counts:
-                    pipe.set(key, encode(self.held.snapshot()), ex=SNAPSHOT_TTL_SECONDS)
+                    pipe.set(key, encode(self.held.snapshot()), ex=self.ttl_seconds)
                     pipe.sadd(index, self.process)
                 else:
                     pipe.delete(key)

@@ -28,23 +28,18 @@ import logging
 import uuid
 from typing import Any
 
-import dramatiq
 import redis
 from dramatiq.broker import MessageProxy
 from dramatiq.brokers.rabbitmq import RabbitmqBroker, _RabbitmqConsumer, _RabbitmqMessage
 from dramatiq.common import q_name
 from dramatiq.errors import ConnectionClosed, DecodeError
 from dramatiq.message import Message
-from dramatiq.middleware import Middleware
 
 from reports.worker import held as held_messages
-from reports.worker import rabbitmq
+from reports.worker import holding, rabbitmq
 from reports.worker.consumer import HOOK
 
 logger = logging.getLogger(__name__)
-
-#: The attribute of a handed-out message that holds its :class:`reports.worker.held.Held`.
-_HELD = "_reports_held"
 
 
 class ReportsRabbitmqBroker(RabbitmqBroker):
@@ -62,20 +57,11 @@ class ReportsRabbitmqBroker(RabbitmqBroker):
         self.held_publisher = held_messages.Publisher(
             self.held, shared_redis, namespace=namespace, process=str(uuid.uuid4())
         )
-        self.add_middleware(_StartedMessages())
+        self.add_middleware(holding.StartedMessages())
 
     @property
     def consumer_class(self) -> type[_RabbitmqConsumer]:
         return Consumer
-
-
-class _StartedMessages(Middleware):
-    """Marks a held message as no longer waiting once a worker thread takes it."""
-
-    def before_process_message(self, broker: dramatiq.Broker, message: MessageProxy) -> None:
-        held = getattr(message, _HELD, None)
-        if held is not None and isinstance(broker, ReportsRabbitmqBroker):
-            broker.held.start(held)
 
 
 class Consumer(_RabbitmqConsumer):
@@ -104,17 +90,14 @@ class Consumer(_RabbitmqConsumer):
             return None
         message = _RabbitmqMessage(method.redelivered, method.delivery_tag, decoded)  # type: ignore[no-untyped-call]
         self.known_tags.add(method.delivery_tag)
-        waiting = not self.queue_name.endswith(held_messages.DELAY_SUFFIX)
-        setattr(
-            message, _HELD, self.broker.held.hold(self, self.queue_name, decoded.message_timestamp, waiting=waiting)
-        )
+        holding.hold(self.broker.held, self, self.queue_name, message)
         return message
 
     def ack(self, message: MessageProxy) -> None:
         try:
             super().ack(message)  # type: ignore[no-untyped-call]
         finally:
-            self._release(message)
+            holding.release(self.broker.held, message)
 
     def nack(self, message: MessageProxy) -> None:
         # Dramatiq's nack only schedules the reject on this consumer's connection, so a sweep of
@@ -126,7 +109,7 @@ class Consumer(_RabbitmqConsumer):
             else:
                 super().nack(message)  # type: ignore[no-untyped-call]
         finally:
-            self._release(message)
+            holding.release(self.broker.held, message)
 
     def close(self) -> None:
         try:
@@ -134,13 +117,6 @@ class Consumer(_RabbitmqConsumer):
         finally:
             self.broker.held.release_all(self)
             self.broker.held_publisher.publish_if_due(force=True)
-
-    def _release(self, message: MessageProxy) -> None:
-        # A message of a consumer that has closed since (Dramatiq acks through the newest one)
-        # was released with it.
-        held = getattr(message, _HELD, None)
-        if held is not None:
-            self.broker.held.release(held)
 
     def _store(self, message_id: str, body: bytes) -> bool:
         """Hand a rejected message to the middleware that stores dead letters; whether one did."""

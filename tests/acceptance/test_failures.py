@@ -19,7 +19,7 @@ from typing import Any
 import dramatiq
 import pytest
 import redis
-from sqlalchemy import text
+from sqlalchemy import make_url, text
 
 from reports.clock import utcnow
 from reports.errors import BadInput
@@ -31,6 +31,7 @@ from reports.worker.retries import DeadMessage
 from tests.support.broker import dead_in_broker, held_on_rabbitmq, publish_message, publish_raw, queued_messages
 from tests.support.databases import load_users
 from tests.support.processes import run_cli
+from tests.support.proxy import tcp_proxy
 from tests.support.rabbitmq import queue_depths
 from tests.support.smtp import DeadProvider
 from tests.support.waiting import wait_until
@@ -173,6 +174,40 @@ def test_451_deferrals_are_retried_until_everyone_is_mailed_exactly_once(
     others = [u for u in population.active if u not in deferred]
     assert {u: attempts[f"user{u}@example.test"] for u in others} == {u: 1 for u in others}
     assert dlq_list(settings, "--replayed") == []
+
+
+@pytest.mark.both_brokers
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_a_bounce_while_the_database_is_down_is_a_dead_letter_once_it_is_back_without_a_restart(
+    settings, sessions, smtp_server, start_workers
+):
+    population = load_users(sessions, count=6)
+    bounced = max(population.active)  # mailed last: one worker thread takes the messages in order
+    direct = make_url(settings.database_url)
+    with tcp_proxy(direct.port) as database:
+        through_proxy = direct.set(port=database.port).render_as_string(hide_password=False)
+        workers = replace(settings, smtp_url=smtp_server.url, database_url=through_proxy, dead_letter_sweep_seconds=1)
+
+        def crash_then_bounce(rcpt: str, attempt: int) -> str | None:
+            if user_id_of(rcpt) != bounced:
+                return None
+            database.cut()  # the database goes down as the provider refuses the address
+            return BOUNCE
+
+        smtp_server.handler.fault = crash_then_bounce
+        start_workers(workers, processes=1, threads=1)
+        trigger(settings)
+        # The dead letter could not be stored: the broker keeps it in its own dead-letter queue.
+        wait_until(lambda: dead_in_broker(settings) == 1, timeout=30, what="the bounce in the broker's .XQ")
+        database.restore()
+
+        final = wait_complete(sessions, timeout=20)
+
+    assert (final["delivered"], final["dead"]) == (len(population.active) - 1, 1)
+    assert [letter["user_id"] for letter in dlq_list(settings)] == [bounced]
+    assert dead_in_broker(settings) == 0
+    assert_each_mailed_once(smtp_server, [u for u in population.active if u != bounced])
+    assert smtp_server.handler.attempts[f"user{bounced}@example.test"] == 1
 
 
 # --- provider outage behind the circuit breaker ----------------------------------------------

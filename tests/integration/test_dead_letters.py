@@ -573,7 +573,9 @@ def test_one_xq_entry_that_cannot_be_stored_does_not_keep_the_others_in_the_xq(
     client.hset(f"{namespace}:bulk.XQ.msgs", mapping={"r-odd": odd.encode(), "r-normal": normal.encode()})
     client.zadd(f"{namespace}:bulk.XQ", {"r-odd": NOW_MS, "r-normal": NOW_MS + 1})
 
-    BrokerDeadLetters(lambda: DeadLetterSink(sessions, alerts=None)).after_worker_boot(broker, None)  # type: ignore[arg-type]
+    sweeper = BrokerDeadLetters(lambda: DeadLetterSink(sessions, alerts=None), interval_seconds=3600)
+    sweeper.after_worker_boot(broker, None)  # type: ignore[arg-type]
+    sweeper.before_worker_shutdown(broker, None)  # type: ignore[arg-type]
 
     stored = {letter.message_id for letter in letters(sessions)}
     assert normal.message_id in stored

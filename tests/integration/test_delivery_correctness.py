@@ -416,18 +416,31 @@ def fetched_by(
             client.sadd(f"{namespace}:__acks__.{worker_id}.{name}", message_id)
 
 
-def test_the_backlog_counts_ready_delayed_and_prefetched_messages(
-    bulk_broker: RedisBroker, redis_client: redis.Redis, broker_namespace: str
-) -> None:
-    for user_id in range(3):
+def test_the_backlog_counts_ready_delayed_and_held_messages(bulk_broker: RedisBroker) -> None:
+    for user_id in range(6):
         bulk_broker.enqueue(bulk_message(user_id))
-    for user_id in range(2):
+    for user_id in range(3):
         bulk_broker.enqueue(bulk_message(user_id), delay=60_000)
-    fetched_by(
-        redis_client, broker_namespace, f"worker-{uuid.uuid4()}", heartbeat_ms=millis(utcnow()), ready=3, delayed=1
-    )
+    # A worker's consumers hand out 3 ready messages, then 1 delayed one (its first on that
+    # queue, which publishes at once what the process holds).
+    ready = bulk_broker.consume(BUILD_REPORT.queue, prefetch=3, timeout=100)
+    delayed = bulk_broker.consume(f"{BUILD_REPORT.queue}.DQ", prefetch=1, timeout=100)
+    handed_out = [next(ready) for _ in range(3)] + [next(delayed)]
+    assert None not in handed_out
 
     assert backlog(bulk_broker, BUILD_REPORT.queue) == 9
+
+
+def test_a_message_in_a_live_workers_ack_set_that_none_of_its_consumers_holds_is_not_in_the_backlog(
+    bulk_broker: RedisBroker, redis_client: redis.Redis, broker_namespace: str
+) -> None:
+    # What a consumer Dramatiq dropped used to leave: nothing runs it while that process lives.
+    bulk_broker.enqueue(bulk_message(1))
+    fetched_by(
+        redis_client, broker_namespace, f"worker-{uuid.uuid4()}", heartbeat_ms=millis(utcnow()), ready=2, delayed=3
+    )
+
+    assert backlog(bulk_broker, BUILD_REPORT.queue) == 1
 
 
 def test_a_dead_workers_messages_count_in_the_backlog_until_swept_and_once_after(

@@ -281,7 +281,7 @@ def test_an_undecodable_message_the_store_cannot_take_waits_in_the_dead_letter_q
     def unavailable(_dead):
         raise OSError("database down")
 
-    broker.add_middleware(BrokerDeadLetters(lambda: unavailable))
+    broker.add_middleware(BrokerDeadLetters(lambda: unavailable, interval_seconds=3600))
     broker.declare_queue(BUILD_REPORT.queue, ensure=True)
     broker.channel.basic_publish("", BUILD_REPORT.queue, b"not json")
     consumer = broker.consume(BUILD_REPORT.queue, prefetch=1, timeout=100)

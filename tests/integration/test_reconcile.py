@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+import redis
 from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from reports.clock import utcnow
 from reports.delivery import claims
 from reports.errors import BadInput
-from reports.fanout import items
+from reports.fanout import items, runs
 from reports.fanout import reconcile as reconciling
 from reports.fanout.coordinator import walk_slice
 from reports.fanout.reconcile import Reconciliation
@@ -23,7 +25,7 @@ from reports.jobs import BUILD_REPORT, COORDINATOR, ReportJob
 from reports.models import ItemState, ReportItem
 from reports.periods import Period
 from reports.settings import Settings
-from reports.worker.broker import send_coordinator, sender
+from reports.worker.broker import message_for, send_coordinator, sender
 from tests.integration.conftest import PERIOD, item_user_ids, queued_user_ids, run_together, trigger, walk_everything
 from tests.support.broker import queued_messages
 from tests.support.databases import load_users
@@ -459,6 +461,57 @@ def test_an_unfinished_walk_really_gets_a_plan_period_message(sessions, settings
     assert found.coordinator_enqueued
     assert queued_messages(settings.broker_url, settings.broker_namespace, COORDINATOR.queue) == 1
     assert queued_messages(settings.broker_url, settings.broker_namespace, BUILD_REPORT.queue) == 0
+
+
+def deferred_to_a_live_worker(settings: Settings, user_ids: list[int]) -> None:
+    """Each user's message delayed and fetched by a worker that is alive (its heartbeat is fresh),
+    as the Redis broker lays it out: its body in the delay queue's hash, its id in the worker's ack set."""
+    client = redis.Redis.from_url(settings.broker_url)
+    ns, worker = settings.broker_namespace, f"worker-{uuid.uuid4()}"
+    client.zadd(f"{ns}:__heartbeats__", {worker: int(time.time() * 1000)})
+    for user_id in user_ids:
+        message = message_for(BUILD_REPORT, ReportJob(PERIOD, user_id, settings.template_version).payload())
+        client.hset(f"{ns}:{BUILD_REPORT.queue}.DQ.msgs", message.message_id, message.encode())
+        client.sadd(f"{ns}:__acks__.{worker}.{BUILD_REPORT.queue}.DQ", message.message_id)
+    client.close()
+
+
+def reconcile_against(sessions: sessionmaker[Session], settings: Settings, broker) -> Reconciliation:
+    """Reconcile as the command does: the live broker tells what may still be on its way."""
+    return runs.reconcile_through(
+        sessions,
+        broker,
+        PERIOD,
+        redis_client=broker.client,
+        namespace=settings.broker_namespace,
+        stuck_after=STUCK_AFTER,
+        now=later(),
+    )
+
+
+def test_an_item_whose_message_no_live_consumer_holds_is_stuck_not_in_flight(sessions, settings: Settings, broker):
+    # What a consumer Dramatiq dropped used to leave in a live process's ack set: nothing runs it.
+    population = load_users(sessions, count=4)
+    walk_everything(sessions, settings)
+    deferred_to_a_live_worker(settings, population.active)
+
+    found = reconcile_against(sessions, settings, broker)
+
+    assert (found.requeued, found.waiting) == (len(population.active), 0)
+    assert queued_user_ids(settings) == Counter(population.active)
+
+
+def test_an_item_whose_delayed_message_a_consumer_holds_is_in_flight(sessions, settings: Settings, broker):
+    population = load_users(sessions, count=4)
+    walk_everything(sessions, settings)
+    message = message_for(BUILD_REPORT, ReportJob(PERIOD, population.active[0], settings.template_version).payload())
+    broker.enqueue(message, delay=3_600_000)
+    consumer = broker.consume(f"{BUILD_REPORT.queue}.DQ", prefetch=1, timeout=100)
+    assert next(consumer) is not None  # held until due, as a worker's delay queue does
+
+    found = reconcile_against(sessions, settings, broker)
+
+    assert (found.requeued, found.waiting) == (0, len(population.active))
 
 
 def test_reconcile_reads_items_it_did_not_change_unchanged(sessions, settings):
