@@ -37,6 +37,8 @@ def build(app: ASGIApp, settings: Settings) -> uvicorn.Server:
     config = uvicorn.Config(
         app,
         http=_head_bounded(settings.web_read_timeout_seconds),
+        # No route is a WebSocket, and the head deadline takes every connection to stay HTTP.
+        ws="none",
         # uvicorn refuses a request once this many connections are open, the request's own among them.
         limit_concurrency=settings.web_max_connections + 1,
         headers=list(SECURITY_HEADERS),
