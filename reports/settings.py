@@ -170,6 +170,11 @@ class Settings:
     #: Comma-separated secrets that sign unsubscribe links, newest first (the first signs, any
     #: verifies). Unset is allowed only while PUBLIC_BASE_URL is loopback: the demo's fixed secret.
     unsubscribe_secret: str = ""
+    #: Longest ``reports web`` waits for a request's head (from the connection's start or its last
+    #: answer), and then again for its body, in seconds: a client that sends slower is cut off.
+    web_read_timeout_seconds: float = 10.0
+    #: Connections ``reports web`` serves at once; a request beyond them is answered 503.
+    web_max_connections: int = 200
 
     def __post_init__(self) -> None:
         if not self.database_url:
@@ -283,9 +288,10 @@ _RANGES = {
     "send_rate_per_second": _Range(0, MAX_SEND_RATE, "a number of emails per second", above=True),
     "send_rate_burst": _Range(1, MAX_COUNT, "a whole number"),
     "retention_months": _Range(1, MAX_RETENTION_MONTHS, "a number of months"),
+    "web_max_connections": _Range(1, MAX_COUNT, "a whole number"),
     # Zero would mean no time at all: an SMTP timeout that fails every send, a lease that
     # protects nothing, a breaker that is open for no time, a coordinator slice that walks no page,
-    # a dead-letter sweep that never pauses.
+    # a dead-letter sweep that never pauses, a web process that cuts off every client.
     **{
         name: _Range(0, MAX_SECONDS, "a number of seconds", above=True)
         for name in (
@@ -294,6 +300,7 @@ _RANGES = {
             "breaker_cooldown_seconds",
             "plan_slice_seconds",
             "dead_letter_sweep_seconds",
+            "web_read_timeout_seconds",
         )
     },
     # Zero is meaningful here: re-enqueue at once, do not pause, no window, reconcile never.
@@ -404,6 +411,8 @@ ENVIRONMENT = {
     "retention_months": "RETENTION_MONTHS",
     "public_base_url": "PUBLIC_BASE_URL",
     "unsubscribe_secret": "UNSUBSCRIBE_SECRET",
+    "web_read_timeout_seconds": "WEB_READ_TIMEOUT_SECONDS",
+    "web_max_connections": "WEB_MAX_CONNECTIONS",
 }
 
 

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import psycopg
@@ -27,6 +28,7 @@ from tests.support.processes import WorkerGroup, free_port, redis_server
 from tests.support.rabbitmq import temporary_vhost
 from tests.support.smtp import RecordingHandler, SmtpServer
 from tests.support.waiting import wait_until
+from tests.support.web import SECRET, WebProcess, request
 
 # --- Redis -----------------------------------------------------------------------------------
 
@@ -226,3 +228,43 @@ def start_workers(tmp_path: Path) -> Iterator[Callable[..., WorkerGroup]]:
     yield start
     for group in groups:
         group.stop(timeout=15)
+
+
+# --- The web process -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def start_web(
+    settings: Settings, sessions: sessionmaker[Session], tmp_path: Path
+) -> Iterator[Callable[..., WebProcess]]:
+    """Start `reports web` on a free port, PUBLIC_BASE_URL pointing at it, with ``overrides`` of the
+    settings; stopped (SIGTERM) at teardown."""
+    started: list[WebProcess] = []
+
+    def start(secret: str = SECRET, **overrides: object) -> WebProcess:
+        port = free_port()
+        web_settings = replace(
+            settings, public_base_url=f"http://127.0.0.1:{port}", unsubscribe_secret=secret, **overrides
+        )
+        log_path = tmp_path / f"web-{len(started)}.log"
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "reports", "web", "--host", "127.0.0.1", "--port", str(port)],
+                env={**os.environ, **web_settings.as_environ()},
+                cwd=REPO,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        web = WebProcess(process, f"http://127.0.0.1:{port}", web_settings, log_path)
+        started.append(web)
+        wait_until(
+            lambda: process.poll() is not None or request(f"{web.base_url}/healthz")[0] == 200,
+            timeout=30,
+            what="reports web to answer /healthz",
+        )
+        assert process.poll() is None, web.log()
+        return web
+
+    yield start
+    for web in started:
+        web.stop()

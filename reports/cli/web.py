@@ -11,9 +11,6 @@ from reports.cli.app import Obj, cli, pass_obj
 from reports.errors import BadInput
 from reports.unsubscribe import tokens
 
-#: Seconds a stopping server gives requests in flight, well inside a platform's 30 s grace period.
-GRACEFUL_SHUTDOWN_SECONDS = 10
-
 
 @cli.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0 on a PaaS).")
@@ -22,12 +19,16 @@ GRACEFUL_SHUTDOWN_SECONDS = 10
 def web(obj: Obj, host: str, port: int) -> None:
     """Serve the one-click unsubscribe endpoint, its pages, and /healthz."""
     # Imported here: only the web process needs the web stack.
-    import uvicorn
-
-    from reports.unsubscribe.web import build_app
+    from reports.unsubscribe.web import HEALTH_PATH, build_app
+    from reports.web import guards, server
 
     settings = obj.settings
-    app = build_app(obj.sessions(), tokens.links(settings).signer, product_name=settings.report_product_name)
+    app = guards.guard(
+        build_app(obj.sessions(), tokens.links(settings).signer, product_name=settings.report_product_name),
+        public_base_url=settings.public_base_url,
+        read_timeout_seconds=settings.web_read_timeout_seconds,
+        any_host_paths=(HEALTH_PATH,),
+    )
     try:
         # Bound here, not by uvicorn: a port in use or an unknown host is one line and exit 2.
         listener = socket.create_server((host, port), family=_family(host))
@@ -40,18 +41,10 @@ def web(obj: Obj, host: str, port: int) -> None:
             err=True,
         )
     click.echo(f"Serving unsubscribe pages on http://{host}:{port} for {settings.public_base_url}", err=True)
-    config = uvicorn.Config(
-        app,
-        log_level=settings.log_level.lower(),
-        server_header=False,
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
-        # Off: the access log would write every user's token (a credential) into the logs.
-        access_log=False,
-    )
     # uvicorn drains on SIGTERM, then raises the signal again under the handler it found: this
     # no-op one makes a drained stop exit 0, as the other processes do.
     signal.signal(signal.SIGTERM, lambda _signum, _frame: None)
-    uvicorn.Server(config).run(sockets=[listener])
+    server.build(app, settings).run(sockets=[listener])
 
 
 def _family(host: str) -> socket.AddressFamily:

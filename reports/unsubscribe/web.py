@@ -9,6 +9,8 @@
 * ``GET /healthz``: 200 when the database answers, 503 otherwise.
 
 A forged, altered or malformed token answers 404 with no detail, the same for every way it is wrong.
+The web process's guards and server (``reports.web``) bound every request and add the headers every
+answer carries; the pages add their content policy.
 """
 
 from __future__ import annotations
@@ -37,16 +39,11 @@ logger = logging.getLogger(__name__)
 #: The form field and value of RFC 8058's one-click POST.
 ONE_CLICK = ("List-Unsubscribe", "One-Click")
 
-#: Largest request body read, in bytes: the one-click body is 26.
-MAX_BODY_BYTES = 4096
+#: The health check's path: answered whatever the Host, since a platform calls it by address.
+HEALTH_PATH = "/healthz"
 
-#: Sent with every page. The token in the URL is a credential: no referrer carries it elsewhere,
-#: no cache or search engine keeps the page, and the page loads nothing from anywhere.
-SECURITY_HEADERS = {
-    "Cache-Control": "no-store",
-    "Referrer-Policy": "no-referrer",
-    "X-Robots-Tag": "noindex, nofollow",
-    "X-Content-Type-Options": "nosniff",
+#: Sent with every page: it loads nothing from anywhere, posts only here, and is never framed.
+PAGE_POLICY = {
     "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; "
     "frame-ancestors 'none'",
 }
@@ -106,14 +103,18 @@ def build_app(sessions: sessionmaker[Session], signer: Signer, *, product_name: 
             return _plain("database unavailable", 503)
         return _plain("ok", 200)
 
-    return Starlette(
+    app = Starlette(
         routes=[
             Route("/u/{token}", show, methods=["GET"]),
             Route("/u/{token}", unsubscribe, methods=["POST"]),
             Route("/u/{token}/resubscribe", resubscribe, methods=["POST"]),
-            Route("/healthz", healthz, methods=["GET"]),
+            Route(HEALTH_PATH, healthz, methods=["GET"]),
         ]
     )
+    # Off: the redirect is built from the request's own scheme and Host, which behind a proxy are
+    # not the public ones; every link this app hands out is exact anyway.
+    app.router.redirect_slashes = False
+    return app
 
 
 def _in_transaction(sessions: sessionmaker[Session], work: Callable[[Session], Any]) -> Any:
@@ -122,16 +123,14 @@ def _in_transaction(sessions: sessionmaker[Session], work: Callable[[Session], A
 
 
 async def _is_one_click(request: Request) -> bool:
-    """Whether the body is RFC 8058's ``List-Unsubscribe=One-Click``, url-encoded or multipart."""
-    length = request.headers.get("content-length")
-    if length is None or not length.isdigit() or int(length) > MAX_BODY_BYTES:
-        return False
+    """Whether the body is RFC 8058's ``List-Unsubscribe=One-Click``, url-encoded or multipart, with or
+    without Content-Length (the web process's guards bound its size and time)."""
     async with request.form(max_files=0, max_fields=8) as form:
         return form.get(ONE_CLICK[0]) == ONE_CLICK[1]
 
 
 def _plain(message: str, status: int) -> Response:
-    return PlainTextResponse(message, status_code=status, headers=SECURITY_HEADERS)
+    return PlainTextResponse(message, status_code=status)
 
 
 def _not_found() -> Response:
@@ -184,7 +183,7 @@ class _Pages:
             f"<title>{title} · {self.product}</title><style>{_STYLE}</style></head>"
             f"<body><main>{body}</main></body></html>"
         )
-        return HTMLResponse(document, headers=SECURITY_HEADERS)
+        return HTMLResponse(document, headers=PAGE_POLICY)
 
 
 def _form(action: str, label: str, *, one_click: bool = False) -> str:

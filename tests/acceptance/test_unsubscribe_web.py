@@ -5,17 +5,9 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import subprocess
-import sys
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import replace
 
 import pytest
-from sqlalchemy import text
 
 from reports.clock import utcnow
 from reports.delivery import pipeline
@@ -23,93 +15,18 @@ from reports.delivery.mail.backend import build_mailer
 from reports.jobs import ReportJob
 from reports.models import SuppressionReason
 from reports.periods import Period
-from reports.settings import Settings
-from reports.unsubscribe import suppressions, tokens
+from reports.unsubscribe import suppressions
 from reports.unsubscribe.tokens import Signer
 from tests.integration.conftest import PERIOD, RecordingSender, walk_everything
 from tests.support.databases import load_users
-from tests.support.environment import REPO, missing
-from tests.support.processes import free_port, run_cli
-from tests.support.waiting import wait_until
+from tests.support.environment import missing
+from tests.support.processes import run_cli
+from tests.support.web import ONE_CLICK, SECRET, request, suppressed
 
 pytestmark = pytest.mark.acceptance
 
-SECRET = "test-unsubscribe-secret-0123456789"
 OLD_SECRET = "test-old-unsubscribe-secret-98765"
-ONE_CLICK = b"List-Unsubscribe=One-Click"
 CHROMIUM = "/usr/bin/chromium"
-
-
-@dataclass
-class WebProcess:
-    process: subprocess.Popen[bytes]
-    base_url: str
-    settings: Settings
-    log_path: Path
-
-    def url(self, user_id: int) -> str:
-        return tokens.links(self.settings).url(user_id)
-
-    def stop(self) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode
-
-
-@pytest.fixture
-def start_web(settings: Settings, sessions, tmp_path: Path) -> Iterator[Callable[..., WebProcess]]:  # type: ignore[no-untyped-def]
-    """Start `reports web` on a free port, PUBLIC_BASE_URL pointing at it; stopped (SIGTERM) at teardown."""
-    started: list[WebProcess] = []
-
-    def start(secret: str = SECRET) -> WebProcess:
-        port = free_port()
-        web_settings = replace(settings, public_base_url=f"http://127.0.0.1:{port}", unsubscribe_secret=secret)
-        log_path = tmp_path / f"web-{len(started)}.log"
-        with log_path.open("wb") as log:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "reports", "web", "--host", "127.0.0.1", "--port", str(port)],
-                env={**os.environ, **web_settings.as_environ()},
-                cwd=REPO,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        web = WebProcess(process, f"http://127.0.0.1:{port}", web_settings, log_path)
-        started.append(web)
-        wait_until(
-            lambda: process.poll() is not None or request(f"{web.base_url}/healthz")[0] == 200,
-            timeout=30,
-            what="reports web to answer /healthz",
-        )
-        assert process.poll() is None, log_path.read_text()
-        return web
-
-    yield start
-    for web in started:
-        web.stop()
-
-
-def request(
-    url: str, *, body: bytes | None = None, content_type: str = "application/x-www-form-urlencoded"
-) -> tuple[int, str, dict[str, str]]:
-    """(status, body, headers) of a GET, or of a POST when ``body`` is given; (0, '', {}) if refused."""
-    headers = {"Content-Type": content_type} if body is not None else {}
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, data=body, headers=headers), timeout=10) as response:
-            return response.status, response.read().decode(), {k.lower(): v for k, v in response.headers.items()}
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode(), {k.lower(): v for k, v in e.headers.items()}
-    except OSError:
-        return 0, "", {}
-
-
-def suppressed(sessions) -> dict[int, str]:  # type: ignore[no-untyped-def]
-    with sessions() as session:
-        return dict(session.execute(text("SELECT user_id, reason FROM suppressions")).all())
 
 
 def test_the_one_click_post_of_a_received_email_unsubscribes_and_the_next_period_skips_the_user(

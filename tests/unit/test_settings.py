@@ -26,6 +26,7 @@ def test_an_empty_environment_gives_the_documented_defaults() -> None:
     assert settings.report_logo_url is None
     assert settings.plan_page_size == 1000
     assert settings.max_retries == 25
+    assert (settings.web_read_timeout_seconds, settings.web_max_connections) == (10.0, 200)
     assert "@" in settings.mail_from
 
 
@@ -89,6 +90,8 @@ def test_an_explicit_database_url_wins_over_the_var_dir_default() -> None:
         ("SEND_RATE_PER_SECOND", "200", "send_rate_per_second", 200.0),
         ("SEND_RATE_BURST", "20", "send_rate_burst", 20),
         ("RETENTION_MONTHS", "13", "retention_months", 13),
+        ("WEB_READ_TIMEOUT_SECONDS", "0.5", "web_read_timeout_seconds", 0.5),
+        ("WEB_MAX_CONNECTIONS", "1000", "web_max_connections", 1000),
     ],
 )
 def test_a_variable_overrides_its_setting_with_the_settings_type(
@@ -199,6 +202,9 @@ def test_a_bad_number_is_a_configuration_error_naming_the_variable(variable: str
         ("REPORT_PRODUCT_NAME", " "),
         ("REPORT_PRODUCT_NAME", "x" * 61),
         ("REPORT_POSTAL_ADDRESS", "1 Main St\r\nBcc: x@evil.test"),
+        ("WEB_READ_TIMEOUT_SECONDS", "0"),
+        ("WEB_READ_TIMEOUT_SECONDS", "nan"),
+        ("WEB_MAX_CONNECTIONS", "0"),
     ],
 )
 def test_a_value_out_of_range_is_a_configuration_error_naming_the_variable(variable: str, raw: str) -> None:
