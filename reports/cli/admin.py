@@ -62,6 +62,8 @@ def send_now(obj: Obj, user_id: int, period: Period, include_inactive: bool) -> 
             raise BadInput(f"No user with id {user_id}.")
         if not user.active and not include_inactive:
             raise BadInput(f"User {user_id} is deactivated; pass --include-inactive to send anyway.")
+        # Held until the request is committed, so a prune of the period under way sees it.
+        runs.hold_off_pruning(session, [str(period)])
         run = session.get(PeriodRun, str(period))
         job = SendNowJob(
             period, user_id, request_id, run.template_version if run is not None else obj.settings.template_version

@@ -3,6 +3,7 @@ and the scheduler's monthly run."""
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 
 import pytest
@@ -10,6 +11,7 @@ import redis
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from reports.failures import dead_letters
 from reports.fanout import progress
 from reports.models import (
     DeadLetter,
@@ -27,7 +29,7 @@ from reports.models import (
 from reports.ops import retention
 from reports.periods import Period
 from reports.settings import Settings
-from reports.worker.broker import build_broker
+from reports.worker.broker import Broker, build_broker
 from scheduler.process import SchedulerProcess, prune_lock_key
 from scheduler.schedule import Schedule
 
@@ -79,18 +81,20 @@ def fill_period(
             )
         )
         if item_state == ItemState.DELIVERED:
-            session.add(
-                Delivery(
-                    period=period,
-                    user_id=user_id,
-                    state=DeliveryState.SENT,
-                    message_id="<m>",
-                    claim_token="t",
-                    lease_expires_at=NOW,
-                    claimed_at=NOW,
-                    sent_at=NOW,
-                )
-            )
+            session.add(sent_delivery(period, user_id))
+
+
+def sent_delivery(period: str, user_id: int) -> Delivery:
+    return Delivery(
+        period=period,
+        user_id=user_id,
+        state=DeliveryState.SENT,
+        message_id="<m>",
+        claim_token="t",
+        lease_expires_at=NOW,
+        claimed_at=NOW,
+        sent_at=NOW,
+    )
 
 
 def dead_letter(session: Session, period: str, user_id: int, *, replayed: bool) -> None:
@@ -99,7 +103,7 @@ def dead_letter(session: Session, period: str, user_id: int, *, replayed: bool) 
             message_id=f"m-{period}-{user_id}",
             actor="build_report",
             queue="bulk",
-            payload="{}",
+            payload=json.dumps({"args": [period, user_id, "v1"], "kwargs": {}}),
             period=period,
             user_id=user_id,
             attempts=1,
@@ -109,6 +113,23 @@ def dead_letter(session: Session, period: str, user_id: int, *, replayed: bool) 
             first_failed_at=NOW,
             died_at=NOW,
             replayed_at=NOW if replayed else None,
+        )
+    )
+
+
+def send_now_request(session: Session, period: str, user_id: int, state: DeliveryState) -> None:
+    session.add(
+        SendNowRequest(
+            request_id=f"00000000-0000-0000-0000-{user_id:012d}",
+            period=period,
+            user_id=user_id,
+            state=state,
+            message_id="<r>",
+            claim_token="t",
+            lease_expires_at=NOW,
+            claimed_at=NOW,
+            requested_at=NOW,
+            sent_at=NOW if state == DeliveryState.SENT else None,
         )
     )
 
@@ -127,20 +148,7 @@ def filled(sessions: sessionmaker[Session]) -> sessionmaker[Session]:
         fill_period(session, RECENT)
         dead_letter(session, OLD, DEAD_USER, replayed=False)
         dead_letter(session, OLD, REPLAYED_USER, replayed=True)
-        session.add(
-            SendNowRequest(
-                request_id="00000000-0000-0000-0000-000000000001",
-                period=OLD,
-                user_id=SEND_NOW_USER,
-                state=DeliveryState.SENT,
-                message_id="<r>",
-                claim_token="t",
-                lease_expires_at=NOW,
-                claimed_at=NOW,
-                requested_at=NOW,
-                sent_at=NOW,
-            )
-        )
+        send_now_request(session, OLD, SEND_NOW_USER, DeliveryState.SENT)
     return sessions
 
 
@@ -220,6 +228,68 @@ def test_a_prune_stopped_between_batches_finishes_when_run_again(filled) -> None
     assert rows(filled, ReportItem, OLD) == rows(filled, Report, OLD) == [DEAD_USER]
     # Nothing is left to delete, and a third run says so.
     assert retention.prune(filled, before=BEFORE).rows == 0
+
+
+def test_a_dead_letter_replayed_between_two_batches_stops_the_prune_of_its_period(filled, broker: Broker) -> None:
+    def replay_after_the_first_batch() -> bool:
+        if not replayed.replayed:
+            replayed.replayed = dead_letters.replay(
+                filled, broker, dead_letters.Filter(period=OLD), now=NOW, dry_run=False
+            ).replayed
+        return False
+
+    replayed = dead_letters.Replayed()
+    result = retention.prune(filled, before=BEFORE, batch_size=3, should_stop=replay_after_the_first_batch)
+
+    assert len(replayed.replayed) == 1
+    # Only the first batch went (users 1 to 3, the dead-lettered user 3 kept): the replayed
+    # message finds its item, now pending, with its report; and the replayed letter stays.
+    assert rows(filled, ReportItem, OLD) == list(range(1, USERS + 1))
+    assert rows(filled, Report, OLD) == list(range(DEAD_USER, USERS + 1))
+    with filled() as session:
+        assert session.get(ReportItem, (OLD, DEAD_USER)).state == ItemState.PENDING  # type: ignore[union-attr]
+        assert sorted(session.scalars(select(DeadLetter.user_id).where(DeadLetter.period == OLD))) == [
+            DEAD_USER,
+            REPLAYED_USER,
+        ]
+    [pruned] = result.periods
+    assert pruned.deleted == {"reports": 2}
+    assert pruned.reopened and result.finished
+    # Once the item is delivered, the period is finished again, and the next prune finishes it.
+    with filled.begin() as session:
+        session.get(ReportItem, (OLD, DEAD_USER)).state = ItemState.DELIVERED  # type: ignore[union-attr]
+    again = retention.prune(filled, before=BEFORE, batch_size=3)
+    assert not again.periods[0].reopened
+    assert rows(filled, ReportItem, OLD) == rows(filled, Report, OLD) == rows(filled, Delivery, OLD) == []
+
+
+def test_a_send_now_requested_between_two_batches_stops_the_prune_of_its_period(filled) -> None:
+    def request_after_the_first_batch() -> bool:
+        with filled.begin() as session:
+            if not session.scalar(select(func.count()).select_from(SendNowRequest).where(SendNowRequest.user_id == 9)):
+                send_now_request(session, OLD, 9, DeliveryState.REQUESTED)
+        return False
+
+    result = retention.prune(filled, before=BEFORE, batch_size=3, should_stop=request_after_the_first_batch)
+
+    assert rows(filled, Report, OLD) == list(range(DEAD_USER, USERS + 1))
+    assert rows(filled, Delivery, OLD) == [u for u in range(1, USERS + 1) if u != DEAD_USER]
+    assert result.periods[0].reopened
+
+
+def test_a_period_never_triggered_that_has_send_now_requests_is_kept_whole(filled) -> None:
+    # A send-now of a period never triggered took the monthly claim: that delivery is what keeps a
+    # later trigger from mailing the user again.
+    untriggered = "2019-06"
+    with filled.begin() as session:
+        send_now_request(session, untriggered, 2, DeliveryState.SENT)
+        session.add(sent_delivery(untriggered, 2))
+
+    result = retention.prune(filled, before=BEFORE)
+
+    assert untriggered in result.unfinished
+    assert untriggered not in [p.period for p in result.periods]
+    assert rows(filled, Delivery, untriggered) == rows(filled, SendNowRequest, untriggered) == [2]
 
 
 def test_a_dry_run_counts_what_would_go_and_changes_nothing(filled) -> None:
