@@ -4,15 +4,16 @@ and the scheduler's monthly run."""
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 
 import pytest
 import redis
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from reports.failures import dead_letters
-from reports.fanout import progress
+from reports.fanout import progress, runs
 from reports.models import (
     DeadLetter,
     Delivery,
@@ -32,6 +33,8 @@ from reports.settings import Settings
 from reports.worker.broker import Broker, build_broker
 from scheduler.process import SchedulerProcess, prune_lock_key
 from scheduler.schedule import Schedule
+from tests.support.processes import run_cli
+from tests.support.waiting import wait_until
 
 NOW = datetime(2021, 3, 10, 12, 0)
 OLD, CANCELLED, UNPLANNED, RECENT = "2020-01", "2020-02", "2020-03", "2021-02"
@@ -261,6 +264,54 @@ def test_a_dead_letter_replayed_between_two_batches_stops_the_prune_of_its_perio
     again = retention.prune(filled, before=BEFORE, batch_size=3)
     assert not again.periods[0].reopened
     assert rows(filled, ReportItem, OLD) == rows(filled, Report, OLD) == rows(filled, Delivery, OLD) == []
+
+
+def waiting_on_a_lock(sessions: sessionmaker[Session]) -> int:
+    """How many connections to the test's PostgreSQL database wait for a lock."""
+    with sessions() as session:
+        return session.scalar(
+            text(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+        )
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_on_postgresql_a_replay_or_a_send_now_and_a_prune_batch_of_one_period_wait_for_each_other(
+    filled, broker: Broker, settings: Settings
+) -> None:
+    # A replay waits while a batch of its period is under way, so the batch keeps what it needs.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        with filled.begin() as batch:
+            runs.lock_for_pruning(batch, OLD)
+            replaying = pool.submit(
+                dead_letters.replay, filled, broker, dead_letters.Filter(period=OLD), now=NOW, dry_run=False
+            )
+            wait_until(lambda: waiting_on_a_lock(filled), timeout=10, what="the replay to wait for the batch")
+        assert len(replaying.result(timeout=10).replayed) == 1
+
+    # A batch waits while a replay of its period is under way, then sees the item pending and stops.
+    with filled.begin() as session:
+        session.get(ReportItem, (OLD, DEAD_USER)).state = ItemState.DEAD  # type: ignore[union-attr]
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        with filled.begin() as replay:
+            runs.hold_off_pruning(replay, [OLD])
+            pruning = pool.submit(retention.prune, filled, before=BEFORE, batch_size=3)
+            wait_until(lambda: waiting_on_a_lock(filled), timeout=10, what="the batch to wait for the replay")
+            replay.get(ReportItem, (OLD, DEAD_USER)).state = ItemState.PENDING  # type: ignore[union-attr]
+        [pruned] = pruning.result(timeout=10).periods
+    assert rows(filled, ReportItem, OLD) == rows(filled, Report, OLD) == list(range(1, USERS + 1))
+    assert pruned.reopened and pruned.deleted == {"reports": 0}
+
+    # So does a send-now request, which the next batch then sees.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        with filled.begin() as batch:
+            runs.lock_for_pruning(batch, OLD)
+            requesting = pool.submit(run_cli, settings, "send-now", "9", OLD)
+            wait_until(lambda: waiting_on_a_lock(filled), timeout=30, what="the send-now to wait for the batch")
+            assert rows(filled, SendNowRequest, OLD) == [SEND_NOW_USER]
+        assert requesting.result(timeout=30).returncode == 0
+    assert rows(filled, SendNowRequest, OLD) == [SEND_NOW_USER, 9]
 
 
 def test_a_send_now_requested_between_two_batches_stops_the_prune_of_its_period(filled) -> None:
