@@ -168,8 +168,7 @@ def _prune_period(
 def _still_finished(session: Session, period: str) -> bool:
     """Lock the period's run for this transaction, then check that it is still finished: a replay or
     a send-now committed before the lock is seen, and one that waits for it sees its rows kept."""
-    runs.lock_for_pruning(session, period)
-    return runs.finished(session, period)
+    return runs.finished(session, period, lock=True)
 
 
 def _kept(session: Session, period: str) -> int:

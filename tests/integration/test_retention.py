@@ -283,7 +283,7 @@ def test_on_postgresql_a_replay_or_a_send_now_and_a_prune_batch_of_one_period_wa
     # A replay waits while a batch of its period is under way, so the batch keeps what it needs.
     with ThreadPoolExecutor(max_workers=1) as pool:
         with filled.begin() as batch:
-            runs.lock_for_pruning(batch, OLD)
+            runs.finished(batch, OLD, lock=True)  # what a batch does first: lock the run, then check
             replaying = pool.submit(
                 dead_letters.replay, filled, broker, dead_letters.Filter(period=OLD), now=NOW, dry_run=False
             )
@@ -306,7 +306,7 @@ def test_on_postgresql_a_replay_or_a_send_now_and_a_prune_batch_of_one_period_wa
     # So does a send-now request, which the next batch then sees.
     with ThreadPoolExecutor(max_workers=1) as pool:
         with filled.begin() as batch:
-            runs.lock_for_pruning(batch, OLD)
+            runs.finished(batch, OLD, lock=True)  # what a batch does first: lock the run, then check
             requesting = pool.submit(run_cli, settings, "send-now", "9", OLD)
             wait_until(lambda: waiting_on_a_lock(filled), timeout=30, what="the send-now to wait for the batch")
             assert rows(filled, SendNowRequest, OLD) == [SEND_NOW_USER]
