@@ -263,12 +263,14 @@ class SchedulerProcess:
             return None
         before = retention.cutoff(self.clock(), months)
         result = retention.prune(self.sessions, before=before, should_stop=self.stopping.is_set)
+        reopened = [Period.parse(p.period) for p in result.periods if p.reopened]
         logger.info(
-            "Pruned %d row(s) of %d period(s) before %s%s%s.",
+            "Pruned %d row(s) of %d period(s) before %s%s%s%s.",
             result.rows,
             len(result.periods),
             before,
             f"; kept unfinished {_names([Period.parse(p) for p in result.unfinished])}" if result.unfinished else "",
+            f"; stopped at {_names(reopened)}, unfinished again" if reopened else "",
             "" if result.finished else "; stopped early, the rest at the next run",
             extra={"before": str(before), "rows": result.rows, "periods": [p.period for p in result.periods]},
         )

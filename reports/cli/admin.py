@@ -52,8 +52,9 @@ def cancel(obj: Obj, period: Period) -> None:
 @click.argument("user_id", type=click.IntRange(min=1, max=MAX_USER_ID))
 @period_argument(closed=True)
 @click.option("--include-inactive", is_flag=True, help="Send even though the user is deactivated.")
+@click.option("--allow-untriggered", is_flag=True, help="Send even though PERIOD has never been triggered.")
 @pass_obj
-def send_now(obj: Obj, user_id: int, period: Period, include_inactive: bool) -> None:
+def send_now(obj: Obj, user_id: int, period: Period, include_inactive: bool, allow_untriggered: bool) -> None:
     """Send USER_ID's report for PERIOD now, on the critical queue (again, if it was sent before)."""
     request_id = str(uuid.uuid4())
     with obj.session() as session:
@@ -62,7 +63,13 @@ def send_now(obj: Obj, user_id: int, period: Period, include_inactive: bool) -> 
             raise BadInput(f"No user with id {user_id}.")
         if not user.active and not include_inactive:
             raise BadInput(f"User {user_id} is deactivated; pass --include-inactive to send anyway.")
+        # Held until the request is committed, so a prune of the period under way sees it.
+        runs.hold_off_pruning(session, [str(period)])
         run = session.get(PeriodRun, str(period))
+        if run is None and not allow_untriggered:
+            raise BadInput(
+                f"Period {period} has never been triggered; pass --allow-untriggered to send its report anyway."
+            )
         job = SendNowJob(
             period, user_id, request_id, run.template_version if run is not None else obj.settings.template_version
         )

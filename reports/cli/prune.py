@@ -24,7 +24,8 @@ def prune(obj: Obj, months: int, dry_run: bool) -> None:
     """Delete old periods' report items, deliveries and stored reports, in short batches.
 
     Keeps unfinished periods, what unreplayed dead letters need, and every period's run.
-    Stopped part-way, it is resumed by running it again.
+    Stopped part-way, it is resumed by running it again; a period that a dead-letter replay or a
+    send-now makes unfinished meanwhile keeps the rest of its rows.
     """
     before = retention.cutoff(utcnow(), months)
     result = retention.prune(obj.sessions(), before=before, dry_run=dry_run)
@@ -44,6 +45,7 @@ def describe(result: retention.Pruned, *, dry_run: bool) -> list[str]:
             if pruned.kept_for_dead_letters
             else ""
         )
-        lines.append(f"{pruned.period}: {'would delete' if dry_run else 'deleted'} {parts}{kept}.")
+        reopened = "; stopped there, a replay or a send-now made its run unfinished" if pruned.reopened else ""
+        lines.append(f"{pruned.period}: {'would delete' if dry_run else 'deleted'} {parts}{kept}{reopened}.")
     lines += [f"{period}: kept whole, its run is unfinished." for period in result.unfinished]
     return lines

@@ -16,7 +16,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from reports.errors import ClaimHeld
-from reports.models import Delivery, DeliveryState, SendNowRequest
+from reports.models import Delivery, DeliveryState, ItemState, SendNowRequest
 from reports.periods import Period
 from reports.sql import Executor, insert_ignoring_conflicts, rowcount
 
@@ -181,6 +181,23 @@ def not_taken(session: Executor, claim: Claim, *, now: datetime) -> None:
     state, expires = session.execute(select(model.state, model.lease_expires_at).where(*claim._key())).one()
     if state not in (DeliveryState.SENT, DeliveryState.DEAD):
         raise ClaimHeld(retry_after_seconds=max((expires - now).total_seconds(), 0.0))
+
+
+def monthly_may_follow(*, planned: bool | None, item_state: str | None) -> bool:
+    """Whether the monthly email of a (period, user) may still go out, so that a ``send-now``
+    that finds it unsent is that email rather than one of its own.
+
+    :param planned: whether the period's walk is done; ``None`` for a period never triggered.
+    :param item_state: the state of the user's item; ``None`` when there is none.
+
+    An item says: pending, or dead (a replay may send it); delivered or skipped, settled. With
+    none, only a walk yet to come can record one: after a walk that is done, the user was not
+    planned or their item was pruned, and a pruned period's deliveries are gone, so the claim
+    would wrongly read as never sent.
+    """
+    if item_state is not None:
+        return item_state in (ItemState.PENDING, ItemState.DEAD)
+    return not planned
 
 
 def is_sent(session: Session, period: Period, user_id: int) -> bool:

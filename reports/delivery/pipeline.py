@@ -44,7 +44,7 @@ from reports.errors import CircuitOpen, Deferred, MailRejected, PermanentError, 
 from reports.fanout import items
 from reports.jobs import ReportJob, SendNowJob
 from reports.look import ReportLook
-from reports.models import FINAL_STATES, ItemState, ReportItem, RunState, SuppressionReason, User
+from reports.models import FINAL_STATES, ItemState, PeriodRun, ReportItem, RunState, SuppressionReason, User
 from reports.periods import Period
 from reports.settings import CLAIM_LEASE_MARGIN_SECONDS, Settings
 from reports.sql import Executor
@@ -151,8 +151,9 @@ def send_now(ctx: Context, job: SendNowJob) -> Outcome:
     """A report a person asked for now: sent if it never was, sent again (a new email) if it was.
 
     The request's own claim makes it one email per request however often the message runs. If
-    the monthly email has not gone out, this *is* the monthly email (its claim and Message-ID),
-    so the monthly run will not send a second one.
+    the monthly email has not gone out and still may (:func:`claims.monthly_may_follow`), this
+    *is* the monthly email (its claim and Message-ID), so the monthly run will not send a second
+    one; otherwise it has a Message-ID of its own.
     """
     return _deliver(ctx, lambda session: _prepare_now(ctx, session, job), ctx.sessions.begin)
 
@@ -376,7 +377,8 @@ def _missing_item(inputs: statements.Inputs, job: ReportJob) -> NoReturn:
 
 def _prepare_now(ctx: Context, session: Session, job: SendNowJob) -> _Prepared | Outcome:
     # Lock the monthly item (if the period has one) first, as _prepare does.
-    session.get(ReportItem, (str(job.period), job.user_id), with_for_update=True)
+    item = session.get(ReportItem, (str(job.period), job.user_id), with_for_update=True)
+    run = session.get(PeriodRun, str(job.period))
     now = ctx.clock()
     user = session.get(User, job.user_id)
     if user is None:
@@ -398,7 +400,10 @@ def _prepare_now(ctx: Context, session: Session, job: SendNowJob) -> _Prepared |
     if request is None:
         return Outcome.ALREADY_DONE
     held, chosen_id = [request], request_id
-    if not claims.is_sent(session, job.period, user.id):
+    may_be_monthly = claims.monthly_may_follow(
+        planned=None if run is None else run.planned, item_state=None if item is None else item.state
+    )
+    if may_be_monthly and not claims.is_sent(session, job.period, user.id):
         monthly_id = message_id(job.period, user.id, ctx.settings.mail_domain)
         monthly = claims.take(session, job.period, user.id, message_id=monthly_id, lease_seconds=lease, now=claimed_at)
         if monthly is not None:

@@ -17,7 +17,7 @@ from sqlalchemy import delete, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from reports.errors import InvalidPayload
-from reports.fanout import items
+from reports.fanout import items, runs
 from reports.jobs import BUILD_REPORT, SEND_NOW, CoordinatorJob, ReportJob, SendNowJob
 from reports.models import DeadLetter, DeadLetterReason, DeliveryState, ItemState, ReportItem, SendNowRequest
 from reports.sql import insert_ignoring_conflicts, rowcount
@@ -154,13 +154,18 @@ def replay(sessions: sessionmaker[Session], broker: Broker, where: Filter, *, no
     The snapshot is bounded by the highest id when the replay starts: a message that dies again
     during the replay is a new dead letter and is not picked up by this one. A replayed report
     job goes through the same delivery claim as a first run, so a user already mailed is not
-    mailed again.
+    mailed again. Each chunk holds off a prune of its periods, so a prune under way sees the
+    items it resets pending and stops deleting their period.
     """
     outcome = Replayed()
     with sessions.begin() as session:
         ceiling = session.scalar(select(func.max(DeadLetter.id)).where(*where.clauses())) or 0
     for chunk in _chunks(sessions, where, ceiling):
         with sessions.begin() as session:
+            # The periods' locks before the letters': a prune deletes replayed letters under its
+            # period's lock, so both take them in this order and cannot deadlock.
+            periods = select(DeadLetter.period).where(DeadLetter.id.in_(chunk), DeadLetter.period.is_not(None))
+            runs.hold_off_pruning(session, session.scalars(periods.distinct()))
             for letter in session.scalars(select(DeadLetter).where(DeadLetter.id.in_(chunk)).with_for_update()):
                 if letter.replayed_at is not None or letter.reason == DeadLetterReason.UNDECODABLE:
                     continue  # replayed concurrently by another operator, or no message to send

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import ScalarSelect, case, func, select
 from sqlalchemy.orm import Session
 
 from reports.errors import BadInput
@@ -73,6 +73,16 @@ def items_by_state(session: Session, periods: list[str] | None = None) -> dict[s
         recorded = counted.pop(RECORDED, 0)
         states[period] = {**counted, ItemState.PENDING: recorded - sum(counted.values())}
     return states
+
+
+def pending(period: str) -> ScalarSelect[int]:
+    """The period's pending items as one SQL value, recorded less finished as in :func:`items_by_state`,
+    for a check inside another statement."""
+    return (
+        select(func.coalesce(func.sum(case((ItemCount.counter == RECORDED, ItemCount.n), else_=-ItemCount.n)), 0))
+        .where(ItemCount.period == period)
+        .scalar_subquery()
+    )
 
 
 @dataclass(frozen=True)

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import functools
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import redis
-from sqlalchemy import exists, or_, select
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy import Exists, exists, or_, select
+from sqlalchemy.orm import InstrumentedAttribute, Session, sessionmaker
 
 from reports.delivery.breaker import State, mail_breaker_name, state_of
 from reports.errors import BadInput
+from reports.fanout import progress
 from reports.fanout.reconcile import InFlight, Reconciliation, reconcile, reconcile_requests
 from reports.jobs import BUILD_REPORT, SEND_NOW, CoordinatorJob
 from reports.models import DeliveryState, ItemState, PeriodRun, ReportItem, RunState, SendNowRequest
@@ -111,16 +113,53 @@ def unfinished(session: Session) -> list[Period]:
     """Active runs whose walk is unfinished, or that still have a pending item or an unfinished
     send-now request, oldest first."""
     pending = exists().where(ReportItem.period == PeriodRun.period, ReportItem.state == ItemState.PENDING)
-    requested = exists().where(
-        SendNowRequest.period == PeriodRun.period,
-        SendNowRequest.state.in_((DeliveryState.REQUESTED, DeliveryState.CLAIMED)),
-    )
     rows = session.scalars(
         select(PeriodRun.period)
-        .where(PeriodRun.state == RunState.ACTIVE, or_(PeriodRun.planned.is_(False), pending, requested))
+        .where(
+            PeriodRun.state == RunState.ACTIVE,
+            or_(PeriodRun.planned.is_(False), pending, _unfinished_request(PeriodRun.period)),
+        )
         .order_by(PeriodRun.period)
     ).all()
     return [Period.parse(row) for row in rows]
+
+
+def finished(session: Session, period: str, *, lock: bool = False) -> bool:
+    """Whether ``period``'s run is done: walked, no item pending, no send-now request unfinished.
+
+    A period never triggered is not: a send-now of it took the monthly claim, and that delivery
+    is what keeps a later trigger from mailing the user a second time. Pending items are read
+    from the kept counts, so the check costs the same at a million items as at ten.
+
+    :param lock: lock the run first, until the transaction ends, as a prune batch does: this waits
+        for every :func:`hold_off_pruning` of the period, and they wait for it.
+    """
+    planned = select(PeriodRun.planned).where(PeriodRun.period == period)
+    if not session.scalar(planned.with_for_update() if lock else planned):
+        return False
+    return not session.scalar(select(or_(progress.pending(period) > 0, _unfinished_request(period))))
+
+
+def _unfinished_request(period: InstrumentedAttribute[str] | str) -> Exists:
+    return exists().where(
+        SendNowRequest.period == period, SendNowRequest.state.in_((DeliveryState.REQUESTED, DeliveryState.CLAIMED))
+    )
+
+
+def hold_off_pruning(session: Session, periods: Iterable[str]) -> None:
+    """Keep a prune from deleting rows of ``periods`` until the transaction ends, so that what it
+    makes unfinished (an item back to pending, a send-now request) is seen by the prune's next batch.
+
+    On PostgreSQL a shared lock on each run (``FOR KEY SHARE``: holders do not wait for one
+    another), which the ``FOR UPDATE`` of :func:`finished` with ``lock`` excludes; a period with no
+    run is never pruned. On SQLite every write transaction excludes the others.
+    """
+    session.execute(
+        select(PeriodRun.period)
+        .where(PeriodRun.period.in_(sorted(set(periods))))
+        .order_by(PeriodRun.period)
+        .with_for_update(read=True, key_share=True)
+    )
 
 
 def reconcile_through(

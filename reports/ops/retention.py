@@ -6,7 +6,11 @@ whole HTML). :func:`prune` deletes those rows of periods older than the cut-off,
 prune that stops (crash, SIGTERM) is resumed by running it again. It keeps:
 
 * every row of a period whose run is unfinished (its walk not done, an item pending, a send-now
-  request not finished), whatever its state: a cancelled period can be resumed;
+  request not finished), whatever its state: a cancelled period can be resumed; and every row
+  of a period never triggered (see :func:`reports.fanout.runs.finished`). Each batch checks
+  this again under a lock on the period's run that ``dlq replay`` and ``send-now`` also take
+  (:func:`reports.fanout.runs.hold_off_pruning`): once a replay sets an item back to pending,
+  or a send-now is requested, nothing more of the period goes;
 * the item, report and delivery of a (period, user) that an unreplayed dead letter refers to:
   its replay needs the item, and the delivery's ``sent`` keeps a replay from mailing twice;
 * ``period_runs``: a few bytes a month, and a period without its run looks never triggered, so
@@ -24,20 +28,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import cast
 
-from sqlalchemy import Exists, Table, and_, delete, exists, func, or_, select
+from sqlalchemy import Exists, Table, and_, delete, exists, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from reports.models import (
-    DeadLetter,
-    Delivery,
-    DeliveryState,
-    ItemCount,
-    ItemState,
-    PeriodRun,
-    Report,
-    ReportItem,
-    SendNowRequest,
-)
+from reports.fanout import runs
+from reports.models import DeadLetter, Delivery, DeliveryState, ItemCount, Report, ReportItem, SendNowRequest
 from reports.periods import Period
 from reports.sql import rowcount
 
@@ -68,6 +63,8 @@ class PeriodPruned:
     deleted: dict[str, int] = field(default_factory=dict)
     #: (period, user) pairs kept because an unreplayed dead letter refers to them.
     kept_for_dead_letters: int = 0
+    #: True when a replay or a send-now made the period unfinished part-way: the rest was kept.
+    reopened: bool = False
 
 
 @dataclass
@@ -87,16 +84,6 @@ def _unreplayed_letter(table: Table) -> Exists:
     return exists().where(
         DeadLetter.period == table.c.period, DeadLetter.user_id == table.c.user_id, DeadLetter.replayed_at.is_(None)
     )
-
-
-def unfinished_periods(session: Session) -> set[str]:
-    """Periods whose run is not done, active or cancelled: their rows are still a work list."""
-    pending = exists().where(ReportItem.period == PeriodRun.period, ReportItem.state == ItemState.PENDING)
-    requested = exists().where(
-        SendNowRequest.period == PeriodRun.period,
-        SendNowRequest.state.in_((DeliveryState.REQUESTED, DeliveryState.CLAIMED)),
-    )
-    return set(session.scalars(select(PeriodRun.period).where(or_(PeriodRun.planned.is_(False), pending, requested))))
 
 
 def old_periods(session: Session, before: Period) -> list[str]:
@@ -133,31 +120,55 @@ def prune(
     """
     with sessions.begin() as session:
         periods = old_periods(session, before)
-        busy = unfinished_periods(session)
-    result = Pruned(unfinished=[p for p in periods if p in busy])
-    for period in (p for p in periods if p not in busy):
+        done = [period for period in periods if runs.finished(session, period)]
+    result = Pruned(unfinished=[p for p in periods if p not in done])
+    for period in done:
         pruned = PeriodPruned(period)
         result.periods.append(pruned)
         with sessions.begin() as session:
             pruned.kept_for_dead_letters = _kept(session, period)
-        for table, name in _PER_USER:
-            if dry_run:
-                with sessions.begin() as session:
-                    pruned.deleted[name] = _count(session, table, period)
-                continue
-            pruned.deleted[name] = 0
-            for deleted in _delete_in_batches(sessions, table, period, batch_size):
-                pruned.deleted[name] += deleted
-                if should_stop():
-                    result.finished = False
-                    return result
-        with sessions.begin() as session:
-            pruned.deleted["send-now requests"], pruned.deleted["replayed dead letters"] = _small_tables(
-                session, period, dry_run=dry_run
-            )
-            if not dry_run:
-                session.execute(delete(ItemCount).where(ItemCount.period == period, ItemCount.n == 0))
+        if dry_run:
+            with sessions.begin() as session:
+                pruned.deleted = {name: _count(session, table, period) for table, name in _PER_USER}
+                pruned.deleted["send-now requests"], pruned.deleted["replayed dead letters"] = _small_tables(
+                    session, period, dry_run=True
+                )
+        elif not _prune_period(sessions, pruned, batch_size, should_stop):
+            result.finished = False
+            return result
     return result
+
+
+def _prune_period(
+    sessions: sessionmaker[Session], pruned: PeriodPruned, batch_size: int, should_stop: Callable[[], bool]
+) -> bool:
+    """Delete one finished period's rows, batch by batch, while it stays finished; ``False`` when
+    ``should_stop`` ended it."""
+    period = pruned.period
+    for table, name in _PER_USER:
+        pruned.deleted[name] = 0
+        for deleted in _delete_in_batches(sessions, table, period, batch_size):
+            if deleted is None:
+                pruned.reopened = True
+                return True
+            pruned.deleted[name] += deleted
+            if should_stop():
+                return False
+    with sessions.begin() as session:
+        if not _still_finished(session, period):
+            pruned.reopened = True
+            return True
+        pruned.deleted["send-now requests"], pruned.deleted["replayed dead letters"] = _small_tables(
+            session, period, dry_run=False
+        )
+        session.execute(delete(ItemCount).where(ItemCount.period == period, ItemCount.n == 0))
+    return True
+
+
+def _still_finished(session: Session, period: str) -> bool:
+    """Lock the period's run for this transaction, then check that it is still finished: a replay or
+    a send-now committed before the lock is seen, and one that waits for it sees its rows kept."""
+    return runs.finished(session, period, lock=True)
 
 
 def _kept(session: Session, period: str) -> int:
@@ -180,11 +191,17 @@ def _count(session: Session, table: Table, period: str) -> int:
     )
 
 
-def _delete_in_batches(sessions: sessionmaker[Session], table: Table, period: str, batch_size: int) -> Iterator[int]:
-    """Delete the period's rows of ``table`` by ranges of user ids, one short transaction each."""
+def _delete_in_batches(
+    sessions: sessionmaker[Session], table: Table, period: str, batch_size: int
+) -> Iterator[int | None]:
+    """Delete the period's rows of ``table`` by ranges of user ids, one short transaction each,
+    while the period is still finished; ``None``, and nothing more, once it is not."""
     after = 0
     while True:
         with sessions.begin() as session:
+            if not _still_finished(session, period):
+                yield None
+                return
             page = (
                 select(table.c.user_id)
                 .where(table.c.period == period, table.c.user_id > after)

@@ -230,7 +230,8 @@ def test_send_now_for_a_user_never_mailed_is_the_monthly_email_and_the_monthly_r
         assert waiting(settings, BULK_QUEUE) == len(population.active)
         assert item_state(sessions, user) == "pending"
 
-    result = run_cli(settings, "send-now", str(user), PERIOD)
+    untriggered = ("--allow-untriggered",) if before == "never triggered" else ()
+    result = run_cli(settings, "send-now", str(user), PERIOD, *untriggered)
     assert result.returncode == 0, result.stderr
     request_id = request_id_in(result.stdout)
     assert waiting(settings, CRITICAL_QUEUE) == 1
@@ -336,6 +337,7 @@ def test_admin_commands_reject_bad_input_with_exit_2_one_line_and_nothing_enqueu
         ("send-now", "1", CURRENT_MONTH),
         ("send-now", "1", NEXT_MONTH),
         ("send-now", "1"),
+        ("send-now", "1", "1999-01"),  # never triggered
         ("cancel", PERIOD),  # never triggered
         ("cancel", "2026/10"),
         ("cancel", "October"),
@@ -357,6 +359,7 @@ def test_admin_commands_reject_bad_input_with_exit_2_one_line_and_nothing_enqueu
     assert "9999" in by_args[("send-now", "9999", PERIOD)].stderr
     assert PERIOD in by_args[("cancel", PERIOD)].stderr
     assert CURRENT_MONTH in by_args[("send-now", "1", CURRENT_MONTH)].stderr
+    assert "--allow-untriggered" in by_args[("send-now", "1", "1999-01")].stderr
 
     for queue in (CRITICAL_QUEUE, DEFAULT_QUEUE, BULK_QUEUE):
         assert queued_messages(settings.broker_url, settings.broker_namespace, queue) == 0, queue
@@ -364,17 +367,24 @@ def test_admin_commands_reject_bad_input_with_exit_2_one_line_and_nothing_enqueu
     assert count_rows(sessions, "resends") == 0
 
 
-def test_send_now_to_a_deactivated_user_is_refused_unless_the_operator_asks_for_it(settings, sessions):
+#: What an operator passes to send-now to a deactivated user of a month that was never run.
+BOTH_ALLOWED = ("--include-inactive", "--allow-untriggered")
+
+
+@pytest.mark.parametrize("left_out", BOTH_ALLOWED)
+def test_send_now_to_a_deactivated_user_or_of_a_month_never_run_is_refused_unless_the_operator_asks(
+    settings, sessions, left_out
+):
     population = load_users(sessions, count=5, inactive_every=5)
     [inactive] = population.inactive
 
-    refused = run_cli(settings, "send-now", str(inactive), PERIOD)
+    refused = run_cli(settings, "send-now", str(inactive), PERIOD, *(o for o in BOTH_ALLOWED if o != left_out))
     assert refused.returncode == 2, refused.stderr
-    assert len(refused.stderr.splitlines()) == 1 and "--include-inactive" in refused.stderr
+    assert len(refused.stderr.splitlines()) == 1 and left_out in refused.stderr
     assert queued_messages(settings.broker_url, settings.broker_namespace, CRITICAL_QUEUE) == 0
     assert count_rows(sessions, "resends") == 0
 
-    asked = run_cli(settings, "send-now", str(inactive), PERIOD, "--include-inactive")
+    asked = run_cli(settings, "send-now", str(inactive), PERIOD, *BOTH_ALLOWED)
     assert asked.returncode == 0, asked.stderr
     assert queued_messages(settings.broker_url, settings.broker_namespace, CRITICAL_QUEUE) == 1
     assert count_rows(sessions, "resends") == 1, "the request is recorded when it is made"

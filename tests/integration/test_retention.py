@@ -3,14 +3,17 @@ and the scheduler's monthly run."""
 
 from __future__ import annotations
 
+import json
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 
 import pytest
 import redis
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from reports.fanout import progress
+from reports.failures import dead_letters
+from reports.fanout import progress, runs
 from reports.models import (
     DeadLetter,
     Delivery,
@@ -27,9 +30,11 @@ from reports.models import (
 from reports.ops import retention
 from reports.periods import Period
 from reports.settings import Settings
-from reports.worker.broker import build_broker
+from reports.worker.broker import Broker, build_broker
 from scheduler.process import SchedulerProcess, prune_lock_key
 from scheduler.schedule import Schedule
+from tests.support.processes import run_cli
+from tests.support.waiting import wait_until
 
 NOW = datetime(2021, 3, 10, 12, 0)
 OLD, CANCELLED, UNPLANNED, RECENT = "2020-01", "2020-02", "2020-03", "2021-02"
@@ -79,18 +84,20 @@ def fill_period(
             )
         )
         if item_state == ItemState.DELIVERED:
-            session.add(
-                Delivery(
-                    period=period,
-                    user_id=user_id,
-                    state=DeliveryState.SENT,
-                    message_id="<m>",
-                    claim_token="t",
-                    lease_expires_at=NOW,
-                    claimed_at=NOW,
-                    sent_at=NOW,
-                )
-            )
+            session.add(sent_delivery(period, user_id))
+
+
+def sent_delivery(period: str, user_id: int) -> Delivery:
+    return Delivery(
+        period=period,
+        user_id=user_id,
+        state=DeliveryState.SENT,
+        message_id="<m>",
+        claim_token="t",
+        lease_expires_at=NOW,
+        claimed_at=NOW,
+        sent_at=NOW,
+    )
 
 
 def dead_letter(session: Session, period: str, user_id: int, *, replayed: bool) -> None:
@@ -99,7 +106,7 @@ def dead_letter(session: Session, period: str, user_id: int, *, replayed: bool) 
             message_id=f"m-{period}-{user_id}",
             actor="build_report",
             queue="bulk",
-            payload="{}",
+            payload=json.dumps({"args": [period, user_id, "v1"], "kwargs": {}}),
             period=period,
             user_id=user_id,
             attempts=1,
@@ -109,6 +116,23 @@ def dead_letter(session: Session, period: str, user_id: int, *, replayed: bool) 
             first_failed_at=NOW,
             died_at=NOW,
             replayed_at=NOW if replayed else None,
+        )
+    )
+
+
+def send_now_request(session: Session, period: str, user_id: int, state: DeliveryState) -> None:
+    session.add(
+        SendNowRequest(
+            request_id=f"00000000-0000-0000-0000-{user_id:012d}",
+            period=period,
+            user_id=user_id,
+            state=state,
+            message_id="<r>",
+            claim_token="t",
+            lease_expires_at=NOW,
+            claimed_at=NOW,
+            requested_at=NOW,
+            sent_at=NOW if state == DeliveryState.SENT else None,
         )
     )
 
@@ -127,20 +151,7 @@ def filled(sessions: sessionmaker[Session]) -> sessionmaker[Session]:
         fill_period(session, RECENT)
         dead_letter(session, OLD, DEAD_USER, replayed=False)
         dead_letter(session, OLD, REPLAYED_USER, replayed=True)
-        session.add(
-            SendNowRequest(
-                request_id="00000000-0000-0000-0000-000000000001",
-                period=OLD,
-                user_id=SEND_NOW_USER,
-                state=DeliveryState.SENT,
-                message_id="<r>",
-                claim_token="t",
-                lease_expires_at=NOW,
-                claimed_at=NOW,
-                requested_at=NOW,
-                sent_at=NOW,
-            )
-        )
+        send_now_request(session, OLD, SEND_NOW_USER, DeliveryState.SENT)
     return sessions
 
 
@@ -220,6 +231,116 @@ def test_a_prune_stopped_between_batches_finishes_when_run_again(filled) -> None
     assert rows(filled, ReportItem, OLD) == rows(filled, Report, OLD) == [DEAD_USER]
     # Nothing is left to delete, and a third run says so.
     assert retention.prune(filled, before=BEFORE).rows == 0
+
+
+def test_a_dead_letter_replayed_between_two_batches_stops_the_prune_of_its_period(filled, broker: Broker) -> None:
+    def replay_after_the_first_batch() -> bool:
+        if not replayed.replayed:
+            replayed.replayed = dead_letters.replay(
+                filled, broker, dead_letters.Filter(period=OLD), now=NOW, dry_run=False
+            ).replayed
+        return False
+
+    replayed = dead_letters.Replayed()
+    result = retention.prune(filled, before=BEFORE, batch_size=3, should_stop=replay_after_the_first_batch)
+
+    assert len(replayed.replayed) == 1
+    # Only the first batch went (users 1 to 3, the dead-lettered user 3 kept): the replayed
+    # message finds its item, now pending, with its report; and the replayed letter stays.
+    assert rows(filled, ReportItem, OLD) == list(range(1, USERS + 1))
+    assert rows(filled, Report, OLD) == list(range(DEAD_USER, USERS + 1))
+    with filled() as session:
+        assert session.get(ReportItem, (OLD, DEAD_USER)).state == ItemState.PENDING  # type: ignore[union-attr]
+        assert sorted(session.scalars(select(DeadLetter.user_id).where(DeadLetter.period == OLD))) == [
+            DEAD_USER,
+            REPLAYED_USER,
+        ]
+    [pruned] = result.periods
+    assert pruned.deleted == {"reports": 2}
+    assert pruned.reopened and result.finished
+    # Once the item is delivered, the period is finished again, and the next prune finishes it.
+    with filled.begin() as session:
+        session.get(ReportItem, (OLD, DEAD_USER)).state = ItemState.DELIVERED  # type: ignore[union-attr]
+    again = retention.prune(filled, before=BEFORE, batch_size=3)
+    assert not again.periods[0].reopened
+    assert rows(filled, ReportItem, OLD) == rows(filled, Report, OLD) == rows(filled, Delivery, OLD) == []
+
+
+def waiting_on_a_lock(sessions: sessionmaker[Session]) -> int:
+    """How many connections to the test's PostgreSQL database wait for a lock."""
+    with sessions() as session:
+        return session.scalar(
+            text(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+        )
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_on_postgresql_a_replay_or_a_send_now_and_a_prune_batch_of_one_period_wait_for_each_other(
+    filled, broker: Broker, settings: Settings
+) -> None:
+    # A replay waits while a batch of its period is under way, so the batch keeps what it needs.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        with filled.begin() as batch:
+            runs.finished(batch, OLD, lock=True)  # what a batch does first: lock the run, then check
+            replaying = pool.submit(
+                dead_letters.replay, filled, broker, dead_letters.Filter(period=OLD), now=NOW, dry_run=False
+            )
+            wait_until(lambda: waiting_on_a_lock(filled), timeout=10, what="the replay to wait for the batch")
+        assert len(replaying.result(timeout=10).replayed) == 1
+
+    # A batch waits while a replay of its period is under way, then sees the item pending and stops.
+    with filled.begin() as session:
+        session.get(ReportItem, (OLD, DEAD_USER)).state = ItemState.DEAD  # type: ignore[union-attr]
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        with filled.begin() as replay:
+            runs.hold_off_pruning(replay, [OLD])
+            pruning = pool.submit(retention.prune, filled, before=BEFORE, batch_size=3)
+            wait_until(lambda: waiting_on_a_lock(filled), timeout=10, what="the batch to wait for the replay")
+            replay.get(ReportItem, (OLD, DEAD_USER)).state = ItemState.PENDING  # type: ignore[union-attr]
+        [pruned] = pruning.result(timeout=10).periods
+    assert rows(filled, ReportItem, OLD) == rows(filled, Report, OLD) == list(range(1, USERS + 1))
+    assert pruned.reopened and pruned.deleted == {"reports": 0}
+
+    # So does a send-now request, which the next batch then sees.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        with filled.begin() as batch:
+            runs.finished(batch, OLD, lock=True)  # what a batch does first: lock the run, then check
+            requesting = pool.submit(run_cli, settings, "send-now", "9", OLD)
+            wait_until(lambda: waiting_on_a_lock(filled), timeout=30, what="the send-now to wait for the batch")
+            assert rows(filled, SendNowRequest, OLD) == [SEND_NOW_USER]
+        assert requesting.result(timeout=30).returncode == 0
+    assert rows(filled, SendNowRequest, OLD) == [SEND_NOW_USER, 9]
+
+
+def test_a_send_now_requested_between_two_batches_stops_the_prune_of_its_period(filled) -> None:
+    def request_after_the_first_batch() -> bool:
+        with filled.begin() as session:
+            if not session.scalar(select(func.count()).select_from(SendNowRequest).where(SendNowRequest.user_id == 9)):
+                send_now_request(session, OLD, 9, DeliveryState.REQUESTED)
+        return False
+
+    result = retention.prune(filled, before=BEFORE, batch_size=3, should_stop=request_after_the_first_batch)
+
+    assert rows(filled, Report, OLD) == list(range(DEAD_USER, USERS + 1))
+    assert rows(filled, Delivery, OLD) == [u for u in range(1, USERS + 1) if u != DEAD_USER]
+    assert result.periods[0].reopened
+
+
+def test_a_period_never_triggered_that_has_send_now_requests_is_kept_whole(filled) -> None:
+    # A send-now of a period never triggered took the monthly claim: that delivery is what keeps a
+    # later trigger from mailing the user again.
+    untriggered = "2019-06"
+    with filled.begin() as session:
+        send_now_request(session, untriggered, 2, DeliveryState.SENT)
+        session.add(sent_delivery(untriggered, 2))
+
+    result = retention.prune(filled, before=BEFORE)
+
+    assert untriggered in result.unfinished
+    assert untriggered not in [p.period for p in result.periods]
+    assert rows(filled, Delivery, untriggered) == rows(filled, SendNowRequest, untriggered) == [2]
 
 
 def test_a_dry_run_counts_what_would_go_and_changes_nothing(filled) -> None:
