@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from reports.clock import utcnow
 from reports.database import create_db_engine, session_factory
-from reports.errors import BadInput, ConfigurationError, DatabaseMissing
+from reports.errors import BadInput, ConfigurationError, DatabaseMissing, ReportsError
 from reports.periods import Period, parse_closed
 from reports.settings import Settings
 
@@ -142,6 +142,9 @@ def main(argv: list[str] | None = None) -> None:
         _fail(f"Database error ({type(e.orig).__name__}); is it reachable and migrated (`reports db upgrade`)?", 1)
     except redis.RedisError as e:
         _fail(f"Broker error ({type(e).__name__}); is Redis reachable at BROKER_URL?", 1)
+    except ReportsError as e:
+        # A condition the command names itself (the demo's workers exited, say): its message is the line.
+        _fail(str(e), 1)
 
 
 def _fail(message: str, code: int) -> None:
