@@ -3,8 +3,6 @@ reports/ops/metrics.py's source are the ones a real collection yields, with the 
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import redis
 from sqlalchemy.orm import Session, sessionmaker
@@ -13,17 +11,14 @@ from reports.delivery.breaker import mail_breaker_name
 from reports.jobs import BUILD_REPORT, COORDINATOR, SEND_NOW
 from reports.ops.metrics import ReportsCollector
 from reports.settings import Settings
-from tests.support.environment import REPO
+from tests.support import docs
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_the_documented_metric_families_are_what_a_collection_yields(
     settings: Settings, sessions: sessionmaker[Session]
 ) -> None:
-    spec = importlib.util.spec_from_file_location("docs_reference_hook", REPO / "docs" / "hooks" / "reference.py")
-    assert spec is not None and spec.loader is not None
-    hook = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(hook)
+    hook = docs.load("docs/hooks/reference.py")
     client = redis.Redis.from_url(settings.broker_url)
     try:
         collector = ReportsCollector(

@@ -8,7 +8,6 @@ built pages are read: what a reader of the site sees, not the Markdown before th
 from __future__ import annotations
 
 import html
-import importlib.util
 import os
 import re
 import subprocess
@@ -23,6 +22,7 @@ import pytest
 from reports.cli import cli
 from reports.models import Base
 from reports.settings import ENVIRONMENT
+from tests.support import docs
 from tests.support.environment import REPO
 
 DOCS = REPO / "docs"
@@ -137,7 +137,7 @@ def test_reports_h_prints_what_the_docs_show() -> None:
 
 
 def test_the_readmes_sample_blocks_are_the_samples() -> None:
-    samples = _load(REPO / "scripts" / "docs_samples.py", "docs_samples")
+    samples = docs.load("scripts/docs_samples.py")
     readme = (REPO / "README.md").read_text()
     blocks = samples.README_BLOCK.findall(readme)
     assert {name for _indent, name in blocks} == {"demo", "procfile"}
@@ -149,17 +149,9 @@ def test_the_readmes_sample_blocks_are_the_samples() -> None:
 # --- the built site --------------------------------------------------------------------------
 
 
-def _load(path: Path, name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def hook() -> ModuleType:
-    return _load(DOCS / "hooks" / "reference.py", "docs_reference_hook")
+    return docs.load("docs/hooks/reference.py")
 
 
 @pytest.fixture(scope="module")
