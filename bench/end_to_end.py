@@ -385,7 +385,7 @@ def main() -> int:
     parser.add_argument("--processes", type=int, default=2, help="worker processes (bulk pool) and plain processes")
     parser.add_argument("--threads", type=int, default=8, help="threads per process, both kinds")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds one run may take")
-    # Redis by default: README's earlier rows were measured without RabbitMQ, which not every machine runs.
+    # Redis by default: the benchmarks' earlier rows were measured without RabbitMQ, which not every machine runs.
     parser.add_argument("--broker", choices=(*BROKERS, "both"), default="redis", help="the queue runs' broker(s)")
     parser.add_argument(
         "--rabbitmq-url",

@@ -14,7 +14,8 @@ loop, with a mailer that builds the message's bytes and sends them nowhere. It p
 * the floor: the inherent work alone, one round trip that reads the user and the summary, the
   render, the bytes, one write, and ``pipeline.run``'s ratio to it.
 
-The target (issue 14): pipeline.run at most 3.0 ms CPU per report, within 1.5x of the floor.
+The target: pipeline.run at most 3.0 ms CPU per report, within 1.5x of the floor. The latest
+figures and what bounds them: docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from reports.periods import Period, previous_month
 from reports.settings import Settings
 from reports.unsubscribe import tokens
 
-#: The issue's targets.
+#: The targets: CPU per report, and the ratio to the floor.
 TARGET_MS = 3.0
 TARGET_RATIO = 1.5
 

@@ -264,7 +264,7 @@ class SuppressionReason(enum.StrEnum):
 class Suppression(Base):
     """A user who gets no monthly report, and why: read by the coordinator and the per-user job.
 
-    Kept per user, not per address: the contract's unsubscribe is the user's, and the per-user
+    Kept per user, not per address: an unsubscribe is the user's, and the per-user
     read finds it by primary key in the statement it runs anyway. A user whose address bounced
     stays suppressed after changing it, until an operator removes the entry.
     """

@@ -74,6 +74,7 @@ class Settings:
     var_dir: Path = Path("var")
     #: SQLAlchemy URL. Defaults to a SQLite file under ``var_dir``.
     database_url: str = ""
+    #: The broker: Redis (``redis://``, ``rediss://``, ``unix://``) or RabbitMQ (``amqp://``, ``amqps://``).
     broker_url: str = "redis://localhost:6379/0"
     #: The Redis that holds what the fleet shares (breaker, send rate, alert gate, metrics).
     #: Defaults to ``broker_url`` when that is Redis; required when the broker is RabbitMQ.
@@ -83,9 +84,11 @@ class Settings:
     broker_namespace: str = "dramatiq"
     #: ``smtp://`` or ``smtps://`` URL; ``None`` writes mail to a Maildir under ``var_dir``.
     smtp_url: str | None = None
+    #: The sender of every report; its domain is the one stable Message-IDs are minted under.
     mail_from: str = "Monthly Reports <reports@localhost>"
     #: Longest one whole send may take (connect, greeting, TLS, login, the transaction), in seconds.
     smtp_timeout_seconds: float = 10.0
+    #: Where the versioned templates are: one folder per version (``v1/``, ``v2/``).
     templates_dir: Path = DEFAULT_TEMPLATES_DIR
     #: Template version pinned into every per-user message of a new period run. Periods pinned to
     #: an older version (``v1``) keep rendering with it.
@@ -96,12 +99,16 @@ class Settings:
     report_currency: str = "USD"
     #: ``send`` mails a short, friendly report for a month without activity; ``skip`` mails none.
     report_empty_month: str = "send"
-    #: Branding of the report: the name in its header and footer, the header and link colour, the
-    #: chart's colour, a logo (https) shown instead of the name, and the sender's postal address.
+    #: The name in the report's header, footer and logo text (one line, at most 60 characters).
     report_product_name: str = "Monthly Reports"
+    #: The header band and the links, ``#rgb`` or ``#rrggbb``; the header's text takes whichever
+    #: of white and near-black contrasts more.
     report_brand_color: str = "#1d4ed8"
+    #: The chart's bars, ``#rgb`` or ``#rrggbb``.
     report_accent_color: str = "#0ea5e9"
+    #: An ``https://`` image shown in the header instead of the product name (32 px high).
     report_logo_url: str | None = None
+    #: The sender's postal address in the footer (one line, at most 200 characters).
     report_postal_address: str = ""
     #: Users read per keyset page by the coordinator.
     plan_page_size: int = 1000
@@ -125,8 +132,9 @@ class Settings:
     #: before a message is given up is about 7 hours: greylisting, a provider's bad hour or a
     #: database failover must not dead-letter deliverable mail (mail servers keep trying for days).
     max_retries: int = 25
-    #: Shortest and longest backoff between retries, in milliseconds.
+    #: Shortest backoff between retries, in milliseconds.
     min_backoff_ms: int = 1_000
+    #: Longest backoff between retries, in milliseconds.
     max_backoff_ms: int = 3_600_000
     #: How often each worker process moves what the broker dead-lettered by itself (``.XQ``) into the
     #: dead-letter store, in seconds: a dead letter the store could not take comes in this soon after.
@@ -136,11 +144,14 @@ class Settings:
     #: When the scheduler triggers last month's run: the 1st of each month at this time
     #: (``HH:MM``) in this IANA timezone.
     schedule_time: str = "06:00"
+    #: The IANA timezone of ``schedule_time`` (``Europe/Paris``); a period is never triggered
+    #: before it has ended in UTC, whatever the timezone.
     schedule_timezone: str = "UTC"
     #: How many past months the scheduler triggers on start if they were never triggered.
     schedule_lookback_months: int = 1
     #: How often the scheduler reconciles unfinished periods, in seconds; 0 turns it off.
     schedule_reconcile_interval_seconds: float = 300.0
+    #: The level of every process's log.
     log_level: str = "INFO"
     #: Where dead-letter alerts are posted (JSON); ``None`` sends none.
     alert_webhook_url: str | None = None
@@ -148,6 +159,7 @@ class Settings:
     alert_window_seconds: float = 60.0
     #: Provider failures within ``breaker_window_seconds`` that open the mail circuit breaker.
     breaker_failure_threshold: int = 5
+    #: The window ``breaker_failure_threshold`` counts failures in, in seconds.
     breaker_window_seconds: float = 30.0
     #: How long the breaker stays open before one probe may try the provider again, in seconds.
     breaker_cooldown_seconds: float = 30.0

@@ -10,6 +10,7 @@ import click
 from reports.cli.app import Obj, cli, pass_obj, period_argument
 from reports.clock import utcnow
 from reports.delivery import claims
+from reports.delivery.mail import backend
 from reports.delivery.mail.compose import message_id
 from reports.errors import BadInput
 from reports.fanout import progress, runs
@@ -85,3 +86,8 @@ def send_now(obj: Obj, user_id: int, period: Period, include_inactive: bool, all
         )
     send(build_broker(obj.settings), SEND_NOW, job.payload())
     click.echo(f"Queued send-now request {job.request_id}: user {user_id}, period {period}, critical queue.")
+    click.echo(f"Its email goes to {backend.destination(obj.settings)} once a critical-queue worker sends it.")
+    click.echo(
+        "To see its state (requested, claimed, sent or dead): "
+        f"SELECT state, sent_at FROM resends WHERE request_id = '{job.request_id}';"
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import sys
 from collections.abc import Callable, Iterator
@@ -15,7 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from reports.clock import utcnow
 from reports.database import create_db_engine, session_factory
-from reports.errors import BadInput, ConfigurationError, DatabaseMissing
+from reports.errors import BadInput, ConfigurationError, DatabaseMissing, ReportsError
 from reports.periods import Period, parse_closed
 from reports.settings import Settings
 
@@ -54,7 +55,36 @@ pass_obj = click.make_pass_decorator(Obj)
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
 
 
-@click.group(context_settings=CONTEXT_SETTINGS)
+class Group(click.Group):
+    """A group whose command list shows each command's whole summary, wrapped to the terminal.
+
+    Click cuts a summary to what fits on one line after the command's name and ends it with
+    "...": `reports -h` must say what every command does without sending you to each one's help.
+    """
+
+    #: Subgroups (`reports dlq`, `reports db`, `reports suppress`) list their commands the same way.
+    group_class = type
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [
+            (name, summary(command))
+            for name in self.list_commands(ctx)
+            if (command := self.get_command(ctx, name)) is not None and not command.hidden
+        ]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+def summary(command: click.Command) -> str:
+    """A command's short help, else the first paragraph of its help, whole (up to a ``\\f``)."""
+    if command.short_help:
+        return command.short_help
+    text = inspect.cleandoc(command.help or "").partition("\f")[0]
+    return " ".join(text.split("\n\n", 1)[0].split())
+
+
+@click.group(cls=Group, context_settings=CONTEXT_SETTINGS)
 @click.pass_context
 def cli(ctx: click.Context) -> None:
     """Monthly reports: plan, send and watch one email per active user per month."""
@@ -112,6 +142,9 @@ def main(argv: list[str] | None = None) -> None:
         _fail(f"Database error ({type(e.orig).__name__}); is it reachable and migrated (`reports db upgrade`)?", 1)
     except redis.RedisError as e:
         _fail(f"Broker error ({type(e).__name__}); is Redis reachable at BROKER_URL?", 1)
+    except ReportsError as e:
+        # A condition the command names itself (the demo's workers exited, say): its message is the line.
+        _fail(str(e), 1)
 
 
 def _fail(message: str, code: int) -> None:

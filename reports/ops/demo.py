@@ -22,13 +22,17 @@ from reports.clock import utcnow
 from reports.database import create_db_engine, session_factory, sqlite_file, upgrade
 from reports.errors import BadInput, ReportsError
 from reports.fanout import progress, runs
-from reports.models import User
+from reports.models import Activity, User
 from reports.ops.demo_output import print_serving, print_summary
 from reports.ops.demo_processes import (
+    WEB_HOST,
+    WEB_PORT,
+    await_listening,
     child,
     embedded_redis,
     only_demo,
     require_embedded_redis,
+    require_free_port,
     stop_signals_as_interrupt,
     web_command,
     worker_command,
@@ -48,6 +52,10 @@ SERVE_POLL_SECONDS = 0.5
 
 class WorkersExited(ReportsError):
     """The worker processes exited before the period was complete; see var/workers.log."""
+
+
+class WebDidNotStart(ReportsError):
+    """The web process did not listen on 127.0.0.1:8000 (is the port in use?); see var/web.log."""
 
 
 class ChildExited(ReportsError):
@@ -71,6 +79,8 @@ def run_demo(
     :param serve: keep Redis, the workers (and with ``web`` the web process) running until Ctrl-C.
     """
     require_embedded_redis()
+    if serve and web:
+        require_free_port(WEB_HOST, WEB_PORT)
     settings = _anchored(settings)
     if fresh:
         _check_fresh(settings)
@@ -94,15 +104,18 @@ def run_demo(
                 console.print("Workers stopped.")
                 print_summary(console, settings, final, inactive=_inactive(sessions), log_path=log_path)
                 return
-            served = [workers]
+            served, stopped_first = [workers], ["the workers"]
             if web:
-                served.append(
-                    stack.enter_context(child(web_command(), settings, log_path=settings.var_dir / "web.log"))
-                )
+                web_process = stack.enter_context(child(web_command(), settings, log_path=settings.var_dir / "web.log"))
+                served.append(web_process)
+                stopped_first.insert(0, "the web process")
+                if not await_listening(web_process, host=WEB_HOST, port=WEB_PORT):
+                    raise WebDidNotStart()
             print_summary(console, settings, final, inactive=_inactive(sessions), log_path=log_path, serving=True)
-            print_serving(console, settings, period=period, user_id=_first_active(sessions), web=web)
+            print_serving(console, settings, period=period, user_id=_example_user(sessions, period), web=web)
             _serve(served)
-            console.print("Stopping: the workers first, then the embedded Redis.")
+            # The stack stops them in the reverse of their start: what was started last goes first.
+            console.print(f"Stopping {', then '.join(stopped_first)}, then the embedded Redis.")
         console.print("Stopped.")
 
 
@@ -202,6 +215,12 @@ def _inactive(sessions: sessionmaker[Session]) -> int:
         return session.scalar(select(func.count()).select_from(User).where(User.active.is_(False))) or 0
 
 
-def _first_active(sessions: sessionmaker[Session]) -> int | None:
+def _example_user(sessions: sessionmaker[Session], period: Period) -> int | None:
+    """The lowest active user with activity in ``period``: their report shows figures, not an empty month."""
+    had_activity = (
+        select(Activity.id)
+        .where(Activity.user_id == User.id, Activity.occurred_at >= period.start, Activity.occurred_at < period.end)
+        .exists()
+    )
     with sessions() as session:
-        return session.scalar(select(func.min(User.id)).where(User.active.is_(True)))
+        return session.scalar(select(func.min(User.id)).where(User.active.is_(True), had_activity))

@@ -10,8 +10,10 @@ import fcntl
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -115,8 +117,46 @@ def worker_command(*, processes: int, threads: int) -> list[str]:
     ]
 
 
+#: Where the demo's web process listens: the default PUBLIC_BASE_URL, so its unsubscribe links open.
+WEB_HOST = "127.0.0.1"
+WEB_PORT = 8000
+
+
+#: How long the web process may take to listen before the demo gives up on it, in seconds.
+WEB_START_SECONDS = 30
+
+
 def web_command() -> list[str]:
-    return [sys.executable, "-m", "reports", "web"]
+    return [sys.executable, "-m", "reports", "web", "--host", WEB_HOST, "--port", str(WEB_PORT)]
+
+
+class WebPortInUse(BadInput):
+    """Something already listens on 127.0.0.1:8000, where the demo's web process would: stop it first."""
+
+
+def require_free_port(host: str, port: int) -> None:
+    """Fail before anything is written when ``host:port`` is taken: the web process would exit at once."""
+    try:
+        socket.create_server((host, port)).close()
+    except OSError:
+        raise WebPortInUse(
+            f"Something already listens on {host}:{port}, where the demo's web process would: stop it first."
+        ) from None
+
+
+def await_listening(process: subprocess.Popen[bytes], *, host: str, port: int) -> bool:
+    """Wait until ``process`` accepts connections on ``host:port``; False if it exits or takes too long.
+
+    The demo prints the web process's address for you to open: it must answer by then.
+    """
+    deadline = time.monotonic() + WEB_START_SECONDS
+    while process.poll() is None and time.monotonic() < deadline:
+        try:
+            socket.create_connection((host, port), timeout=1).close()
+            return True
+        except OSError:
+            time.sleep(0.1)
+    return False
 
 
 @contextmanager

@@ -123,7 +123,7 @@ class ReportsCollector(Collector):
         depth = GaugeMetricFamily("reports_queue_messages", "Messages in a queue, by state.", labels=["queue", "state"])
         oldest = GaugeMetricFamily(
             "reports_queue_oldest_message_age_seconds",
-            "Age of the oldest ready message in a queue (0 when empty); on RabbitMQ see the README.",
+            "Age of the oldest ready message in a queue (0 when empty); on RabbitMQ see the metrics reference.",
             labels=["queue"],
         )
         if self.rabbitmq_depths is not None:

@@ -5,11 +5,11 @@ consumer after it, and dead-letters what it cannot decode.
 outstanding than its prefetch: under load every ack made room for one message, and the next
 fetch brought that one. Here it fetches again only once :data:`REFILL_BELOW` of the prefetch is
 left, so a fetch brings a quarter of the prefetch or more while the worker threads still have
-the rest queued (bench/end_to_end.py: queue / plain from 1.11–1.15 to 1.05–1.08).
+the rest queued (the end-to-end benchmark's figures are in docs/benchmarks.md).
 
 **Acks in batches.** Dramatiq acks each message with a call of its dispatch script: in a profile of
-a worker running an actor that does nothing (bench/dramatiq_overhead.py) that round trip was about
-half of Dramatiq's own CPU per message. Here an ack leaves the consumer's count of outstanding
+a worker running an actor that does nothing (bench/dramatiq_overhead.py, docs/benchmarks.md) that
+round trip was a large share of Dramatiq's own CPU per message. Here an ack leaves the consumer's count of outstanding
 messages at once (so prefetching goes on as before) and reaches Redis with the others of up to
 :data:`ACK_DELAY_SECONDS`, in one script call that does what Dramatiq's ``ack`` does for each id.
 A batch Redis could not take is kept and written on a later turn, after a pause that grows to

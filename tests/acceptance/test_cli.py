@@ -6,6 +6,7 @@ nothing when it rejects its input (CONTRACT.md, "Command line").
 
 from __future__ import annotations
 
+import inspect as pyinspect
 import json
 import os
 import socket
@@ -17,6 +18,7 @@ import pytest
 from sqlalchemy import func, inspect, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
+from reports.cli import cli
 from reports.database import create_db_engine
 from reports.jobs import MAX_USER_ID, CoordinatorJob
 from reports.periods import Period
@@ -372,6 +374,29 @@ def test_bare_reports_prints_its_usage_and_h_is_help(tmp_path):
         assert (result.returncode, result.stderr) == (0, ""), (args, result)
         assert result.stdout.startswith(f"Usage: {usage}"), (args, result.stdout)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("group", ["", "dlq", "suppress", "db"])
+def test_h_lists_every_command_with_its_whole_summary_on_an_80_column_terminal(tmp_path, group):
+    result = subprocess.run(
+        [sys.executable, "-m", "reports", *group.split(), "-h"],
+        cwd=tmp_path,
+        env={**os.environ, "COLUMNS": "80"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result
+    listing = result.stdout.partition("Commands:")[2]
+    words = " ".join(listing.split())
+    commands = cli.commands[group].commands if group else cli.commands
+    assert commands
+    for name, command in commands.items():
+        # The first paragraph of each command's help, whole: nothing cut short with "...".
+        first = " ".join(pyinspect.cleandoc(command.help or "").split("\n\n", 1)[0].split())
+        assert f"{name} {first}" in words, (name, result.stdout)
+    assert "..." not in listing, result.stdout
 
 
 def run_cli_with(settings: Settings, environ: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

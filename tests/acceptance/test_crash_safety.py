@@ -54,7 +54,7 @@ def wait_for_completion(sessions, timeout: float = 120):
 def assert_each_mailed_once(smtp_server, active: list[int], *, kills: int = 0, threads: int = 0) -> None:
     """Every active user has exactly one report in their mailbox, and none was sent twice.
 
-    With ``kills`` > 0 the one window the README names is open: a worker killed between the
+    With ``kills`` > 0 the one duplicate window (docs/explanation/duplicate-window.md) is open: a worker killed between the
     provider's ``250`` and its database commit. A copy sent again then carries the same
     Message-ID, which a receiving server drops, so the mailbox still shows one report; the
     provider may have seen at most one repeat per message in flight at each kill.

@@ -10,18 +10,23 @@ from __future__ import annotations
 import contextlib
 import email
 import email.policy
+import fcntl
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 
+from reports.ops.demo_processes import WEB_PORT
 from reports.settings import ENVIRONMENT
 from tests.support.databases import temporary_database
 from tests.support.periods import month_from_now
@@ -117,6 +122,25 @@ def active_user_ids(database: Path) -> list[int]:
         connection.close()
 
 
+def activities_in(database: Path, user_id: int, period: str) -> int:
+    connection = sqlite3.connect(database)
+    try:
+        query = "SELECT count(*) FROM activities WHERE user_id = ? AND strftime('%Y-%m', occurred_at) = ?"
+        return connection.execute(query, (user_id, period)).fetchone()[0]
+    finally:
+        connection.close()
+
+
+def mail_to(new: Path, user_id: int) -> email.message.EmailMessage:
+    [message] = [
+        m
+        for path in new.iterdir()
+        if (m := email.message_from_bytes(path.read_bytes(), policy=email.policy.default))["X-Report-User-Id"]
+        == str(user_id)
+    ]
+    return message
+
+
 def outbox_user_ids(new: Path) -> list[int]:
     ids = []
     for path in new.iterdir():
@@ -206,7 +230,28 @@ def read_until(stream, marker: str, *, timeout: float) -> list[str]:
     raise AssertionError(f"no line starting with {marker!r} within {timeout} s:\n" + "\n".join(lines))
 
 
-def test_the_served_demo_takes_a_send_now_from_another_folder_and_stops_everything_on_ctrl_c(demo_dir, tmp_path):
+@pytest.fixture
+def web_port() -> Iterator[int]:
+    """Port 8000 of 127.0.0.1, where the served demo's web process listens, for this test alone:
+    held under a lock shared by every test run on this machine."""
+    with open(Path(tempfile.gettempdir()) / "reports-tests-port-8000.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield WEB_PORT
+
+
+def test_serve_refuses_in_one_line_when_the_web_port_is_taken_and_writes_nothing(demo_dir, web_port):
+    with socket.create_server(("127.0.0.1", web_port)):
+        result = run_demo(demo_dir, extra_args=("--serve",))
+    assert result.returncode == 2, result
+    [line] = result.stderr.splitlines()
+    assert line.startswith("error: Something already listens on 127.0.0.1:8000"), line
+    assert list(demo_dir.iterdir()) == [], "the demo wrote files before refusing"
+    assert_no_process_left(demo_dir)
+
+
+def test_the_served_demo_takes_a_send_now_from_another_folder_and_stops_everything_on_ctrl_c(
+    demo_dir, tmp_path, web_port
+):
     outbox = demo_dir / "var" / "outbox" / "new"
     demo = subprocess.Popen(
         [sys.executable, "-m", "reports", "demo", "--serve", "--users", "50", "--processes", "1", "--threads", "2"],
@@ -218,6 +263,7 @@ def test_the_served_demo_takes_a_send_now_from_another_folder_and_stops_everythi
     )
     try:
         printed = read_until(demo.stdout, "export VAR_DIR=", timeout=120)
+        printed += [*read_until(demo.stdout, "then try:", timeout=10), demo.stdout.readline()]
         exported = dict(
             line.strip().removeprefix("export ").split("=", 1) for line in printed if line.strip().startswith("export ")
         )
@@ -226,7 +272,20 @@ def test_the_served_demo_takes_a_send_now_from_another_folder_and_stops_everythi
         socket_path = Path(exported["BROKER_URL"].removeprefix("unix://"))
         assert socket_path.exists(), printed
         mailed_by_the_run = outbox_user_ids(outbox)
-        user = active_user_ids(demo_dir / "var" / "reports.db")[0]
+        # The example send-now is for a user whose report has figures: active, with activity last month.
+        [example] = [line.split()[2] for line in printed if line.strip().split()[1:2] == ["send-now"]]
+        user = int(example)
+        assert user in active_user_ids(demo_dir / "var" / "reports.db"), printed
+        assert activities_in(demo_dir / "var" / "reports.db", user, month_from_now(-1)) > 0, printed
+
+        # The web process answers at the printed address, and the printed unsubscribe link (the
+        # one in that user's email) opens its confirm page.
+        [health] = [line.split()[2] for line in printed if line.startswith("Web process:")]
+        assert urllib.request.urlopen(health, timeout=10).status == 200
+        [link] = [line.rsplit(" ", 1)[1] for line in printed if line.startswith(f"User {user}'s unsubscribe link:")]
+        assert link in mail_to(outbox, user)["List-Unsubscribe"], link
+        with urllib.request.urlopen(link, timeout=10) as page:
+            assert page.status == 200 and b"<form" in page.read()
 
         # A second terminal, somewhere else, with only the printed environment.
         elsewhere = tmp_path / "second-terminal"
@@ -241,6 +300,7 @@ def test_the_served_demo_takes_a_send_now_from_another_folder_and_stops_everythi
             check=False,
         )
         assert sent.returncode == 0, sent
+        assert f"the Maildir outbox {outbox} (SMTP_URL is unset)" in sent.stdout, sent.stdout
         deadline = time.monotonic() + 30
         while outbox_user_ids(outbox).count(user) < 2 and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -254,7 +314,7 @@ def test_the_served_demo_takes_a_send_now_from_another_folder_and_stops_everythi
             demo.kill()
             demo.wait()
     assert demo.returncode == 0, rest
-    assert "Stopped." in rest, rest
+    assert "Stopping the web process, then the workers, then the embedded Redis.\nStopped." in rest, rest
     assert_no_process_left(demo_dir)
     assert not socket_path.exists(), f"the embedded Redis left its socket {socket_path}"
     assert not socket_path.parent.exists(), f"the embedded Redis left its folder {socket_path.parent}"

@@ -83,9 +83,9 @@ def monthly_id(user_id: int, period: str = PERIOD) -> str:
 
 
 def request_id_in(stdout: str) -> str:
-    found = REQUEST_ID.findall(stdout)
+    found = set(REQUEST_ID.findall(stdout))
     assert len(found) == 1, f"expected one request id in {stdout!r}"
-    return found[0]
+    return found.pop()
 
 
 def cli_ok(settings: Settings, *args: str) -> str:
@@ -285,8 +285,18 @@ def test_send_now_after_the_monthly_email_sends_one_new_email_per_request_even_i
     assert_each_mailed_once(smtp_server, population.active)
 
     # An operator asks for user 2's report again: a new email with a Message-ID of its own.
-    first_request = request_id_in(cli_ok(settings, "send-now", str(user), PERIOD))
+    printed = cli_ok(settings, "send-now", str(user), PERIOD)
+    first_request = request_id_in(printed)
+    # It says where the email goes, and how to read the request's state, which ends `sent`.
+    assert f"the SMTP server 127.0.0.1:{smtp_server.port} (SMTP_URL)" in printed, printed
+    [state_query] = [line.partition(": ")[2] for line in printed.splitlines() if line.startswith("To see its state")]
     wait_until(lambda: messages_with(smtp_server, first_request), timeout=30, what="the first send-now email")
+    with sessions() as session:
+        wait_until(
+            lambda: session.execute(text(state_query.rstrip(";"))).one().state == "sent",
+            timeout=10,
+            what="the printed query to read the request as sent",
+        )
     [sent_now] = messages_with(smtp_server, first_request)
     assert sent_now["Message-ID"].strip() == f"<report.{PERIOD}.{user}.{first_request}@{DOMAIN}>"
     assert sent_now["X-Report-User-Id"] == str(user) and sent_now["X-Report-Period"] == PERIOD

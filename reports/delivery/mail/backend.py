@@ -7,6 +7,7 @@ from typing import Protocol
 
 from reports.delivery.mail.maildir import MaildirMailer
 from reports.delivery.mail.smtp import SmtpMailer
+from reports.endpoints import SmtpTarget
 from reports.settings import Settings
 
 
@@ -21,3 +22,11 @@ def build_mailer(settings: Settings) -> Mailer:
             settings.smtp_url, timeout_seconds=settings.smtp_timeout_seconds, sender=parseaddr(settings.mail_from)[1]
         )
     return MaildirMailer(settings.outbox_dir)
+
+
+def destination(settings: Settings) -> str:
+    """Where :func:`build_mailer`'s mail goes, in words for an operator: no credentials."""
+    if settings.smtp_url:
+        target = SmtpTarget.from_url(settings.smtp_url)
+        return f"the SMTP server {target.host}:{target.port} (SMTP_URL)"
+    return f"the Maildir outbox {settings.outbox_dir.resolve() / 'new'} (SMTP_URL is unset)"
