@@ -1,4 +1,5 @@
-"""``reports web``: the unsubscribe pages and the health check, served by uvicorn. Stops on SIGTERM."""
+"""``reports web``: the unsubscribe pages, the provider webhooks and the health check, served by
+uvicorn. Stops on SIGTERM."""
 
 from __future__ import annotations
 
@@ -20,14 +21,21 @@ GRACEFUL_SHUTDOWN_SECONDS = 10
 @click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
 @pass_obj
 def web(obj: Obj, host: str, port: int) -> None:
-    """Serve the one-click unsubscribe endpoint, its pages, and /healthz."""
+    """Serve the one-click unsubscribe endpoint, its pages, the provider webhooks, and /healthz."""
     # Imported here: only the web process needs the web stack.
     import uvicorn
 
+    from reports.feedback import web as feedback_web
     from reports.unsubscribe.web import build_app
 
     settings = obj.settings
-    app = build_app(obj.sessions(), tokens.links(settings).signer, product_name=settings.report_product_name)
+    sessions = obj.sessions()
+    app = build_app(
+        sessions,
+        tokens.links(settings).signer,
+        product_name=settings.report_product_name,
+        mounted=feedback_web.routes(settings, sessions),
+    )
     try:
         # Bound here, not by uvicorn: a port in use or an unknown host is one line and exit 2.
         listener = socket.create_server((host, port), family=_family(host))

@@ -18,8 +18,19 @@ from reports.sql import Executor, insert_ignoring_conflicts, rowcount
 SOURCE_LIMIT = 200
 
 
-def add(session: Executor, user_id: int, reason: SuppressionReason, *, now: datetime, source: str | None) -> bool:
+def add(
+    session: Executor,
+    user_id: int,
+    reason: SuppressionReason,
+    *,
+    now: datetime,
+    source: str | None,
+    provider: str | None = None,
+    event_id: str | None = None,
+) -> bool:
     """Suppress the user if they exist and are not suppressed yet; ``True`` if this added the entry.
+
+    ``provider`` and ``event_id`` name the provider's webhook event that suppressed the user.
 
     An existing entry is kept as it is: the first reason stays (a bounce is not turned into an
     unsubscribe that the user could lift by resubscribing).
@@ -27,12 +38,14 @@ def add(session: Executor, user_id: int, reason: SuppressionReason, *, now: date
     added = session.execute(
         insert_ignoring_conflicts(session, Suppression.__table__)
         .from_select(
-            ["user_id", "reason", "created_at", "source"],
+            ["user_id", "reason", "created_at", "source", "provider", "event_id"],
             select(
                 User.id,
                 literal(reason.value),
                 literal(now, Suppression.created_at.type),
                 literal(source[:SOURCE_LIMIT] if source else None, Suppression.source.type),
+                literal(provider, Suppression.provider.type),
+                literal(event_id, Suppression.event_id.type),
             ).where(User.id == user_id),
         )
         .returning(Suppression.__table__.c.user_id)
