@@ -273,9 +273,12 @@ def count_by_provider_kind(session: Session) -> dict[tuple[str, str], int]:
 def unmatched_by_provider(session: Session) -> dict[str, int]:
     """Events that matched no user, per provider, every provider present."""
     no_match = ~select(FeedbackMatch.event).where(FeedbackMatch.event == FeedbackEvent.id).exists()
-    counts = dict(
-        session.execute(select(FeedbackEvent.provider, func.count()).where(no_match).group_by(FeedbackEvent.provider))
-    )
+    counts = {
+        str(p): int(n)
+        for p, n in session.execute(
+            select(FeedbackEvent.provider, func.count()).where(no_match).group_by(FeedbackEvent.provider)
+        )
+    }
     return {p.value: int(counts.get(p.value, 0)) for p in Provider}
 
 
