@@ -4,12 +4,16 @@ of a request that does not verify."""
 from __future__ import annotations
 
 import enum
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import TypeVar
 
 from reports.errors import ReportsError
+
+_T = TypeVar("_T", dict, list)  # type: ignore[type-arg]
 
 #: Longest provider event id kept, in characters.
 MAX_EVENT_ID = 200
@@ -130,6 +134,17 @@ def event(
         user_id=ref.user_id,
         period=ref.period,
     )
+
+
+def json_body(body: bytes, expected: type[_T], what: str) -> _T:
+    """``body`` parsed as JSON of the ``expected`` type; :class:`Rejected` (400) otherwise."""
+    try:
+        value = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        raise malformed("the body is not JSON") from None
+    if not isinstance(value, expected):
+        raise malformed(f"the body is not {what}")
+    return value
 
 
 def from_unix(value: object, *, default: datetime) -> datetime:

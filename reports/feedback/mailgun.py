@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -28,12 +27,7 @@ class Post:
 
 def parse(body: bytes) -> dict[str, Any]:
     """The post's JSON object; :class:`Rejected` (400) when it is not one."""
-    try:
-        posted = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        raise malformed("the body is not JSON") from None
-    if not isinstance(posted, dict):
-        raise malformed("the body is not a Mailgun webhook post")
+    posted: dict[str, Any] = events.json_body(body, dict, "a Mailgun webhook post")
     return posted
 
 

@@ -6,12 +6,11 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
-import json
 from datetime import datetime
 from typing import Any
 
 from reports.feedback import events
-from reports.feedback.events import Event, Kind, Provider, malformed, unauthorized
+from reports.feedback.events import Event, Kind, Provider, unauthorized
 
 #: Bounce types that say the address will not take mail again.
 HARD_TYPES = frozenset({"HardBounce", "BadEmailAddress", "ManuallyDeactivated"})
@@ -34,12 +33,7 @@ def verify(user: str, password: str, authorization: str | None) -> None:
 
 def feedback(body: bytes, now: datetime) -> list[Event]:
     """The record's event, if it is a bounce or complaint that says something about the address."""
-    try:
-        record = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        raise malformed("the body is not JSON") from None
-    if not isinstance(record, dict):
-        raise malformed("the body is not a Postmark record")
+    record = events.json_body(body, dict, "a Postmark record")
     kind = _kind(record)
     if kind is None:
         return []

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 from datetime import datetime
 from typing import Any
 
@@ -52,11 +51,8 @@ def verify(
 
 def feedback(body: bytes, now: datetime) -> list[Event]:
     """The events of a verified post that say something about an address; others are left out."""
-    try:
-        posted = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        raise malformed("the body is not JSON") from None
-    if not isinstance(posted, list) or not all(isinstance(item, dict) for item in posted):
+    posted = events.json_body(body, list, "a JSON array of SendGrid events")
+    if not all(isinstance(item, dict) for item in posted):
         raise malformed("the body is not a JSON array of SendGrid events")
     found = []
     for item in posted:

@@ -67,12 +67,7 @@ class Message:
 
 def parse(body: bytes, *, message_type_header: str | None) -> Message:
     """The SNS message in ``body``; :class:`Rejected` (400) when it is not one."""
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        raise malformed("the body is not JSON") from None
-    if not isinstance(data, dict):
-        raise malformed("the body is not an SNS message")
+    data = events.json_body(body, dict, "an SNS message")
     kind = data.get("Type")
     if kind not in SIGNED_FIELDS or (message_type_header is not None and message_type_header != kind):
         raise malformed("the body is not an SNS message of a known type")
