@@ -30,12 +30,8 @@ def web(obj: Obj, host: str, port: int) -> None:
 
     settings = obj.settings
     sessions = obj.sessions()
-    app = build_app(
-        sessions,
-        tokens.links(settings).signer,
-        product_name=settings.report_product_name,
-        mounted=feedback_web.routes(settings, sessions),
-    )
+    hooks = feedback_web.routes(settings, sessions)
+    app = build_app(sessions, tokens.links(settings).signer, product_name=settings.report_product_name, mounted=hooks)
     try:
         # Bound here, not by uvicorn: a port in use or an unknown host is one line and exit 2.
         listener = socket.create_server((host, port), family=_family(host))
@@ -48,6 +44,9 @@ def web(obj: Obj, host: str, port: int) -> None:
             err=True,
         )
     click.echo(f"Serving unsubscribe pages on http://{host}:{port} for {settings.public_base_url}", err=True)
+    click.echo(f"Provider webhooks: {', '.join(feedback_web.served(hooks)) or 'none configured'}", err=True)
+    if settings.sns_test_ca_file is not None:
+        click.echo("note: SNS_TEST_CA_FILE is set: SNS is trusted through a test CA (tests only).", err=True)
     config = uvicorn.Config(
         app,
         log_level=settings.log_level.lower(),

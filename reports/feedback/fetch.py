@@ -12,6 +12,7 @@ import urllib.error
 import urllib.request
 from collections import OrderedDict
 
+from reports.errors import ConfigurationError
 from reports.feedback import ses
 from reports.feedback.events import Rejected
 
@@ -39,7 +40,10 @@ class SnsFetcher:
     def __init__(self, *, ca_file: str | None = None, timeout: float = TIMEOUT_SECONDS) -> None:
         self.allow_loopback = ca_file is not None
         self.timeout = timeout
-        context = ssl.create_default_context(cafile=ca_file)
+        try:
+            context = ssl.create_default_context(cafile=ca_file)
+        except (OSError, ssl.SSLError):
+            raise ConfigurationError(f"SNS_TEST_CA_FILE must be a readable PEM file of CAs, got {ca_file!r}.") from None
         self._opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=context), _NoRedirect())
         self._lock = threading.Lock()
         self._certificates: OrderedDict[str, bytes] = OrderedDict()

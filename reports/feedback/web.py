@@ -75,6 +75,17 @@ def routes(
     return [Mount("/hooks", routes=hooks)]
 
 
+def served(mounted: list[BaseRoute]) -> list[str]:
+    """The paths :func:`routes` serves (``/hooks/ses`` …), for the start-up line."""
+    return [
+        f"{mount.path}{route.path}"
+        for mount in mounted
+        if isinstance(mount, Mount)
+        for route in mount.routes
+        if isinstance(route, Route)
+    ]
+
+
 def _endpoint(
     provider: Provider, intake: Intake, sessions: sessionmaker[Session], policy: store.Policy
 ) -> Callable[[Request], object]:

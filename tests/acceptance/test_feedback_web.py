@@ -175,6 +175,7 @@ def test_signed_events_from_each_provider_suppress_exactly_their_users_and_retri
 ):
     load_users(sessions, count=9, inactive_every=100)
     web = start_web()
+    assert "Provider webhooks: /hooks/ses, /hooks/sendgrid, /hooks/postmark, /hooks/mailgun" in web.log_path.read_text()
     confirmation = sns.message(ses.SUBSCRIPTION_CONFIRMATION, message="You have chosen to subscribe to the topic.")
     assert post_ses(web, confirmation) == 200
     # The web process visited the SubscribeURL, which is what confirms the subscription.
@@ -255,6 +256,7 @@ def test_forged_stale_replayed_or_malformed_requests_are_refused_and_change_noth
 def test_a_provider_whose_setting_is_unset_answers_404_even_to_a_signed_request(sessions, start_web, sns):
     load_users(sessions, count=3, inactive_every=100)
     web = start_web()
+    assert "Provider webhooks: /hooks/mailgun\n" in web.log_path.read_text()
     assert post_ses(web, sns.message(ses.NOTIFICATION, message=ses_notification("Bounce", "user1@example.test"))) == 404
     assert post_sendgrid(web, [sendgrid_event("bounce", "user1@example.test")]) == 404
     assert post_postmark(web, postmark_bounce("user1@example.test")) == 404

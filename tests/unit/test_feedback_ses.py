@@ -193,3 +193,13 @@ def test_a_certificate_out_of_its_validity_fails(sns):
     later = utcnow() + dt.timedelta(days=30)
     assert "not valid now" in refusal(lambda: ses.verify(message, sns.pki.signing_pem, later)).reason
     assert "does not parse" in refusal(lambda: ses.verify(message, b"not a certificate", utcnow())).reason
+
+
+def test_a_tests_trust_file_that_cannot_be_read_stops_start_up(tmp_path):
+    from reports.errors import ConfigurationError
+    from reports.feedback.fetch import SnsFetcher
+
+    (tmp_path / "not-a-ca.pem").write_text("not a certificate")
+    for path in (tmp_path / "missing.pem", tmp_path / "not-a-ca.pem"):
+        with pytest.raises(ConfigurationError, match="SNS_TEST_CA_FILE"):
+            SnsFetcher(ca_file=str(path))
