@@ -38,6 +38,9 @@ SUPPRESSES = {
 #: Most users one address is matched to: a shared mailbox, not a whole table.
 MAX_USERS_PER_ADDRESS = 100
 
+#: Events inserted per statement.
+STORE_CHUNK = 500
+
 #: Periods searched for the email an event without headers was about: a year and a month.
 PERIODS_SEARCHED = 13
 
@@ -81,92 +84,139 @@ def remember_token(session: Session, provider: Provider, token: str, *, now: dat
 
 
 def record(session: Session, found: Sequence[Event], *, now: datetime, policy: Policy) -> Recorded:
-    """Store each event once, match it, and suppress the users it says to."""
-    stored = duplicates = unmatched = 0
-    suppressed: list[int] = []
-    for event in found:
-        row_id = _store(session, event, now)
-        if row_id is None:
-            duplicates += 1
-            continue
-        stored += 1
-        matched = _match(session, event)
-        unmatched += not matched
-        for user_id in matched:
-            period = (
-                event.period if event.user_id == user_id and event.period else _sent_period(session, user_id, event)
-            )
-            session.execute(
-                insert_ignoring_conflicts(session, FeedbackMatch.__table__).values(
-                    event=row_id, user_id=user_id, period=period
-                )
-            )
-            if _apply(session, event, user_id, now=now, policy=policy):
-                suppressed.append(user_id)
-    return Recorded(stored=stored, duplicates=duplicates, unmatched=unmatched, suppressed=tuple(suppressed))
+    """Store each event once, match it, and suppress the users it says to.
 
-
-def _store(session: Session, event: Event, now: datetime) -> int | None:
-    added = session.execute(
-        insert_ignoring_conflicts(session, FeedbackEvent.__table__)
-        .values(
-            provider=event.provider.value,
-            event_id=event.event_id,
-            kind=event.kind.value,
-            address=event.address,
-            summary=event.summary,
-            occurred_at=event.occurred_at,
-            received_at=now,
-        )
-        .returning(FeedbackEvent.__table__.c.id)
-    ).first()
-    return None if added is None else int(added[0])
-
-
-def _match(session: Session, event: Event) -> list[int]:
-    """The user the email's headers name, if that user exists; else every user with the address."""
-    if event.user_id is not None and session.get(User, event.user_id) is not None:
-        return [event.user_id]
-    by_address = (
-        select(User.id)
-        .where(func.lower(User.email) == event.address.lower())
-        .order_by(User.id)
-        .limit(MAX_USERS_PER_ADDRESS)
+    A provider's batch (SendGrid posts hundreds of events at once) costs a few statements for the
+    whole batch (store, match, periods, matches, suppressions), plus three per user a soft bounce names.
+    """
+    unique = list({(e.provider, e.event_id): e for e in found}.values())
+    row_ids = _store(session, unique, now)
+    fresh = [e for e in unique if (e.provider, e.event_id) in row_ids]
+    matched = _match(session, fresh)
+    periods = _sent_periods(session, [(user, e) for e in fresh for user in matched[e] if _needs_period(e, user)])
+    rows = [
+        {"event": row_ids[(e.provider, e.event_id)], "user_id": user, "period": periods.get((user, e), e.period)}
+        for e in fresh
+        for user in matched[e]
+    ]
+    if rows:
+        session.execute(insert_ignoring_conflicts(session, FeedbackMatch.__table__), rows)
+    suppressed = suppressions.add_many(
+        session,
+        [
+            suppressions.Entry(user_id, SUPPRESSES[e.kind], f"{e.provider} {e.summary}", e.provider.value, e.event_id)
+            for e in fresh
+            if e.kind in SUPPRESSES
+            for user_id in matched[e]
+        ],
+        now=now,
     )
-    return list(session.scalars(by_address))
+    soft = {user_id: e for e in fresh if e.kind == Kind.SOFT_BOUNCE for user_id in matched[e]}
+    for user_id, event in sorted(soft.items()):
+        if _suppress_if_soft_bounced(session, event, user_id, now=now, policy=policy):
+            suppressed.append(user_id)
+    return Recorded(
+        stored=len(fresh),
+        duplicates=len(found) - len(fresh),
+        unmatched=sum(not matched[e] for e in fresh),
+        suppressed=tuple(sorted(suppressed)),
+    )
 
 
-def _sent_period(session: Session, user_id: int, event: Event) -> str | None:
-    """The period of the user's latest monthly email sent before the event: the one it was about."""
+def _store(session: Session, found: list[Event], now: datetime) -> dict[tuple[str, str], int]:
+    """Insert the events not stored yet; the row id of each one this inserted, by (provider, event id)."""
+    table = FeedbackEvent.__table__
+    stored: dict[tuple[str, str], int] = {}
+    # In chunks: SQLite takes at most 32,766 parameters in one statement.
+    for start in range(0, len(found), STORE_CHUNK):
+        added = session.execute(
+            insert_ignoring_conflicts(session, table)
+            .values(
+                [
+                    {
+                        "provider": e.provider.value,
+                        "event_id": e.event_id,
+                        "kind": e.kind.value,
+                        "address": e.address,
+                        "summary": e.summary,
+                        "occurred_at": e.occurred_at,
+                        "received_at": now,
+                    }
+                    for e in found[start : start + STORE_CHUNK]
+                ]
+            )
+            .returning(table.c.id, table.c.provider, table.c.event_id)
+        )
+        stored.update({(str(provider), str(event_id)): int(row_id) for row_id, provider, event_id in added})
+    return stored
+
+
+def _match(session: Session, found: list[Event]) -> dict[Event, list[int]]:
+    """Per event, the user the email's headers name, if that user exists; else every user with the
+    address, whatever its case."""
+    named = {e.user_id for e in found if e.user_id is not None}
+    existing = set(session.scalars(select(User.id).where(User.id.in_(sorted(named))))) if named else set()
+    addresses = {e.address.lower() for e in found if e.user_id not in existing}
+    by_address: dict[str, list[int]] = {}
+    if addresses:
+        for user_id, address in session.execute(
+            select(User.id, func.lower(User.email))
+            .where(func.lower(User.email).in_(sorted(addresses)))
+            .order_by(User.id)
+        ):
+            by_address.setdefault(address, []).append(user_id)
+    return {
+        e: [e.user_id]
+        if e.user_id in existing and e.user_id is not None
+        else by_address.get(e.address.lower(), [])[:MAX_USERS_PER_ADDRESS]
+        for e in found
+    }
+
+
+def _needs_period(event: Event, user_id: int) -> bool:
+    return not (event.user_id == user_id and event.period)
+
+
+def _sent_periods(session: Session, wanted: list[tuple[int, Event]]) -> dict[tuple[int, Event], str | None]:
+    """For each (user, event), the period of the user's latest monthly email sent before the event:
+    the one it was about (``None`` when there is none in the recent periods)."""
+    if not wanted:
+        return {}
     recent = select(PeriodRun.period).order_by(PeriodRun.period.desc()).limit(PERIODS_SEARCHED)
-    return session.scalar(
-        select(Delivery.period)
-        .where(
-            Delivery.user_id == user_id,
+    sent: dict[int, list[tuple[str, datetime]]] = {}
+    for user_id, period, sent_at in session.execute(
+        select(Delivery.user_id, Delivery.period, Delivery.sent_at).where(
+            Delivery.user_id.in_(sorted({user for user, _ in wanted})),
             Delivery.period.in_(recent.scalar_subquery()),
             Delivery.state == DeliveryState.SENT,
-            Delivery.sent_at <= event.occurred_at + _CLOCK_SLACK,
         )
-        .order_by(Delivery.period.desc())
-        .limit(1)
-    )
+    ):
+        if sent_at is not None:
+            sent.setdefault(user_id, []).append((period, sent_at))
+    return {
+        (user, e): max(
+            (period for period, at in sent.get(user, ()) if at <= e.occurred_at + _CLOCK_SLACK), default=None
+        )
+        for user, e in wanted
+    }
 
 
-def _apply(session: Session, event: Event, user_id: int, *, now: datetime, policy: Policy) -> bool:
-    """Suppress ``user_id`` if ``event`` says to; ``True`` if this added the entry."""
-    reason = SUPPRESSES.get(event.kind)
-    source = f"{event.provider} {event.summary}"
-    if reason is None:
-        # Each user's soft bounces are counted under a lock on the user's row, so two bounces
-        # arriving at once cannot both count one short of the limit.
-        session.execute(select(User.id).where(User.id == user_id).with_for_update())
-        soft = _soft_bounces(session, user_id, since=now - policy.soft_bounce_window)
-        if soft < policy.soft_bounce_limit:
-            return False
-        reason = SuppressionReason.BOUNCED
-        source = f"{event.provider} {soft} soft bounces in {policy.soft_bounce_window.days} days"
+def _suppress_if_soft_bounced(session: Session, event: Event, user_id: int, *, now: datetime, policy: Policy) -> bool:
+    """Suppress ``user_id`` if its soft bounces reached the limit; ``True`` if this added the entry."""
+    # Each user's soft bounces are counted under a lock on the user's row, so two bounces
+    # arriving at once cannot both count one short of the limit.
+    session.execute(select(User.id).where(User.id == user_id).with_for_update())
+    soft = _soft_bounces(session, user_id, since=now - policy.soft_bounce_window)
+    if soft < policy.soft_bounce_limit:
+        return False
     return suppressions.add(
-        session, user_id, reason, now=now, source=source, provider=event.provider.value, event_id=event.event_id
+        session,
+        user_id,
+        SuppressionReason.BOUNCED,
+        now=now,
+        source=f"{event.provider} {soft} soft bounces in {policy.soft_bounce_window.days} days",
+        provider=event.provider.value,
+        event_id=event.event_id,
     )
 
 
