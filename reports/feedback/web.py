@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 
 from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePublicKey
@@ -38,15 +39,13 @@ _HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
 Intake = Callable[[Request, bytes], "Accepted"]
 
 
+@dataclass(frozen=True)
 class Accepted:
     """A verified request: its events, a signature token to use once, a subscription to confirm."""
 
-    def __init__(
-        self, found: list[Event], *, token: str | None = None, confirm: Callable[[], None] | None = None
-    ) -> None:
-        self.found = found
-        self.token = token
-        self.confirm = confirm
+    found: list[Event]
+    token: str | None = None
+    confirm: Callable[[], None] | None = None
 
 
 def routes(
