@@ -17,6 +17,8 @@ from sqlalchemy import (
     SmallInteger,
     String,
     Text,
+    UniqueConstraint,
+    func,
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -46,7 +48,11 @@ class User(Base):
     active: Mapped[bool] = mapped_column(Boolean)
 
     # The coordinator's keyset walk: `WHERE active AND id > :cursor ORDER BY id LIMIT :n`.
-    __table_args__ = (Index("ix_users_active_id", "id", postgresql_where=text("active"), sqlite_where=text("active")),)
+    __table_args__ = (
+        Index("ix_users_active_id", "id", postgresql_where=text("active"), sqlite_where=text("active")),
+        # A provider's bounce or complaint names the address: found case-insensitively.
+        Index("ix_users_email_lower", func.lower(email)),
+    )
 
 
 class Activity(Base):
@@ -276,5 +282,78 @@ class Suppression(Base):
     )
     reason: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[Timestamp]
-    #: Where it came from: ``web``, ``cli``, or the provider's reply code (``smtp 550``).
+    #: Where it came from: ``web``, ``cli``, the provider's reply code (``smtp 550``), or the
+    #: provider's classification of a webhook event (``ses Permanent/General 5.1.1``).
     source: Mapped[str | None] = mapped_column(Text)
+    #: The provider and its event id, when a webhook event suppressed the user.
+    provider: Mapped[str | None] = mapped_column(String(16))
+    event_id: Mapped[str | None] = mapped_column(Text)
+
+
+class FeedbackEvent(Base):
+    """A bounce, complaint or unsubscribe a mail provider reported through its webhook, as received.
+
+    Stored before the webhook is answered, once per provider event id, so a provider's retry
+    changes nothing. The address is kept because an event that matches no user has nothing else
+    to be found by; the summary is the provider's classification, never the remote server's text.
+    """
+
+    __tablename__ = "feedback_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    #: ``ses``, ``sendgrid``, ``postmark``, ``mailgun``.
+    provider: Mapped[str] = mapped_column(String(16))
+    event_id: Mapped[str] = mapped_column(Text)
+    #: ``hard_bounce``, ``soft_bounce``, ``complaint``, ``unsubscribe``.
+    kind: Mapped[str] = mapped_column(String(16))
+    address: Mapped[str] = mapped_column(Text)
+    summary: Mapped[str] = mapped_column(Text)
+    occurred_at: Mapped[Timestamp]
+    received_at: Mapped[Timestamp]
+
+    __table_args__ = (
+        UniqueConstraint("provider", "event_id"),
+        Index("ix_feedback_events_received_at", "received_at"),
+    )
+
+
+class FeedbackMatch(Base):
+    """A user a feedback event is about, and the period of the email it was about.
+
+    An event matches the user its email's headers name, else every user with its address (two
+    users who share a mailbox share its bounces and complaints). An event with no match is kept
+    and counted as unmatched.
+    """
+
+    __tablename__ = "feedback_matches"
+
+    event: Mapped[int] = mapped_column(
+        ForeignKey("feedback_events.id", ondelete="CASCADE"), primary_key=True, autoincrement=False
+    )
+    user_id: Mapped[int] = mapped_column(
+        ForeignKey("users.id", ondelete="CASCADE"), primary_key=True, autoincrement=False
+    )
+    #: The period the email belonged to: from its headers, else the user's latest email sent before it.
+    period: Mapped[str | None] = mapped_column(String(7))
+    #: Set when an operator lifted the suppression it caused: it no longer counts or suppresses.
+    dismissed_at: Mapped[datetime | None] = mapped_column(DateTime())
+
+    __table_args__ = (
+        Index("ix_feedback_matches_user_id", "user_id"),
+        Index("ix_feedback_matches_period", "period"),
+    )
+
+
+class WebhookToken(Base):
+    """A signature token a provider's webhook used once (Mailgun's): seen again, it is a replay.
+
+    Kept for as long as a signature with it could still be fresh, then pruned.
+    """
+
+    __tablename__ = "webhook_tokens"
+
+    provider: Mapped[str] = mapped_column(String(16), primary_key=True)
+    token: Mapped[str] = mapped_column(String(200), primary_key=True)
+    seen_at: Mapped[Timestamp]
+
+    __table_args__ = (Index("ix_webhook_tokens_seen_at", "seen_at"),)

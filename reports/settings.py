@@ -10,6 +10,7 @@ from pathlib import Path
 
 from reports.endpoints import check_endpoints, redact_url, redact_webhook_url
 from reports.errors import ConfigurationError
+from reports.feedback_settings import check_feedback
 from reports.jobs import is_version_name
 
 #: Longest duration any setting accepts: ten years, in seconds.
@@ -56,6 +57,9 @@ _OPTIONAL_NUMBERS: dict[str, type[int | float]] = {"send_rate_per_second": float
 
 #: Settings holding a URL that may carry a secret; :meth:`Settings.__repr__` shows them redacted.
 SECRET_URLS = ("database_url", "broker_url", "redis_url", "smtp_url", "alert_webhook_url")
+
+#: Settings that are a secret as a whole; :meth:`Settings.__repr__` shows only whether they are set.
+SECRETS = ("unsubscribe_secret", "postmark_webhook_auth", "mailgun_webhook_signing_key")
 
 
 #: The repository's own ``templates/`` folder, used unless ``TEMPLATES_DIR`` says otherwise.
@@ -187,6 +191,21 @@ class Settings:
     web_read_timeout_seconds: float = 10.0
     #: Connections ``reports web`` serves at once; a request beyond them is answered 503.
     web_max_connections: int = 200
+    #: Comma-separated Amazon SNS topic ARNs whose notifications ``/hooks/ses`` accepts; empty: 404.
+    ses_topic_arns: str = ""
+    #: The SendGrid Event Webhook's verification key (base64 DER, as SendGrid shows it); empty: 404.
+    sendgrid_webhook_public_key: str = ""
+    #: ``user:password`` that Postmark sends as HTTP basic credentials to ``/hooks/postmark``; empty: 404.
+    postmark_webhook_auth: str = ""
+    #: Mailgun's webhook signing key, the HMAC key of ``/hooks/mailgun``; empty: 404.
+    mailgun_webhook_signing_key: str = ""
+    #: Soft bounces of one user within ``soft_bounce_window_days`` that suppress the user.
+    soft_bounce_limit: int = 3
+    soft_bounce_window_days: int = 30
+    #: For tests only: a PEM file of the CAs that the SNS certificate and subscription fetches trust
+    #: instead of the system's, which also lets them reach a loopback host. Refused at start unless
+    #: PUBLIC_BASE_URL is loopback, so a production deployment cannot set it by accident.
+    sns_test_ca_file: str | None = None
 
     def __post_init__(self) -> None:
         if not self.database_url:
@@ -209,6 +228,7 @@ class Settings:
                 f", got {redact_url(self.redis_url)}."
             )
         check_endpoints(self)
+        check_feedback(self)
 
     def __repr__(self) -> str:
         """Every setting, with the URLs redacted: a repr lands in logs and tracebacks."""
@@ -301,6 +321,8 @@ _RANGES = {
     "send_rate_burst": _Range(1, MAX_COUNT, "a whole number"),
     "retention_months": _Range(1, MAX_RETENTION_MONTHS, "a number of months"),
     "web_max_connections": _Range(1, MAX_COUNT, "a whole number"),
+    "soft_bounce_limit": _Range(1, MAX_COUNT, "a whole number"),
+    "soft_bounce_window_days": _Range(1, MAX_SECONDS // 86_400, "a number of days"),
     # Zero would mean no time at all: an SMTP timeout that fails every send, a lease that
     # protects nothing, a breaker that is open for no time, a coordinator slice that walks no page,
     # a dead-letter sweep that never pauses, a web process that cuts off every client.
@@ -425,6 +447,13 @@ ENVIRONMENT = {
     "unsubscribe_secret": "UNSUBSCRIBE_SECRET",
     "web_read_timeout_seconds": "WEB_READ_TIMEOUT_SECONDS",
     "web_max_connections": "WEB_MAX_CONNECTIONS",
+    "ses_topic_arns": "SES_TOPIC_ARNS",
+    "sendgrid_webhook_public_key": "SENDGRID_WEBHOOK_PUBLIC_KEY",
+    "postmark_webhook_auth": "POSTMARK_WEBHOOK_AUTH",
+    "mailgun_webhook_signing_key": "MAILGUN_WEBHOOK_SIGNING_KEY",
+    "soft_bounce_limit": "SOFT_BOUNCE_LIMIT",
+    "soft_bounce_window_days": "SOFT_BOUNCE_WINDOW_DAYS",
+    "sns_test_ca_file": "SNS_TEST_CA_FILE",
 }
 
 
@@ -442,7 +471,7 @@ def _parse(default: object, raw: str) -> object:
 
 
 def _shown(name: str, value: object) -> object:
-    if name == "unsubscribe_secret":
+    if name in SECRETS:
         return "***" if value else ""
     if name == "alert_webhook_url" and isinstance(value, str):
         return redact_webhook_url(value)

@@ -6,6 +6,7 @@ from reports.cli import (  # noqa: F401  (registers the commands)
     demo,
     dlq,
     exporter,
+    feedback,
     periods,
     preview,
     prune,

@@ -7,6 +7,7 @@ import math
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Any
 
 import click
@@ -112,6 +113,16 @@ def text_option(_ctx: click.Context, param: click.Parameter, value: str | None) 
     if len(value) > MAX_TEXT_OPTION:
         raise click.BadParameter(f"is longer than {MAX_TEXT_OPTION} characters.")
     return value
+
+
+def iso_utc(moment: datetime | None) -> str | None:
+    """A stored (naive UTC) time as ISO 8601 with its ``Z``, to the second."""
+    return moment.isoformat(timespec="seconds") + "Z" if moment else None
+
+
+def period_option(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """A ``--period`` filter: ``YYYY-MM`` checked, or unset."""
+    return str(Period.parse(value)) if value is not None else None
 
 
 def period_argument(closed: bool) -> Callable[[Any], Any]:

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import click
 
-from reports.cli.app import Obj, cli, pass_obj, text_option
+from reports.cli.app import Obj, cli, iso_utc, pass_obj, period_option, text_option
 from reports.clock import utcnow
 from reports.errors import BadInput
 from reports.failures import dead_letters
 from reports.models import DeadLetter
-from reports.periods import Period
 from reports.worker.broker import build_broker
 
 #: ``dead_letters.id`` is a 32-bit integer: a larger id matches nothing and overflows SQLite's binding.
@@ -24,14 +23,6 @@ MAX_LIST_LIMIT = 1_000_000
 
 #: Oldest age ``purge`` takes, in days: a century; more overflows the date arithmetic.
 MAX_PURGE_DAYS = 36_525
-
-
-def _period(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
-    return str(Period.parse(value)) if value is not None else None
-
-
-def _iso(moment: datetime | None) -> str | None:
-    return moment.isoformat(timespec="seconds") + "Z" if moment else None
 
 
 def _as_dict(letter: DeadLetter, *, full: bool = False) -> dict[str, Any]:
@@ -46,9 +37,9 @@ def _as_dict(letter: DeadLetter, *, full: bool = False) -> dict[str, Any]:
         "reason": letter.reason,
         "error_class": letter.error_class,
         "error_message": letter.error_message,
-        "first_failed_at": _iso(letter.first_failed_at),
-        "died_at": _iso(letter.died_at),
-        "replayed_at": _iso(letter.replayed_at),
+        "first_failed_at": iso_utc(letter.first_failed_at),
+        "died_at": iso_utc(letter.died_at),
+        "replayed_at": iso_utc(letter.replayed_at),
     }
     if full:
         row |= {
@@ -65,7 +56,7 @@ def dlq() -> None:
 
 
 @dlq.command("list")
-@click.option("--period", callback=_period, help="Only this period (YYYY-MM).")
+@click.option("--period", callback=period_option, help="Only this period (YYYY-MM).")
 @click.option("--reason", callback=text_option, help="Only those whose reason or error contains this text (e.g. 550).")
 @click.option("--replayed", is_flag=True, help="Include dead letters already replayed.")
 @click.option("--limit", type=click.IntRange(1, MAX_LIST_LIMIT), default=1000, show_default=True)
@@ -103,7 +94,7 @@ def show(obj: Obj, dead_letter_id: int) -> None:
 
 @dlq.command("replay")
 @click.option("--id", "ids", type=DEAD_LETTER_ID, multiple=True, help="A dead letter to replay (repeatable).")
-@click.option("--period", callback=_period, help="Every dead letter of this period.")
+@click.option("--period", callback=period_option, help="Every dead letter of this period.")
 @click.option("--all", "everything", is_flag=True, help="Every dead letter not yet replayed.")
 @click.option("--dry-run", is_flag=True, help="Say what would be replayed; change nothing.")
 @pass_obj

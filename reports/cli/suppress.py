@@ -1,4 +1,5 @@
-"""``reports suppress add|remove|list``: the suppression list, by hand (complaints, corrections)."""
+"""``reports suppress add|remove|list``: the suppression list, by hand (complaints, corrections), with
+the provider event behind each entry that a webhook made."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import click
 from reports.cli.app import Obj, cli, pass_obj
 from reports.clock import utcnow
 from reports.errors import BadInput
+from reports.feedback import store
 from reports.jobs import MAX_USER_ID
 from reports.models import SuppressionReason, User
 from reports.unsubscribe import suppressions
@@ -48,13 +50,20 @@ def add(obj: Obj, user_id: int, reason: str | None) -> None:
 @click.argument("user_id", type=click.IntRange(min=1, max=MAX_USER_ID))
 @pass_obj
 def remove(obj: Obj, user_id: int) -> None:
-    """Lift USER_ID's suppression, whatever its reason: the next period mails them again."""
+    """Lift USER_ID's suppression, whatever its reason: the next period mails them again.
+
+    The provider feedback about the user (a false complaint, a bounce that was the provider's fault)
+    is dismissed with it: it no longer counts toward soft bounces or the period's rates.
+    """
     with obj.session() as session:
         removed = suppressions.remove(session, user_id)
+        dismissed = store.dismiss(session, user_id, now=utcnow()) if removed else 0
+    if not removed:
+        click.echo(f"User {user_id} was not suppressed; nothing changed.")
+        return
     click.echo(
-        f"User {user_id} is no longer suppressed."
-        if removed
-        else f"User {user_id} was not suppressed; nothing changed."
+        f"User {user_id} is no longer suppressed"
+        + (f"; {dismissed} provider feedback event(s) dismissed." if dismissed else ".")
     )
 
 
@@ -68,12 +77,20 @@ def list_(obj: Obj, reason: str | None, limit: int, as_json: bool) -> None:
     with obj.session() as session:
         found = suppressions.find(session, reason=SuppressionReason(reason) if reason else None, limit=limit)
     rows = [
-        {"user_id": s.user_id, "reason": s.reason, "created_at": s.created_at.isoformat(), "source": s.source}
+        {
+            "user_id": s.user_id,
+            "reason": s.reason,
+            "created_at": s.created_at.isoformat(),
+            "source": s.source,
+            "provider": s.provider,
+            "event_id": s.event_id,
+        }
         for s in found
     ]
     if as_json:
         click.echo(json.dumps(rows))
         return
     for row in rows:
-        click.echo(f"{row['user_id']}  {row['reason']:<12}  {row['created_at']}  {row['source'] or ''}")
+        event = f"  {row['provider']} event {row['event_id']}" if row["provider"] else ""
+        click.echo(f"{row['user_id']}  {row['reason']:<12}  {row['created_at']}  {row['source'] or ''}{event}")
     click.echo(f"{len(rows)} suppressed user(s).")

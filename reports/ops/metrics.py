@@ -26,6 +26,8 @@ from reports.counters import DURATION_BUCKETS, SEP, counter_key
 from reports.delivery import send_rate
 from reports.delivery.breaker import STATE_VALUES, State
 from reports.fanout import progress
+from reports.feedback import store as feedback_store
+from reports.feedback.events import Kind
 from reports.jobs import BUILD_REPORT, COORDINATOR, SEND_NOW
 from reports.models import DeadLetter, DeadLetterReason, ItemState, PeriodRun, RunState
 from reports.unsubscribe import suppressions
@@ -310,6 +312,7 @@ class ReportsCollector(Collector):
                 bool(k): n for k, n in session.execute(select(was_replayed, func.count()).group_by(was_replayed))
             }
             suppressed = suppressions.count_by_reason(session)
+            feedback = list(self._feedback(session, [period for period, _, _, _ in runs], counts))
         for period, is_planned, triggered_at, state in runs:
             by_state = counts.get(period, {})
             for item_state in ItemState:
@@ -327,6 +330,58 @@ class ReportsCollector(Collector):
         yield cancelled
         yield stored
         yield self._suppressions(suppressed)
+        yield from feedback
+
+    @staticmethod
+    def _feedback(session: Session, periods: list[str], items: Mapping[str, Mapping[str, int]]) -> Iterator[Metric]:
+        """The providers' events (counted from the stored events, so a restart resets nothing), and
+        each period's complaint and bounce rates: users who complained about, or hard-bounced, the
+        period's email over the period's delivered emails."""
+        events = CounterMetricFamily(
+            "reports_feedback_events",
+            "Provider webhook events stored, by provider and kind.",
+            labels=["provider", "kind"],
+        )
+        for (provider, kind), n in sorted(feedback_store.count_by_provider_kind(session).items()):
+            events.add_metric([provider, kind], n)
+        yield events
+        unmatched = CounterMetricFamily(
+            "reports_feedback_unmatched_events", "Provider webhook events that matched no user.", labels=["provider"]
+        )
+        for provider, n in sorted(feedback_store.unmatched_by_provider(session).items()):
+            unmatched.add_metric([provider], n)
+        yield unmatched
+        figures = feedback_store.users_by_period(session, periods)
+        # Written out, not built from a loop: the docs' metric reference reads these calls.
+        gauges = {
+            "complaints": GaugeMetricFamily(
+                "reports_period_complaints", "Users who complained about the period's email.", labels=["period"]
+            ),
+            "bounces": GaugeMetricFamily(
+                "reports_period_bounces",
+                "Users whose address hard-bounced the period's email after the provider took it.",
+                labels=["period"],
+            ),
+            "complaint_rate": GaugeMetricFamily(
+                "reports_period_complaint_rate",
+                "Complaints over the period's delivered emails (absent before any delivery).",
+                labels=["period"],
+            ),
+            "bounce_rate": GaugeMetricFamily(
+                "reports_period_bounce_rate",
+                "Hard bounces over the period's delivered emails (absent before any delivery).",
+                labels=["period"],
+            ),
+        }
+        for period, by_kind in figures.items():
+            delivered = items.get(period, {}).get(ItemState.DELIVERED, 0)
+            complaints, bounces = by_kind.get(Kind.COMPLAINT, 0), by_kind.get(Kind.HARD_BOUNCE, 0)
+            gauges["complaints"].add_metric([period], complaints)
+            gauges["bounces"].add_metric([period], bounces)
+            if delivered:
+                gauges["complaint_rate"].add_metric([period], complaints / delivered)
+                gauges["bounce_rate"].add_metric([period], bounces / delivered)
+        yield from gauges.values()
 
     @staticmethod
     def _suppressions(counts: dict[str, int]) -> Metric:

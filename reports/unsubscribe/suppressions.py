@@ -6,6 +6,8 @@ coordinator's page (:mod:`reports.fanout.coordinator`) fold their look-up into t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import delete, func, literal, select
@@ -18,8 +20,19 @@ from reports.sql import Executor, insert_ignoring_conflicts, rowcount
 SOURCE_LIMIT = 200
 
 
-def add(session: Executor, user_id: int, reason: SuppressionReason, *, now: datetime, source: str | None) -> bool:
+def add(
+    session: Executor,
+    user_id: int,
+    reason: SuppressionReason,
+    *,
+    now: datetime,
+    source: str | None,
+    provider: str | None = None,
+    event_id: str | None = None,
+) -> bool:
     """Suppress the user if they exist and are not suppressed yet; ``True`` if this added the entry.
+
+    ``provider`` and ``event_id`` name the provider's webhook event that suppressed the user.
 
     An existing entry is kept as it is: the first reason stays (a bounce is not turned into an
     unsubscribe that the user could lift by resubscribing).
@@ -27,18 +40,60 @@ def add(session: Executor, user_id: int, reason: SuppressionReason, *, now: date
     added = session.execute(
         insert_ignoring_conflicts(session, Suppression.__table__)
         .from_select(
-            ["user_id", "reason", "created_at", "source"],
+            ["user_id", "reason", "created_at", "source", "provider", "event_id"],
             select(
                 User.id,
                 literal(reason.value),
                 literal(now, Suppression.created_at.type),
                 literal(source[:SOURCE_LIMIT] if source else None, Suppression.source.type),
+                literal(provider, Suppression.provider.type),
+                literal(event_id, Suppression.event_id.type),
             ).where(User.id == user_id),
         )
         .returning(Suppression.__table__.c.user_id)
     ).first()
     # RETURNING, not the row count: psycopg reports -1 for an INSERT … SELECT … ON CONFLICT.
     return added is not None
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One user to suppress, and why: what :func:`add_many` takes."""
+
+    user_id: int
+    reason: SuppressionReason
+    source: str | None
+    provider: str | None = None
+    event_id: str | None = None
+
+
+def add_many(session: Executor, entries: Sequence[Entry], *, now: datetime) -> list[int]:
+    """Suppress each entry's user who is not suppressed yet, in one statement; the users this added.
+
+    The users must exist (a provider's batch, matched to users in the same transaction). As with
+    :func:`add`, an existing entry is kept as it is, and the first entry for a user wins.
+    """
+    first = list({entry.user_id: entry for entry in reversed(entries)}.values())[::-1]
+    if not first:
+        return []
+    added = session.execute(
+        insert_ignoring_conflicts(session, Suppression.__table__)
+        .values(
+            [
+                {
+                    "user_id": entry.user_id,
+                    "reason": entry.reason.value,
+                    "created_at": now,
+                    "source": entry.source[:SOURCE_LIMIT] if entry.source else None,
+                    "provider": entry.provider,
+                    "event_id": entry.event_id,
+                }
+                for entry in first
+            ]
+        )
+        .returning(Suppression.__table__.c.user_id)
+    )
+    return [int(user_id) for (user_id,) in added]
 
 
 def remove(session: Session, user_id: int, *, reason: SuppressionReason | None = None) -> bool:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import html
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import sqlalchemy.exc
@@ -27,7 +27,7 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from reports.clock import utcnow
 from reports.models import SuppressionReason
@@ -55,8 +55,13 @@ _STYLE = (
 )
 
 
-def build_app(sessions: sessionmaker[Session], signer: Signer, *, product_name: str) -> Starlette:
-    """The ASGI application; ``sessions`` are used from Starlette's thread pool."""
+def build_app(
+    sessions: sessionmaker[Session], signer: Signer, *, product_name: str, mounted: Sequence[BaseRoute] = ()
+) -> Starlette:
+    """The ASGI application; ``sessions`` are used from Starlette's thread pool.
+
+    :param mounted: routes of other flows served by the same process (the provider webhooks).
+    """
     pages = _Pages(product_name)
 
     def verified(request: Request) -> int | None:
@@ -109,6 +114,7 @@ def build_app(sessions: sessionmaker[Session], signer: Signer, *, product_name: 
             Route("/u/{token}", unsubscribe, methods=["POST"]),
             Route("/u/{token}/resubscribe", resubscribe, methods=["POST"]),
             Route(HEALTH_PATH, healthz, methods=["GET"]),
+            *mounted,
         ]
     )
     # Off: the redirect is built from the request's own scheme and Host, which behind a proxy are

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -527,3 +528,81 @@ def test_several_secrets_sign_with_the_first_and_the_repr_shows_none() -> None:
     assert links.url(5).startswith("https://reports.example.com/mail/u/5.")
     assert len(links.signer.keys) == 2
     assert "s3cret" not in repr(settings)
+
+
+# --- Provider webhooks ------------------------------------------------------------------------
+
+_PUBLIC = {"PUBLIC_BASE_URL": "https://reports.example.com", "UNSUBSCRIBE_SECRET": "x" * 32}
+
+
+def test_the_provider_webhooks_are_unset_by_default() -> None:
+    settings = Settings.from_env({})
+    assert (
+        settings.ses_topic_arns,
+        settings.sendgrid_webhook_public_key,
+        settings.postmark_webhook_auth,
+        settings.mailgun_webhook_signing_key,
+        settings.sns_test_ca_file,
+    ) == ("", "", "", "", None)
+    assert (settings.soft_bounce_limit, settings.soft_bounce_window_days) == (3, 30)
+
+
+def test_well_formed_provider_webhook_settings_are_accepted_and_the_secrets_not_shown() -> None:
+    from tests.support.feedback import sendgrid_public_key
+
+    settings = Settings.from_env(
+        {
+            **_PUBLIC,
+            "SES_TOPIC_ARNS": "arn:aws:sns:us-east-1:123456789012:a, arn:aws-cn:sns:cn-north-1:123456789012:b.fifo",
+            "SENDGRID_WEBHOOK_PUBLIC_KEY": sendgrid_public_key(),
+            "POSTMARK_WEBHOOK_AUTH": "postmark:pm-password-0123456789",
+            "MAILGUN_WEBHOOK_SIGNING_KEY": "mailgun-signing-key-0123456789",
+        }
+    )
+    shown = repr(settings)
+    assert "pm-password-0123456789" not in shown and "mailgun-signing-key-0123456789" not in shown
+    assert "postmark_webhook_auth='***'" in shown and "mailgun_webhook_signing_key='***'" in shown
+    assert Settings.from_env(settings.as_environ()) == settings
+
+
+@pytest.mark.parametrize(
+    ("variable", "raw", "named"),
+    [
+        ("SES_TOPIC_ARNS", "ses-feedback", "SES_TOPIC_ARNS"),
+        ("SES_TOPIC_ARNS", "arn:aws:sqs:us-east-1:123456789012:q", "SES_TOPIC_ARNS"),
+        ("SENDGRID_WEBHOOK_PUBLIC_KEY", "not base64!", "SENDGRID_WEBHOOK_PUBLIC_KEY"),
+        # A valid key, but RSA rather than P-256: it would never verify a SendGrid post.
+        (
+            "SENDGRID_WEBHOOK_PUBLIC_KEY",
+            "<an RSA key>",
+            "SENDGRID_WEBHOOK_PUBLIC_KEY",
+        ),
+        ("POSTMARK_WEBHOOK_AUTH", "no-colon-here-0123456789", "POSTMARK_WEBHOOK_AUTH"),
+        ("POSTMARK_WEBHOOK_AUTH", "user:short", "POSTMARK_WEBHOOK_AUTH"),
+        ("POSTMARK_WEBHOOK_AUTH", ":password-0123456789", "POSTMARK_WEBHOOK_AUTH"),
+        ("MAILGUN_WEBHOOK_SIGNING_KEY", "short", "MAILGUN_WEBHOOK_SIGNING_KEY"),
+        ("SOFT_BOUNCE_LIMIT", "0", "SOFT_BOUNCE_LIMIT"),
+        ("SOFT_BOUNCE_WINDOW_DAYS", "0", "SOFT_BOUNCE_WINDOW_DAYS"),
+        ("SNS_TEST_CA_FILE", "/tmp/ca.pem", "SNS_TEST_CA_FILE"),
+    ],
+)
+def test_a_provider_webhook_setting_that_would_not_work_is_refused_naming_it_without_the_value(
+    variable: str, raw: str, named: str
+) -> None:
+    if raw == "<an RSA key>":
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import rsa
+
+        key = rsa.generate_private_key(public_exponent=65537, key_size=1024).public_key()
+        der = key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+        raw = base64.b64encode(der).decode()
+    with pytest.raises(ConfigurationError) as caught:
+        Settings.from_env({**_PUBLIC, variable: raw})
+    assert named in str(caught.value)
+    if variable in ("POSTMARK_WEBHOOK_AUTH", "MAILGUN_WEBHOOK_SIGNING_KEY"):
+        assert raw not in str(caught.value)
+
+
+def test_the_tests_trust_file_is_honoured_only_with_a_loopback_public_base_url() -> None:
+    settings = Settings.from_env({"SNS_TEST_CA_FILE": "/tmp/ca.pem"})
+    assert settings.sns_test_ca_file == "/tmp/ca.pem"

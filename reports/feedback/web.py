@@ -1,0 +1,205 @@
+"""The provider webhooks' routes: ``POST /hooks/ses``, ``/hooks/sendgrid``, ``/hooks/postmark``,
+``/hooks/mailgun``, each mounted only when its setting is set (otherwise, like any unknown path, 404).
+
+Each request is read up to :data:`MAX_BODY_BYTES`, verified, and its events stored and applied in
+one transaction before the 2xx. A refused request is one log line (provider and reason, never the
+body) and a 4xx that changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+
+from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePublicKey
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.body_limit import RequestBodyLimitMiddleware
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import BaseRoute, Mount, Route
+
+from reports import feedback_settings
+from reports.clock import utcnow
+from reports.feedback import mailgun, postmark, sendgrid, ses, store
+from reports.feedback.events import Event, Provider, Rejected
+from reports.feedback.fetch import SnsFetcher
+from reports.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+#: Largest webhook body read, in bytes: SendGrid posts batches of up to 768 KiB.
+MAX_BODY_BYTES = 2 * 1024 * 1024
+
+_HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
+
+#: What a verified request leads to, run in one transaction: the events, and work after the commit.
+Intake = Callable[[Request, bytes], "Accepted"]
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """A verified request: its events, a signature token to use once, a subscription to confirm."""
+
+    found: list[Event]
+    token: str | None = None
+    confirm: Callable[[], None] | None = None
+
+
+def routes(
+    settings: Settings, sessions: sessionmaker[Session], *, fetcher: SnsFetcher | None = None
+) -> list[BaseRoute]:
+    """``Mount("/hooks", …)`` with a route per configured provider; none when no provider is configured."""
+    policy = store.Policy(
+        soft_bounce_limit=settings.soft_bounce_limit,
+        soft_bounce_window=timedelta(days=settings.soft_bounce_window_days),
+    )
+    intakes: dict[Provider, Intake] = {}
+    if topics := feedback_settings.topic_arns(settings):
+        intakes[Provider.SES] = _ses(topics, fetcher or SnsFetcher(ca_file=settings.sns_test_ca_file))
+    if settings.sendgrid_webhook_public_key:
+        intakes[Provider.SENDGRID] = _sendgrid(feedback_settings.sendgrid_key(settings))
+    if settings.postmark_webhook_auth:
+        intakes[Provider.POSTMARK] = _postmark(*feedback_settings.postmark_credentials(settings))
+    if settings.mailgun_webhook_signing_key:
+        intakes[Provider.MAILGUN] = _mailgun(settings.mailgun_webhook_signing_key)
+    if not intakes:
+        return []
+    hooks = [
+        Route(f"/{provider}", _endpoint(provider, intake, sessions, policy), methods=["POST"])
+        for provider, intake in intakes.items()
+    ]
+    # The web process caps every body far below a webhook's (reports.web.guards); the mount raises it.
+    return [
+        Mount("/hooks", routes=hooks, middleware=[Middleware(RequestBodyLimitMiddleware, max_body_size=MAX_BODY_BYTES)])
+    ]
+
+
+def served(mounted: list[BaseRoute]) -> list[str]:
+    """The paths :func:`routes` serves (``/hooks/ses`` …), for the start-up line."""
+    return [
+        f"{mount.path}{route.path}"
+        for mount in mounted
+        if isinstance(mount, Mount)
+        for route in mount.routes
+        if isinstance(route, Route)
+    ]
+
+
+def _endpoint(
+    provider: Provider, intake: Intake, sessions: sessionmaker[Session], policy: store.Policy
+) -> Callable[[Request], object]:
+    async def receive(request: Request) -> Response:
+        try:
+            body = await _body(request)
+            accepted = await run_in_threadpool(intake, request, body)
+            recorded = await run_in_threadpool(_record, sessions, provider, accepted, policy)
+            if accepted.confirm is not None:
+                await run_in_threadpool(accepted.confirm)
+        except Rejected as e:
+            logger.warning(
+                "Refused a %s webhook (%d): %s.", provider, e.status, e.reason, extra={"provider": str(provider)}
+            )
+            return _plain("Refused.", e.status, www_basic=provider == Provider.POSTMARK and e.status == 401)
+        logger.info(
+            "Took a %s webhook: %d stored, %d already stored, %d unmatched, %d user(s) suppressed.",
+            provider,
+            recorded.stored,
+            recorded.duplicates,
+            recorded.unmatched,
+            len(recorded.suppressed),
+            extra={"provider": str(provider), "suppressed": list(recorded.suppressed)},
+        )
+        return _plain("ok", 200)
+
+    return receive
+
+
+def _record(
+    sessions: sessionmaker[Session], provider: Provider, accepted: Accepted, policy: store.Policy
+) -> store.Recorded:
+    now = utcnow()
+    with sessions.begin() as session:
+        if accepted.token is not None and not store.remember_token(
+            session, provider, accepted.token, now=now, keep=timedelta(seconds=2 * mailgun.TOLERANCE_SECONDS)
+        ):
+            # 406: Mailgun does not retry a request it was refused this way.
+            raise Rejected(406, "the signature token was used before (a replay)")
+        return store.record(session, accepted.found, now=now, policy=policy)
+
+
+async def _body(request: Request) -> bytes:
+    """The raw body, refused with 413 past :data:`MAX_BODY_BYTES` (however it is framed)."""
+    length = request.headers.get("content-length")
+    if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
+        raise Rejected(413 if length.isdigit() else 400, "the body is over the size limit or its length unreadable")
+    chunks, size = [], 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                raise Rejected(413, "the body is over the size limit")
+            chunks.append(chunk)
+    except HTTPException as e:
+        # The mount's body limit counted past MAX_BODY_BYTES first (a chunk that crossed it).
+        if e.status_code != 413:
+            raise
+        raise Rejected(413, "the body is over the size limit") from None
+    return b"".join(chunks)
+
+
+def _ses(topics: frozenset[str], fetcher: SnsFetcher) -> Intake:
+    def intake(request: Request, body: bytes) -> Accepted:
+        message = ses.parse(body, message_type_header=request.headers.get("x-amz-sns-message-type"))
+        ses.check_topic(message, topics)
+        now = utcnow()
+        ses.check_fresh(message, now)
+        ses.verify(message, fetcher.certificate(message.signing_cert_url), now)
+        if message.type == ses.SUBSCRIPTION_CONFIRMATION:
+            ses.check_sns_url(message.subscribe_url, allow_loopback=fetcher.allow_loopback)
+            return Accepted([], confirm=lambda: fetcher.confirm(message.subscribe_url))
+        if message.type == ses.UNSUBSCRIBE_CONFIRMATION:
+            return Accepted([])
+        return Accepted(ses.feedback(message, now))
+
+    return intake
+
+
+def _sendgrid(key: EllipticCurvePublicKey) -> Intake:
+    def intake(request: Request, body: bytes) -> Accepted:
+        sendgrid.verify(
+            key,
+            body,
+            request.headers.get(sendgrid.SIGNATURE_HEADER),
+            request.headers.get(sendgrid.TIMESTAMP_HEADER),
+            time.time(),
+        )
+        return Accepted(sendgrid.feedback(body, utcnow()))
+
+    return intake
+
+
+def _postmark(user: str, password: str) -> Intake:
+    def intake(request: Request, body: bytes) -> Accepted:
+        postmark.verify(user, password, request.headers.get("authorization"))
+        return Accepted(postmark.feedback(body, utcnow()))
+
+    return intake
+
+
+def _mailgun(key: str) -> Intake:
+    def intake(_request: Request, body: bytes) -> Accepted:
+        post = mailgun.verify(key, mailgun.parse(body), time.time())
+        return Accepted(mailgun.feedback(post, utcnow()), token=post.token)
+
+    return intake
+
+
+def _plain(message: str, status: int, *, www_basic: bool = False) -> Response:
+    headers = {**_HEADERS, **({"WWW-Authenticate": 'Basic realm="postmark"'} if www_basic else {})}
+    return PlainTextResponse(message, status_code=status, headers=headers)
