@@ -3,8 +3,8 @@
 Three short steps, so no transaction stays open while talking to the mail provider:
 1. In one transaction: read the item, the user and their activity; render and store the
    report; take the delivery claim.
-2. Ask the breaker, check that the claim's lease outlasts the whole send, and hand the email
-   to the mail backend.
+2. Wait for a slot of the send rate, ask the breaker, and then, last, check that the claim's
+   lease outlasts the whole send, and hand the email to the mail backend.
 3. In one transaction: mark the claim sent and the item delivered. Nothing but this commit
    follows the provider's acceptance, and it is tried until the lease is nearly spent: only a
    crash in between can make a later copy send again.
@@ -169,11 +169,14 @@ def _deliver(
     # Asked only now, so a message that turns out done, skipped or cancelled never holds the
     # half-open probe's one slot for the probe timeout.
     try:
-        # First: a sleep for a slot must not eat the lease's send margin, nor hold the probe's slot.
+        # First: a sleep for a slot must not hold the probe's slot.
         pace(ctx.send_rate, _millis(ctx.clock()), sleep=time.sleep)
+        permit = _ask_breaker(ctx)
+        # Last, after every call that can block (a Redis that stalls holds the breaker's call for
+        # as long as it stalls): only the send itself, bounded by the SMTP deadline, comes after.
+        # A probe turned back here keeps its slot until the probe timeout, as one that died would.
         if prepared.lease_left() < ctx.settings.smtp_timeout_seconds + RECORD_TIME_SECONDS:
             raise LeaseTooShort()
-        permit = _ask_breaker(ctx)
     except (Deferred, redis.RedisError):
         _release(ctx, prepared, transaction)
         raise
