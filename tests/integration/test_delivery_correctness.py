@@ -33,7 +33,7 @@ from reports.database import create_db_engine, session_factory
 from reports.delivery import pipeline
 from reports.delivery.breaker import CircuitBreaker, State, mail_breaker_name
 from reports.delivery.mail.backend import Mailer, build_mailer
-from reports.errors import ConfigurationError, Deferred, PermanentError
+from reports.errors import ClaimHeld, ConfigurationError, Deferred, PermanentError
 from reports.failures import dead_letters
 from reports.fanout import items, progress
 from reports.jobs import BUILD_REPORT, ReportJob
@@ -321,6 +321,29 @@ def test_the_claims_lease_starts_when_the_item_lock_is_granted_not_when_the_job_
     lease = timedelta(seconds=settings.claim_lease_seconds)
     assert delivered.lease_expires_at - lease >= lock.released_at - tolerance
     assert len(smtp_server.messages) == 1
+
+
+def test_a_copy_on_a_worker_whose_clock_runs_ahead_cannot_take_over_a_live_claim(
+    settings, sessions, context, smtp_server, population
+):
+    lease = settings.claim_lease_seconds
+    ahead = replace(context, clock=lambda: utcnow() + timedelta(seconds=lease + 40))
+    copies: list[object] = []
+
+    def run_copy_ahead() -> None:
+        try:
+            copies.append(pipeline.run(ahead, job(settings, 7)))
+        except ClaimHeld as held:
+            copies.append(held)
+
+    # While this copy sends, a copy on a worker whose clock is past the lease's end runs.
+    sending = replace(context, mailer=AfterSend(context.mailer, before=run_copy_ahead))
+    assert pipeline.run(sending, job(settings, 7)) == pipeline.Outcome.DELIVERED
+
+    assert len(smtp_server.messages) == 1
+    assert claim(sessions, 7).state == DeliveryState.SENT
+    [held] = copies
+    assert isinstance(held, ClaimHeld) and held.retry_after_seconds <= lease
 
 
 # --- 4b. The lease is checked last, after every call that can block --------------------------------
