@@ -1,20 +1,23 @@
-"""Redis's clock for the Redis broker's heartbeats, so that one worker's wrong clock cannot make
-every other worker look dead.
+"""Redis's clock for the Redis broker's heartbeats, so that one worker's wrong clock cannot make every
+other worker look dead.
 
 Dramatiq's dispatch script takes its timestamp from the caller (``current_millis()``): it stamps
 the caller's heartbeat with it, and its dead-worker sweep requeues the messages of every worker
 whose heartbeat is older than that timestamp minus ``heartbeat_timeout``. A process whose clock
-runs ahead by more than the timeout therefore takes back the messages live workers are running,
-and copies of them run side by side. Here the script reads Redis's ``TIME`` instead, and so does
-the heartbeat thread (:class:`reports.worker.lifecycle.Heartbeat`): every heartbeat is written and
-compared on one clock. The timestamp the caller still passes is left unused; dead letters are
-stamped (and expired) on Redis's clock too.
+runs ahead by more than the timeout therefore takes back the messages live workers are running, and
+copies of them run side by side. Here the script reads Redis's ``TIME`` instead, and so does the
+heartbeat thread (:class:`reports.worker.lifecycle.Heartbeat`) and the backlog's count of dead
+workers (:func:`reports.worker.broker.backlog`): every heartbeat is written and compared on one
+clock. The timestamp the caller still passes is left unused; dead letters are stamped (and expired)
+on Redis's clock too.
 
 A script may write after ``TIME`` because Redis replicates a script's effects, not the script
 (the default from Redis 5, the only way from 7).
 """
 
 from __future__ import annotations
+
+from typing import cast
 
 import redis
 from redis.commands.core import Script
@@ -30,6 +33,10 @@ _CALLERS_TIMESTAMP = "local timestamp = ARGV[2]\n"
 _BEAT = f"""{_SERVER_MILLIS}redis.call("ZADD", KEYS[1], {_SERVER_MILLIS_VALUE}, ARGV[1])
 """
 
+# KEYS: the heartbeats. ARGV: the heartbeat timeout, in ms. The broker ids whose heartbeat is stale.
+_DEAD = f"""{_SERVER_MILLIS}return redis.call("ZRANGEBYSCORE", KEYS[1], 0, {_SERVER_MILLIS_VALUE} - tonumber(ARGV[1]))
+"""
+
 
 def on_server_clock(dispatch: str) -> str:
     """Dramatiq's dispatch script, its timestamp read from Redis's clock instead of the caller's."""
@@ -41,3 +48,8 @@ def on_server_clock(dispatch: str) -> str:
 def heartbeat(client: redis.Redis) -> Script:
     """A script that stamps a broker id's heartbeat with Redis's clock: ``beat(keys=[heartbeats], args=[id])``."""
     return client.register_script(_BEAT)
+
+
+def dead_workers(client: redis.Redis, heartbeats: str, *, timeout_ms: int) -> list[bytes]:
+    """The broker ids whose heartbeat is older than ``timeout_ms`` on Redis's clock, as the sweep sees them."""
+    return cast(list[bytes], client.register_script(_DEAD)(keys=[heartbeats], args=[timeout_ms]))
