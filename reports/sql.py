@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import Connection, CursorResult, FromClause, Result, TableClause
+from sqlalchemy import Connection, CursorResult, DateTime, FromClause, Result, TableClause, func, literal
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.functions import FunctionElement
 
 #: The dialects' own INSERT, each with ``on_conflict_do_nothing`` and ``on_conflict_do_update``.
 DialectInsert = postgresql.Insert | sqlite.Insert
@@ -15,6 +19,42 @@ DialectInsert = postgresql.Insert | sqlite.Insert
 #: What a statement runs on: an ORM session, or a bare connection where the session's bookkeeping
 #: would cost more than the statement (the per-report path on PostgreSQL).
 Executor = Session | Connection
+
+
+#: The PostgreSQL server's clock as the naive UTC timestamp the schema stores. ``clock_timestamp()``,
+#: not ``now()``: a lease taken after a wait for a row lock starts when the lock is granted.
+POSTGRESQL_NOW = "timezone('UTC', clock_timestamp())"
+
+#: SQLite's clock (milliseconds, UTC) in the text SQLAlchemy stores a DateTime as
+#: (``YYYY-MM-DD HH:MM:SS.ffffff``), so that stored times and this one compare as text.
+_SQLITE_NOW_FORMAT = "%Y-%m-%d %H:%M:%f000"
+
+
+def server_now(plus_seconds: float = 0.0) -> ServerNow:
+    """The database server's time, ``plus_seconds`` on, as a SQL expression of the schema's timestamps.
+
+    Every delivery lease is written and compared on it: workers on machines whose clocks disagree
+    then agree on when a lease ends. On SQLite, which runs on one machine, it is that machine's clock.
+    """
+    return ServerNow(literal(float(plus_seconds)))
+
+
+class ServerNow(FunctionElement[datetime]):
+    """:func:`server_now`, compiled for each dialect below."""
+
+    type = DateTime()
+    inherit_cache = True
+
+
+@compiles(ServerNow, "postgresql")
+def _postgresql_now(element: ServerNow, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"({POSTGRESQL_NOW} + make_interval(secs => {compiler.process(element.clauses, **kw)}))"
+
+
+@compiles(ServerNow, "sqlite")
+def _sqlite_now(element: ServerNow, compiler: SQLCompiler, **kw: Any) -> str:
+    [seconds] = element.clauses
+    return compiler.process(func.strftime(_SQLITE_NOW_FORMAT, "now", seconds.concat(" seconds")), **kw)
 
 
 def dialect_name(executor: Executor) -> str:

@@ -182,7 +182,8 @@ def smtp_server() -> Iterator[SmtpServer]:
 
 @pytest.fixture
 def start_workers(tmp_path: Path) -> Iterator[Callable[..., WorkerGroup]]:
-    """Start real ``dramatiq actors`` workers with the given settings; all are stopped at teardown."""
+    """Start real ``dramatiq actors`` workers with the given settings (and ``env`` on top of them);
+    all are stopped at teardown."""
     groups: list[WorkerGroup] = []
 
     def start(
@@ -192,6 +193,7 @@ def start_workers(tmp_path: Path) -> Iterator[Callable[..., WorkerGroup]]:
         threads: int = 4,
         queues: tuple[str, ...] = (),
         extra_args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
     ) -> WorkerGroup:
         log_path = tmp_path / f"workers-{len(groups)}.log"
         command = [
@@ -209,10 +211,14 @@ def start_workers(tmp_path: Path) -> Iterator[Callable[..., WorkerGroup]]:
         ]
         if queues:
             command += ["--queues", *queues]
-        env = {**os.environ, **settings.as_environ()}
         with log_path.open("wb") as log:
             process = subprocess.Popen(
-                command, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                command,
+                env={**os.environ, **settings.as_environ(), **(env or {})},
+                cwd=REPO,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         group = WorkerGroup(process=process, log_path=log_path)
         groups.append(group)

@@ -2,14 +2,15 @@
 
 A copy of a message must claim (period, user) before it hands the email to the provider. The
 claim carries a lease, so a copy whose worker died after claiming blocks the email only until
-the lease runs out; then a later copy takes the claim over and sends.
+the lease runs out; then a later copy takes the claim over and sends. Leases are written and
+compared on the database server's clock (:func:`reports.sql.server_now`), never a worker's.
 """
 
 from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import select, update
@@ -18,7 +19,7 @@ from sqlalchemy.orm import Session
 from reports.errors import ClaimHeld
 from reports.models import Delivery, DeliveryState, ItemState, SendNowRequest
 from reports.periods import Period
-from reports.sql import Executor, insert_ignoring_conflicts, rowcount
+from reports.sql import Executor, insert_ignoring_conflicts, rowcount, server_now
 
 #: Claim states a send may take over once their lease has run out.
 TAKEABLE = (DeliveryState.REQUESTED, DeliveryState.CLAIMED)
@@ -47,20 +48,12 @@ def new_token() -> str:
     return str(uuid.uuid4())
 
 
-def lease_end(now: datetime, lease_seconds: float) -> datetime:
-    return now + timedelta(seconds=lease_seconds)
-
-
-def take(
-    session: Executor, period: Period, user_id: int, *, message_id: str, lease_seconds: float, now: datetime
-) -> Claim | None:
+def take(session: Executor, period: Period, user_id: int, *, message_id: str, lease_seconds: float) -> Claim | None:
     """Claim the right to send the monthly email; ``None`` when it was already sent.
 
     Raises :class:`ClaimHeld` while another copy's lease is still running.
     """
-    return _take(
-        session, Claim(period, user_id, new_token()), message_id=message_id, lease_seconds=lease_seconds, now=now
-    )
+    return _take(session, Claim(period, user_id, new_token()), message_id=message_id, lease_seconds=lease_seconds)
 
 
 def record_send_now_request(
@@ -86,9 +79,10 @@ def record_send_now_request(
             state=DeliveryState.REQUESTED,
             message_id=message_id,
             claim_token="",
-            lease_expires_at=now,
+            # Ended: the first copy of the message takes it at once.
+            lease_expires_at=server_now(),
             claims=0,
-            claimed_at=now,
+            claimed_at=server_now(),
         )
     )
 
@@ -104,14 +98,17 @@ def take_send_now_request(
     lease_seconds: float,
     now: datetime,
 ) -> Claim | None:
-    """Claim the right to send for one ``send-now`` request; ``None`` when that request was served."""
+    """Claim the right to send for one ``send-now`` request; ``None`` when that request was served.
+
+    ``now`` stamps the request (``requested_at``, ``updated_at``); its lease is on the database's clock.
+    """
     return _take(
         session,
         Claim(period, user_id, new_token(), request_id),
         message_id=message_id,
         lease_seconds=lease_seconds,
-        now=now,
         extra={"requested_at": now, "updated_at": now, "template_version": template_version},
+        touched={"updated_at": now},
     )
 
 
@@ -121,11 +118,11 @@ def _take(
     *,
     message_id: str,
     lease_seconds: float,
-    now: datetime,
     extra: dict[str, Any] | None = None,
+    touched: dict[str, Any] | None = None,
 ) -> Claim | None:
     model = claim._model
-    lease_expires_at = lease_end(now, lease_seconds)
+    lease_expires_at = server_now(lease_seconds)
     key_values = {"period": str(claim.period), "user_id": claim.user_id}
     if claim.request_id is not None:
         key_values["request_id"] = claim.request_id
@@ -141,7 +138,7 @@ def _take(
                 claim_token=claim.token,
                 lease_expires_at=lease_expires_at,
                 claims=1,
-                claimed_at=now,
+                claimed_at=server_now(),
             )
             .returning(model.__table__.c.user_id)
         ).first()
@@ -149,19 +146,18 @@ def _take(
     )
     if not inserted:
         # A recorded request, or a claim whose holder's lease ran out: take it over.
-        touched = {"updated_at": now} if model is SendNowRequest else {}
         inserted = (
             rowcount(
                 session.execute(
                     update(model)
-                    .where(*claim._key(), model.state.in_(TAKEABLE), model.lease_expires_at <= now)
+                    .where(*claim._key(), model.state.in_(TAKEABLE), model.lease_expires_at <= server_now())
                     .values(
                         state=DeliveryState.CLAIMED,
                         claim_token=claim.token,
                         lease_expires_at=lease_expires_at,
                         claims=model.claims + 1,
-                        claimed_at=now,
-                        **touched,
+                        claimed_at=server_now(),
+                        **(touched or {}),
                     )
                     .execution_options(synchronize_session=False)
                 )
@@ -170,15 +166,17 @@ def _take(
         )
     if inserted:
         return claim
-    not_taken(session, claim, now=now)
+    not_taken(session, claim)
     return None
 
 
-def not_taken(session: Executor, claim: Claim, *, now: datetime) -> None:
+def not_taken(session: Executor, claim: Claim) -> None:
     """Why ``claim`` was not taken: returns when its email went out (or the request died); raises
     :class:`ClaimHeld` while another copy's lease runs."""
     model = claim._model
-    state, expires = session.execute(select(model.state, model.lease_expires_at).where(*claim._key())).one()
+    state, expires, now = session.execute(
+        select(model.state, model.lease_expires_at, server_now()).where(*claim._key())
+    ).one()
     if state not in (DeliveryState.SENT, DeliveryState.DEAD):
         raise ClaimHeld(retry_after_seconds=max((expires - now).total_seconds(), 0.0))
 
@@ -223,12 +221,12 @@ def complete(session: Executor, claim: Claim, *, now: datetime) -> bool:
     )
 
 
-def release(session: Executor, claim: Claim, *, now: datetime) -> None:
+def release(session: Executor, claim: Claim) -> None:
     """End a claim's lease early after a send that failed, so the retry need not wait it out."""
     model = claim._model
     session.execute(
         update(model)
         .where(*claim._key(), model.claim_token == claim.token, model.state == DeliveryState.CLAIMED)
-        .values(lease_expires_at=now)
+        .values(lease_expires_at=server_now())
         .execution_options(synchronize_session=False)
     )

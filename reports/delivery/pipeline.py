@@ -3,8 +3,8 @@
 Three short steps, so no transaction stays open while talking to the mail provider:
 1. In one transaction: read the item, the user and their activity; render and store the
    report; take the delivery claim.
-2. Ask the breaker, check that the claim's lease outlasts the whole send, and hand the email
-   to the mail backend.
+2. Wait for a slot of the send rate, ask the breaker, and then, last, check that the claim's
+   lease outlasts the whole send, and hand the email to the mail backend.
 3. In one transaction: mark the claim sent and the item delivered. Nothing but this commit
    follows the provider's acceptance, and it is tried until the lease is nearly spent: only a
    crash in between can make a later copy send again.
@@ -170,11 +170,14 @@ def _deliver(
     # Asked only now, so a message that turns out done, skipped or cancelled never holds the
     # half-open probe's one slot for the probe timeout.
     try:
-        # First: a sleep for a slot must not eat the lease's send margin, nor hold the probe's slot.
+        # First: a sleep for a slot must not hold the probe's slot.
         pace(ctx.send_rate, _millis(ctx.clock()), sleep=time.sleep)
+        permit = _ask_breaker(ctx)
+        # Last, after every call that can block (a Redis that stalls holds the breaker's call for
+        # as long as it stalls): only the send itself, bounded by the SMTP deadline, comes after.
+        # A probe turned back here keeps its slot until the probe timeout, as one that died would.
         if prepared.lease_left() < ctx.settings.smtp_timeout_seconds + RECORD_TIME_SECONDS:
             raise LeaseTooShort()
-        permit = _ask_breaker(ctx)
     except (Deferred, redis.RedisError):
         _release(ctx, prepared, transaction)
         raise
@@ -216,14 +219,13 @@ def _release(
     month mails a refused address."""
     try:
         with transaction() as db:
-            now = ctx.clock()
             first = prepared.claims[0]
             statements.store(db, first.period, first.user_id, prepared.report)
             for claim in prepared.claims:
-                claims.release(db, claim, now=now)
+                claims.release(db, claim)
             if bounced is not None:
                 suppressions.add(
-                    db, prepared.claims[0].user_id, SuppressionReason.BOUNCED, now=now, source=f"smtp {bounced.code}"
+                    db, first.user_id, SuppressionReason.BOUNCED, now=ctx.clock(), source=f"smtp {bounced.code}"
                 )
     except sqlalchemy.exc.SQLAlchemyError:
         logger.warning("Could not release a delivery claim (or record a bounce); the claim ends with its lease.")
@@ -294,7 +296,7 @@ class _Prepared:
     #: The message's bytes, as they go on the wire.
     email: bytes
     address: str
-    #: When the claims' leases end, on this process's monotonic clock.
+    #: When the claims' leases end, on this process's monotonic clock (see :func:`_lease_ends`).
     lease_ends: float
     #: What is stored in ``reports`` once the send is recorded (or has failed).
     report: statements.StoredReport
@@ -303,14 +305,20 @@ class _Prepared:
         return self.lease_ends - time.monotonic()
 
 
-def _claim_time(ctx: Context) -> tuple[datetime, float]:
-    """The lease's start, on the wall clock the claim stores and on the monotonic one that checks it."""
-    return ctx.clock(), time.monotonic() + ctx.settings.claim_lease_seconds
+def _lease_ends(ctx: Context) -> float:
+    """When a lease about to be taken ends, on this process's monotonic clock.
+
+    The database stores the lease on its own clock, from when it takes the claim until
+    ``claim_lease_seconds`` later; read before the claim is taken, this ends no later than that
+    (clocks that disagree on the time still agree on how long a second is). The wall clock plays
+    no part: a worker whose clock is off sees the same lease as every other.
+    """
+    return time.monotonic() + ctx.settings.claim_lease_seconds
 
 
 def _prepare(ctx: Context, session: Executor, job: ReportJob) -> _Prepared | Outcome:
     stable_id = message_id(job.period, job.user_id, ctx.settings.mail_domain)
-    now, lease_ends = _claim_time(ctx)
+    now, lease_ends = ctx.clock(), _lease_ends(ctx)
     # Reading locks the item: copies of this job serialize here, before they race for the claim.
     inputs = statements.read_and_claim(
         session,
@@ -385,8 +393,7 @@ def _prepare_now(ctx: Context, session: Session, job: SendNowJob) -> _Prepared |
         raise UnknownUser(f"No user with id {job.user_id}.")
     to, rendered = _render_and_store(ctx, session, user, job.period, job.template_version, now)
     request_id = message_id(job.period, user.id, ctx.settings.mail_domain, request_id=job.request_id)
-    lease = ctx.settings.claim_lease_seconds
-    claimed_at, lease_ends = _claim_time(ctx)
+    lease, lease_ends = ctx.settings.claim_lease_seconds, _lease_ends(ctx)
     request = claims.take_send_now_request(
         session,
         job.request_id,
@@ -395,7 +402,7 @@ def _prepare_now(ctx: Context, session: Session, job: SendNowJob) -> _Prepared |
         message_id=request_id,
         template_version=job.template_version,
         lease_seconds=lease,
-        now=claimed_at,
+        now=now,
     )
     if request is None:
         return Outcome.ALREADY_DONE
@@ -405,7 +412,7 @@ def _prepare_now(ctx: Context, session: Session, job: SendNowJob) -> _Prepared |
     )
     if may_be_monthly and not claims.is_sent(session, job.period, user.id):
         monthly_id = message_id(job.period, user.id, ctx.settings.mail_domain)
-        monthly = claims.take(session, job.period, user.id, message_id=monthly_id, lease_seconds=lease, now=claimed_at)
+        monthly = claims.take(session, job.period, user.id, message_id=monthly_id, lease_seconds=lease)
         if monthly is not None:
             held, chosen_id = [monthly, request], monthly_id
     email = compose(

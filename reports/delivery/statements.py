@@ -35,7 +35,7 @@ from reports.models import (
     User,
 )
 from reports.periods import Period
-from reports.sql import Executor, dialect_name, upsert
+from reports.sql import POSTGRESQL_NOW, Executor, dialect_name, upsert
 
 
 @dataclass(frozen=True)
@@ -93,13 +93,13 @@ def _with_columns(sql: str, *names: str) -> TextualSelect:
 _FINAL = ", ".join(sorted(f"'{state.value}'" for state in FINAL_STATES))
 
 # ``sendable`` is :func:`mailable` in SQL; it reads the locked item, so the lock is granted before
-# the claim's clock is read. Data-modifying CTEs run whether or not the query reads them.
+# the claim's clock (the server's) is read. Data-modifying CTEs run whether or not the query reads them.
 _READ_AND_CLAIM = _with_columns(
     f"""
 WITH item AS (
     SELECT state FROM report_items WHERE period = :period AND user_id = :user_id FOR UPDATE
 ), sendable AS (
-    SELECT clock_timestamp() - statement_timestamp() AS lock_wait
+    SELECT clock_timestamp() - statement_timestamp() AS lock_wait, {POSTGRESQL_NOW} AS claimed_at
     FROM item JOIN users u ON u.id = :user_id LEFT JOIN period_runs r ON r.period = :period
     WHERE item.state NOT IN ({_FINAL}) AND r.state IS DISTINCT FROM '{RunState.CANCELLED.value}'
       AND u.email IS NOT NULL AND u.active
@@ -112,7 +112,7 @@ WITH item AS (
     WHERE period = :period AND user_id = :user_id AND EXISTS (SELECT 1 FROM sendable)
 ), claimed AS (
     INSERT INTO deliveries (period, user_id, state, message_id, claim_token, lease_expires_at, claims, claimed_at)
-    SELECT :period, :user_id, 'claimed', :message_id, :token, :now + lock_wait + :lease, 1, :now + lock_wait
+    SELECT :period, :user_id, 'claimed', :message_id, :token, claimed_at + :lease, 1, claimed_at
     FROM sendable
     ON CONFLICT (period, user_id) DO UPDATE SET state = 'claimed', claim_token = excluded.claim_token,
         lease_expires_at = excluded.lease_expires_at, claims = deliveries.claims + 1,
@@ -165,15 +165,15 @@ def read_and_claim(
     when it is :func:`mailable`, count the attempt and claim the monthly email.
 
     The claim is ``None`` when the email already went out; raises :class:`ClaimHeld` while another
-    copy's lease runs (see :func:`reports.delivery.claims.take`). ``now`` is the lease's start
-    before the lock; the claim stores it moved on by the time the lock took.
+    copy's lease runs (see :func:`reports.delivery.claims.take`). The lease runs on the database
+    server's clock from when the lock was granted; ``now`` stamps the item.
     """
     if _is_sqlite(session):
         inputs = _read_each(session, period, user_id)
         if not mailable(inputs, empty_month=empty_month):
             return inputs
         items.touch(session, period, user_id, now=now)
-        claimed = claims.take(session, period, user_id, message_id=message_id, lease_seconds=lease_seconds, now=now)
+        claimed = claims.take(session, period, user_id, message_id=message_id, lease_seconds=lease_seconds)
         return replace(inputs, claim=claimed)
     claim = claims.Claim(period, user_id, claims.new_token())
     rows = session.execute(
@@ -213,7 +213,7 @@ def read_and_claim(
         return replace(inputs, claim=claim, lock_wait_seconds=lock_wait)
     # Read again: the statement's snapshot predates the lock, so it may not show the claim that
     # stopped this one (a copy that held the lock took it).
-    claims.not_taken(session, claim, now=now + timedelta(seconds=lock_wait))
+    claims.not_taken(session, claim)
     return replace(inputs, lock_wait_seconds=lock_wait)
 
 

@@ -29,6 +29,7 @@ from reports.fanout import progress
 from reports.jobs import BULK_QUEUE, CRITICAL_QUEUE, CoordinatorJob, ReportJob, SendJobs, SendNowJob
 from reports.models import Delivery, DeliveryState, ItemState, PeriodRun, ReportItem, SendNowRequest, Suppression, User
 from reports.periods import Period
+from reports.sql import server_now
 
 #: Stuck items re-enqueued per transaction.
 CHUNK = 1000
@@ -120,7 +121,7 @@ def reconcile(
             send_coordinator(run.walker, CoordinatorJob(period).payload())
 
     may_be_waiting = not resume and (facts.breaker_open() or facts.backlog(BULK_QUEUE) > 0)
-    lost = _lost(period, untouched_since, now, handed_out_too=not may_be_waiting)
+    lost = _lost(period, untouched_since, handed_out_too=not may_be_waiting)
     requeued = _requeue(
         sessions,
         period,
@@ -135,7 +136,7 @@ def reconcile(
                 session.scalar(
                     select(func.count())
                     .select_from(ReportItem)
-                    .where(*_lost(period, untouched_since, now, handed_out_too=True))
+                    .where(*_lost(period, untouched_since, handed_out_too=True))
                 )
                 or 0
             )
@@ -194,11 +195,12 @@ def _requeue(
             after = max(user_ids)
 
 
-def _lost(period: Period, untouched_since: datetime, now: datetime, *, handed_out_too: bool) -> list[Any]:
+def _lost(period: Period, untouched_since: datetime, *, handed_out_too: bool) -> list[Any]:
     live_claim = exists().where(
         Delivery.period == ReportItem.period,
         Delivery.user_id == ReportItem.user_id,
-        and_(Delivery.state == DeliveryState.CLAIMED, Delivery.lease_expires_at > now),
+        # On the clock the lease was written on, the database's.
+        and_(Delivery.state == DeliveryState.CLAIMED, Delivery.lease_expires_at > server_now()),
     )
     return [
         ReportItem.period == str(period),
@@ -228,7 +230,7 @@ def reconcile_requests(
             .where(
                 *([SendNowRequest.period == str(period)] if period is not None else []),
                 SendNowRequest.state.in_((DeliveryState.REQUESTED, DeliveryState.CLAIMED)),
-                SendNowRequest.lease_expires_at <= now,
+                SendNowRequest.lease_expires_at <= server_now(),
                 or_(SendNowRequest.updated_at.is_(None), SendNowRequest.updated_at < untouched_since),
                 SendNowRequest.template_version.is_not(None),
             )

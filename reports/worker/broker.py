@@ -7,7 +7,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, cast
+from typing import Any
 
 import dramatiq
 import redis
@@ -17,7 +17,7 @@ from redis.typing import EncodableT, FieldT
 
 from reports.jobs import COORDINATOR, ActorSpec, SendJobs
 from reports.settings import Settings
-from reports.worker import held, rabbitmq
+from reports.worker import held, rabbitmq, redis_clock
 from reports.worker.consumer import ReportsBroker
 from reports.worker.rabbitmq_consumer import ReportsRabbitmqBroker
 
@@ -205,8 +205,7 @@ def backlog(broker: Broker, queue: str) -> int:
         ready, delayed, _dead = rabbitmq.ready_counts(broker, queue)
         return ready + delayed + held.held_of(held.read(broker.shared_redis, broker.namespace), queue)
     namespace, client = broker.namespace, broker.client
-    stale_before_ms = int(time.time() * 1000) - broker.heartbeat_timeout
-    dead = cast(list[bytes], client.zrangebyscore(f"{namespace}:__heartbeats__", 0, stale_before_ms))
+    dead = redis_clock.dead_workers(client, f"{namespace}:__heartbeats__", timeout_ms=broker.heartbeat_timeout)
     with client.pipeline(transaction=False) as pipe:
         pipe.llen(f"{namespace}:{queue}")
         pipe.llen(f"{namespace}:{queue}.DQ")

@@ -60,7 +60,7 @@ from dramatiq.broker import MessageProxy
 from dramatiq.brokers.redis import RedisBroker, _RedisConsumer
 from dramatiq.errors import ConnectionClosed, DecodeError
 
-from reports.worker import held, holding
+from reports.worker import held, holding, redis_clock
 
 logger = logging.getLogger(__name__)
 
@@ -114,10 +114,15 @@ class _Handover:
 
 
 class ReportsBroker(RedisBroker):
-    """Dramatiq's Redis broker with this module's consumer, publishing what its consumers hold."""
+    """Dramatiq's Redis broker with this module's consumer, publishing what its consumers hold, its
+    heartbeats on Redis's clock."""
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)  # type: ignore[no-untyped-call]  # Dramatiq has no annotations
+        # Every broker call goes through this script: the heartbeat it writes and the dead-worker
+        # sweep it runs then read Redis's clock, not this process's (reports.worker.redis_clock).
+        dispatch = cast(bytes, self.scripts["dispatch"].script).decode()  # Dramatiq registers the file's bytes
+        self.scripts["dispatch"] = self.client.register_script(redis_clock.on_server_clock(dispatch))
         self._handovers: dict[str, _Handover] = {}
         self.held = held.HeldMessages()
         # Outlives the heartbeat: a process killed with -9 counts as holding its messages until

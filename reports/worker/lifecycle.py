@@ -27,6 +27,8 @@ import redis
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import Middleware
 
+from reports.worker import redis_clock
+
 logger = logging.getLogger(__name__)
 
 #: Set once the process has been asked to drain; long steps check it to stop early.
@@ -47,8 +49,8 @@ class Heartbeat(Middleware):
         while True:
             time.sleep(self.interval_seconds)
             try:
-                # The same write Dramatiq's own broker calls make: broker id → now, in ms.
-                broker.client.zadd(key, {broker.broker_id: int(time.time() * 1000)})
+                # The write the broker's calls make: broker id → now, in ms, on Redis's clock.
+                redis_clock.heartbeat(broker.client)(keys=[key], args=[broker.broker_id])
             except redis.RedisError:
                 logger.warning("Heartbeat could not reach Redis.")
 

@@ -1,14 +1,20 @@
-"""Delivery claims on real databases: one holder at a time, leases that end, takeovers that win."""
+"""Delivery claims on real databases: one holder at a time, leases that end, takeovers that win.
+
+Leases run on the database's clock, so time is walked by moving a stored lease's end, as the
+database's clock moving on would.
+"""
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
 
 import pytest
+from sqlalchemy import select, update
 
 from reports.delivery import claims
 from reports.errors import ClaimHeld
 from reports.models import Delivery, DeliveryState
+from reports.sql import server_now
 from tests.integration.conftest import PERIOD
 
 USER_ID = 42
@@ -17,9 +23,9 @@ T0 = datetime(2026, 11, 1, 12, 0, 0)
 MESSAGE_ID = f"<report.{PERIOD}.{USER_ID}@reports.test>"
 
 
-def take(sessions, now: datetime) -> claims.Claim | None:  # type: ignore[no-untyped-def]
+def take(sessions) -> claims.Claim | None:  # type: ignore[no-untyped-def]
     with sessions.begin() as session:
-        return claims.take(session, PERIOD, USER_ID, message_id=MESSAGE_ID, lease_seconds=LEASE, now=now)
+        return claims.take(session, PERIOD, USER_ID, message_id=MESSAGE_ID, lease_seconds=LEASE)
 
 
 def complete(sessions, claim: claims.Claim, now: datetime) -> bool:  # type: ignore[no-untyped-def]
@@ -27,9 +33,24 @@ def complete(sessions, claim: claims.Claim, now: datetime) -> bool:  # type: ign
         return claims.complete(session, claim, now=now)
 
 
-def release(sessions, claim: claims.Claim, now: datetime) -> None:  # type: ignore[no-untyped-def]
+def release(sessions, claim: claims.Claim) -> None:  # type: ignore[no-untyped-def]
     with sessions.begin() as session:
-        claims.release(session, claim, now=now)
+        claims.release(session, claim)
+
+
+def lease_left(sessions, seconds: float) -> None:  # type: ignore[no-untyped-def]
+    """Move the stored lease's end to ``seconds`` from now on the database's clock (negative: past)."""
+    with sessions.begin() as session:
+        session.execute(
+            update(Delivery)
+            .where(Delivery.period == str(PERIOD), Delivery.user_id == USER_ID)
+            .values(lease_expires_at=server_now(seconds))
+        )
+
+
+def database_now(sessions) -> datetime:  # type: ignore[no-untyped-def]
+    with sessions() as session:
+        return session.scalar(select(server_now()))
 
 
 def stored(sessions) -> Delivery:  # type: ignore[no-untyped-def]
@@ -39,8 +60,10 @@ def stored(sessions) -> Delivery:  # type: ignore[no-untyped-def]
         return row
 
 
-def test_the_first_take_claims_the_delivery(sessions):
-    claim = take(sessions, T0)
+def test_the_first_take_claims_the_delivery_for_a_lease_on_the_databases_clock(sessions):
+    before = database_now(sessions)
+    claim = take(sessions)
+    after = database_now(sessions)
 
     assert claim is not None
     assert (claim.period, claim.user_id) == (PERIOD, USER_ID)
@@ -48,34 +71,38 @@ def test_the_first_take_claims_the_delivery(sessions):
     assert row.state == DeliveryState.CLAIMED
     assert row.claim_token == claim.token
     assert row.message_id == MESSAGE_ID
-    assert row.lease_expires_at == T0 + timedelta(seconds=LEASE)
+    assert before <= row.claimed_at <= after
+    assert (row.lease_expires_at - row.claimed_at).total_seconds() == pytest.approx(LEASE, abs=0.01)
 
 
 def test_a_second_take_while_the_lease_runs_is_told_how_long_to_wait(sessions):
-    first = take(sessions, T0)
+    first = take(sessions)
     assert first is not None
+    lease_left(sessions, LEASE - 10)
 
     with pytest.raises(ClaimHeld) as held:
-        take(sessions, T0 + timedelta(seconds=10))
+        take(sessions)
 
-    assert held.value.retry_after_seconds == pytest.approx(LEASE - 10, abs=0.01)
+    assert held.value.retry_after_seconds == pytest.approx(LEASE - 10, abs=0.5)
     assert stored(sessions).claim_token == first.token
 
 
 def test_a_take_at_the_very_end_of_the_lease_is_still_refused_one_second_before(sessions):
-    assert take(sessions, T0) is not None
+    assert take(sessions) is not None
+    lease_left(sessions, 1)
 
     with pytest.raises(ClaimHeld) as held:
-        take(sessions, T0 + timedelta(seconds=LEASE - 1))
+        take(sessions)
 
-    assert held.value.retry_after_seconds == pytest.approx(1.0, abs=0.01)
+    assert held.value.retry_after_seconds == pytest.approx(1.0, abs=0.5)
 
 
 def test_after_the_lease_expires_a_second_take_takes_over_and_the_first_cannot_complete(sessions):
-    first = take(sessions, T0)
+    first = take(sessions)
     assert first is not None
+    lease_left(sessions, -1)
 
-    second = take(sessions, T0 + timedelta(seconds=LEASE + 1))
+    second = take(sessions)
 
     assert second is not None
     assert second.token != first.token
@@ -89,21 +116,22 @@ def test_after_the_lease_expires_a_second_take_takes_over_and_the_first_cannot_c
 
 
 def test_once_completed_a_take_returns_none_even_after_the_lease(sessions):
-    claim = take(sessions, T0)
+    claim = take(sessions)
     assert claim is not None
     assert complete(sessions, claim, T0 + timedelta(seconds=1)) is True
 
-    assert take(sessions, T0 + timedelta(seconds=2)) is None
-    assert take(sessions, T0 + timedelta(days=1)) is None
+    assert take(sessions) is None
+    lease_left(sessions, -24 * 3600)
+    assert take(sessions) is None
     assert stored(sessions).state == DeliveryState.SENT
 
 
 def test_a_released_claim_can_be_retaken_at_once(sessions):
-    claim = take(sessions, T0)
+    claim = take(sessions)
     assert claim is not None
 
-    release(sessions, claim, T0 + timedelta(seconds=1))
-    retaken = take(sessions, T0 + timedelta(seconds=1))
+    release(sessions, claim)
+    retaken = take(sessions)
 
     assert retaken is not None
     assert retaken.token != claim.token
@@ -111,12 +139,13 @@ def test_a_released_claim_can_be_retaken_at_once(sessions):
 
 
 def test_releasing_a_claim_that_was_taken_over_does_not_free_the_new_holder(sessions):
-    first = take(sessions, T0)
+    first = take(sessions)
     assert first is not None
-    second = take(sessions, T0 + timedelta(seconds=LEASE + 1))
+    lease_left(sessions, -1)
+    second = take(sessions)
     assert second is not None
 
-    release(sessions, first, T0 + timedelta(seconds=LEASE + 2))
+    release(sessions, first)
 
     with pytest.raises(ClaimHeld):
-        take(sessions, T0 + timedelta(seconds=LEASE + 2))
+        take(sessions)

@@ -8,10 +8,13 @@ going wrong), as a concurrent process would.
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from datetime import datetime, timedelta
 from email.message import EmailMessage
@@ -30,7 +33,7 @@ from reports.database import create_db_engine, session_factory
 from reports.delivery import pipeline
 from reports.delivery.breaker import CircuitBreaker, State, mail_breaker_name
 from reports.delivery.mail.backend import Mailer, build_mailer
-from reports.errors import ConfigurationError, Deferred, PermanentError
+from reports.errors import ClaimHeld, ConfigurationError, Deferred, PermanentError
 from reports.failures import dead_letters
 from reports.fanout import items, progress
 from reports.jobs import BUILD_REPORT, ReportJob
@@ -40,6 +43,7 @@ from reports.worker.broker import backlog, build_broker
 from reports.worker.retries import DeadMessage
 from tests.integration.conftest import PERIOD, trigger, walk_everything
 from tests.support.databases import load_users
+from tests.support.waiting import wait_until
 
 THRESHOLD = 5
 COOLDOWN_MS = 30_000
@@ -317,6 +321,93 @@ def test_the_claims_lease_starts_when_the_item_lock_is_granted_not_when_the_job_
     lease = timedelta(seconds=settings.claim_lease_seconds)
     assert delivered.lease_expires_at - lease >= lock.released_at - tolerance
     assert len(smtp_server.messages) == 1
+
+
+def test_a_copy_on_a_worker_whose_clock_runs_ahead_cannot_take_over_a_live_claim(
+    settings, sessions, context, smtp_server, population
+):
+    lease = settings.claim_lease_seconds
+    ahead = replace(context, clock=lambda: utcnow() + timedelta(seconds=lease + 40))
+    copies: list[object] = []
+
+    def run_copy_ahead() -> None:
+        try:
+            copies.append(pipeline.run(ahead, job(settings, 7)))
+        except ClaimHeld as held:
+            copies.append(held)
+
+    # While this copy sends, a copy on a worker whose clock is past the lease's end runs.
+    sending = replace(context, mailer=AfterSend(context.mailer, before=run_copy_ahead))
+    assert pipeline.run(sending, job(settings, 7)) == pipeline.Outcome.DELIVERED
+
+    assert len(smtp_server.messages) == 1
+    assert claim(sessions, 7).state == DeliveryState.SENT
+    [held] = copies
+    assert isinstance(held, ClaimHeld) and held.retry_after_seconds <= lease
+
+
+# --- 4b. The lease is checked last, after every call that can block --------------------------------
+
+
+@contextmanager
+def stopped(client: redis.Redis) -> Iterator[None]:
+    """The redis-server behind ``client`` paused (SIGSTOP), as a stalled host leaves it; resumed after."""
+    pid = int(client.info("server")["process_id"])
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def test_a_copy_whose_breaker_call_stalls_past_its_lease_sends_nothing_once_redis_answers(
+    settings, sessions, mail_settings, smtp_server, population, private_redis
+):
+    short = replace(mail_settings, smtp_timeout_seconds=1, claim_lease_seconds=3)
+    shared = redis.Redis.from_url(private_redis)  # as the workers build it: no socket timeout
+
+    def breaker_on_shared(**options: int) -> CircuitBreaker:
+        return CircuitBreaker(
+            shared, name="test:breaker", failure_threshold=THRESHOLD, window_ms=10_000,
+            cooldown_ms=COOLDOWN_MS, probe_timeout_ms=5_000, **options,
+        )  # fmt: skip
+
+    # Another worker read "closed" a moment ago, so its next sends do not ask Redis.
+    fresh = breaker_on_shared(state_cache_ms=60_000)
+    assert fresh.allow(millis(utcnow())).allowed
+    stalling = pipeline.Context(
+        settings=short, sessions=sessions, mailer=build_mailer(short), breaker=breaker_on_shared()
+    )
+    other = replace(stalling, breaker=fresh)
+    outcome: list[object] = []
+
+    def run_stalling_copy() -> None:
+        try:
+            outcome.append(pipeline.run(stalling, job(settings, 7)))
+        except Exception as error:  # noqa: BLE001 - asserted below
+            outcome.append(error)
+
+    copy = threading.Thread(target=run_stalling_copy)
+    with stopped(shared):
+        # This copy claims, and its breaker (no reading yet) asks Redis, which does not answer.
+        copy.start()
+        wait_until(lambda: _claim_state(sessions, 7) == DeliveryState.CLAIMED, timeout=10, what="the first claim")
+        time.sleep(short.claim_lease_seconds + 0.5)
+        # Its lease has run out: another copy takes the claim over and sends.
+        assert pipeline.run(other, job(settings, 7)) == pipeline.Outcome.DELIVERED
+    copy.join(timeout=10)
+
+    assert not copy.is_alive()
+    assert [message["Message-ID"] for message in smtp_server.messages] == [f"<report.{PERIOD}.7@reports.test>"]
+    assert item(sessions, 7).state == ItemState.DELIVERED
+    # Told to start again: its retry finds the item delivered.
+    assert [type(result) for result in outcome] == [pipeline.LeaseTooShort]
+
+
+def _claim_state(sessions: sessionmaker[Session], user_id: int) -> str | None:
+    with sessions() as session:
+        found = session.get(Delivery, (str(PERIOD), user_id))
+        return found.state if found else None
 
 
 # --- 5. A delivery outranks a dead letter, whichever comes first ----------------------------------

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import threading
 from dataclasses import replace
-from datetime import timedelta
 
 import pytest
 import redis
-from sqlalchemy import select, text
+from sqlalchemy import select, text, update
 
 from reports.clock import utcnow
 from reports.content.render import money
@@ -17,6 +16,7 @@ from reports.delivery.mail.backend import build_mailer
 from reports.errors import ClaimHeld, InvalidRecipient, ProviderUnavailable
 from reports.jobs import ReportJob
 from reports.models import Delivery, DeliveryState, ItemState, Report, ReportItem
+from reports.sql import server_now
 from tests.integration.conftest import PERIOD, walk_everything
 from tests.support.databases import load_users
 from tests.support.processes import free_port
@@ -170,9 +170,10 @@ def test_copies_that_raced_and_are_retried_after_the_lease_send_no_second_email(
     assert sorted(smtp_server.by_user()) == raced
 
     # The retry of every copy that did not finish (one deferred by ClaimHeld, or one that failed),
-    # once the claim's lease has run out.
-    later = replace(context, clock=lambda: utcnow() + timedelta(seconds=settings.claim_lease_seconds + 1))
-    outcomes = {user_id: pipeline.run(later, job(settings, user_id)) for user_id in raced}
+    # once the claim's lease has run out (on the database's clock, the one it was written on).
+    with sessions.begin() as session:
+        session.execute(update(Delivery).values(lease_expires_at=server_now(-1)))
+    outcomes = {user_id: pipeline.run(context, job(settings, user_id)) for user_id in raced}
 
     received = {user_id: len(messages) for user_id, messages in smtp_server.by_user().items()}
     assert received == dict.fromkeys(raced, 1), "a user received the same report twice"

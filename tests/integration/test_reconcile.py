@@ -22,9 +22,10 @@ from reports.fanout import reconcile as reconciling
 from reports.fanout.coordinator import walk_slice
 from reports.fanout.reconcile import Reconciliation
 from reports.jobs import BUILD_REPORT, COORDINATOR, ReportJob
-from reports.models import ItemState, ReportItem
+from reports.models import Delivery, ItemState, ReportItem
 from reports.periods import Period
 from reports.settings import Settings
+from reports.sql import server_now
 from reports.worker.broker import message_for, send_coordinator, sender
 from tests.integration.conftest import PERIOD, item_user_ids, queued_user_ids, run_together, trigger, walk_everything
 from tests.support.broker import queued_messages
@@ -181,15 +182,23 @@ def test_only_the_items_untouched_for_longer_than_the_threshold_are_re_enqueued(
 # --- delivery claims -------------------------------------------------------------------------
 
 
+def run_out_lease(sessions: sessionmaker[Session], user_id: int) -> None:
+    """End a claim's lease a second ago on the database's clock, the one leases are written on."""
+    with sessions.begin() as session:
+        session.execute(
+            update(Delivery)
+            .where(Delivery.period == str(PERIOD), Delivery.user_id == user_id)
+            .values(lease_expires_at=server_now(-1))
+        )
+
+
 def test_an_item_with_a_live_delivery_claim_waits_until_its_lease_has_run_out(sessions, settings):
     population = load_users(sessions, count=12)
     walk_everything(sessions, settings)
     claimed_user = population.active[3]
     now = later()
     with sessions.begin() as session:
-        claim = claims.take(
-            session, PERIOD, claimed_user, message_id="in-flight", lease_seconds=180, now=now - timedelta(minutes=1)
-        )
+        claim = claims.take(session, PERIOD, claimed_user, message_id="in-flight", lease_seconds=180)
     assert claim is not None
 
     first = Recorder()
@@ -201,7 +210,8 @@ def test_an_item_with_a_live_delivery_claim_waits_until_its_lease_has_run_out(se
     # The claimed item was not stamped: it is still as the walk left it.
     assert item(sessions, claimed_user).updated_at < now - STUCK_AFTER
 
-    # Five minutes on, the lease (two minutes past `now`) has run out; the others were stamped at `now`.
+    # Once the lease has run out it is found; the others were stamped at `now`.
+    run_out_lease(sessions, claimed_user)
     second = Recorder()
     found = run_reconcile(sessions, second, now=now + timedelta(minutes=5))
 
@@ -209,18 +219,20 @@ def test_an_item_with_a_live_delivery_claim_waits_until_its_lease_has_run_out(se
     assert found.requeued == 1
 
 
-def test_a_claim_whose_lease_runs_out_exactly_at_reconciles_now_is_not_live(sessions, settings):
+def test_a_claim_is_live_by_the_databases_clock_not_by_the_time_reconcile_is_given(sessions, settings):
     population = load_users(sessions, count=4)
     walk_everything(sessions, settings)
-    user_id = population.active[0]
-    now = later()
+    live, ended = population.active[:2]
     with sessions.begin() as session:
-        claims.take(session, PERIOD, user_id, message_id="m", lease_seconds=60, now=now - timedelta(seconds=60))
+        claims.take(session, PERIOD, live, message_id="m", lease_seconds=60)
+        claims.take(session, PERIOD, ended, message_id="m", lease_seconds=0)
     recorder = Recorder()
 
-    run_reconcile(sessions, recorder, now=now)
+    # A reconcile whose clock runs a day ahead still sees the running lease.
+    run_reconcile(sessions, recorder, now=later(24 * 60))
 
-    assert user_id in recorder.user_ids
+    assert live not in recorder.user_ids
+    assert ended in recorder.user_ids
 
 
 def test_a_sent_delivery_with_a_still_pending_item_is_re_enqueued_for_the_consumer_to_finish(sessions, settings):
@@ -229,7 +241,7 @@ def test_a_sent_delivery_with_a_still_pending_item_is_re_enqueued_for_the_consum
     user_id = population.active[0]
     now = later()
     with sessions.begin() as session:
-        claim = claims.take(session, PERIOD, user_id, message_id="m", lease_seconds=600, now=now - timedelta(minutes=1))
+        claim = claims.take(session, PERIOD, user_id, message_id="m", lease_seconds=600)
         assert claim is not None
         assert claims.complete(session, claim, now=now - timedelta(seconds=50))
     recorder = Recorder()

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import libfaketime
 import redis
 
 from reports.settings import Settings
@@ -76,6 +77,18 @@ def redis_server(folder: str | Path | None = None, *, port: int | None = None) -
     finally:
         server.terminate()
         server.wait(timeout=10)
+
+
+def clock_ahead(seconds: int) -> dict[str, str]:
+    """The environment that starts a process whose wall clock runs ``seconds`` ahead of the machine's
+    (libfaketime, preloaded).
+
+    Only the wall clock: a machine whose clock is off still has a monotonic clock that measures
+    time as it passes (a step of the wall clock never moves it), and so does the process started
+    this way; ``DONT_FAKE_MONOTONIC`` is among the package's own additions.
+    """
+    _, preload = libfaketime.get_reload_information()
+    return {**preload, "FAKETIME": f"{seconds:+d}s"}
 
 
 @dataclass

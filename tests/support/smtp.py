@@ -33,8 +33,17 @@ class RecordingHandler:
         #: Seconds each message takes, to stretch a run so it can be interrupted. Spent before the
         #: data, as a slow network or a slow provider would; the final "." is answered at once.
         self.delay_seconds = 0.0
+        #: Cleared, every delivery waits at RCPT TO until it is set again: sends held in flight.
+        self.answering = threading.Event()
+        self.answering.set()
+        #: Deliveries that reached RCPT TO, held or not.
+        self.arrived = 0
 
     async def handle_RCPT(self, server, session, envelope, address, rcpt_options):  # type: ignore[no-untyped-def]
+        with self.lock:
+            self.arrived += 1
+        while not self.answering.is_set():
+            await asyncio.sleep(0.02)
         if self.delay_seconds:
             await asyncio.sleep(self.delay_seconds)
         if self.rcpt_fault is not None and (reply := self.rcpt_fault(address)) is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 
@@ -190,7 +190,7 @@ class _Parked:
     def __init__(self) -> None:
         self.reached = threading.Event()
 
-    def zadd(self, *_args: object, **_kwargs: object) -> None:
+    def register_script(self, *_args: object, **_kwargs: object) -> None:
         self.reached.set()
         threading.Event().wait()  # the daemon thread stays here until the process ends
 
@@ -283,17 +283,22 @@ def test_the_heartbeat_is_not_started_for_a_broker_that_is_not_redis():
 
 def test_the_heartbeat_survives_redis_errors(settings, heartbeat_broker, caplog):
     failures = threading.Event()
-    real_zadd = heartbeat_broker.client.zadd
+    real = heartbeat_broker.client
 
     class Flaky:
         calls = 0
 
-        def zadd(self, *args: object, **kwargs: object) -> object:
-            Flaky.calls += 1
-            if Flaky.calls <= 2:
-                failures.set()
-                raise redis.ConnectionError("Redis is down for a moment")
-            return real_zadd(*args, **kwargs)
+        def register_script(self, script: str) -> Callable[..., object]:
+            beat = real.register_script(script)
+
+            def flaky(**kwargs: object) -> object:
+                Flaky.calls += 1
+                if Flaky.calls <= 2:
+                    failures.set()
+                    raise redis.ConnectionError("Redis is down for a moment")
+                return beat(**kwargs)
+
+            return flaky
 
     heartbeat_broker.client = Flaky()
     Heartbeat(interval_seconds=0.05).after_worker_boot(heartbeat_broker, worker=None)  # type: ignore[arg-type]
