@@ -35,6 +35,7 @@ from sqlalchemy import Engine, event, text
 from sqlalchemy.orm import Session, sessionmaker
 from support import redis_server, seed_users, temporary_database  # bench/support.py, beside this script
 
+from reports import tokens
 from reports.content.activity import summarize
 from reports.content.render import render
 from reports.database import create_db_engine, session_factory, upgrade
@@ -46,7 +47,6 @@ from reports.fanout.coordinator import walk_slice
 from reports.jobs import ReportJob
 from reports.periods import Period, previous_month
 from reports.settings import Settings
-from reports.unsubscribe import tokens
 
 #: The targets: CPU per report, and the ratio to the floor.
 TARGET_MS = 3.0

@@ -32,6 +32,7 @@ import sqlalchemy.exc
 from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from reports import items, suppressions, tokens
 from reports.clock import utcnow
 from reports.content.activity import load_summary
 from reports.content.render import RenderedReport, render
@@ -41,15 +42,13 @@ from reports.delivery.mail.backend import Mailer
 from reports.delivery.mail.compose import compose, message_id, recipient
 from reports.delivery.send_rate import SendRate, pace
 from reports.errors import CircuitOpen, Deferred, MailRejected, PermanentError, is_provider_failure
-from reports.fanout import items
 from reports.jobs import ReportJob, SendNowJob
 from reports.look import ReportLook
 from reports.models import FINAL_STATES, ItemState, PeriodRun, ReportItem, RunState, SuppressionReason, User
 from reports.periods import Period
 from reports.settings import CLAIM_LEASE_MARGIN_SECONDS, Settings
 from reports.sql import Executor
-from reports.unsubscribe import suppressions, tokens
-from reports.unsubscribe.tokens import Links
+from reports.tokens import Links
 
 logger = logging.getLogger(__name__)
 

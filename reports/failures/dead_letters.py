@@ -16,13 +16,13 @@ from typing import Any
 from sqlalchemy import delete, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from reports import items, pruning
+from reports.dead_message import DeadMessage
 from reports.errors import InvalidPayload
-from reports.fanout import items, runs
 from reports.jobs import BUILD_REPORT, SEND_NOW, CoordinatorJob, ReportJob, SendNowJob
 from reports.models import DeadLetter, DeadLetterReason, DeliveryState, ItemState, ReportItem, SendNowRequest
 from reports.sql import insert_ignoring_conflicts, rowcount
 from reports.worker.broker import Broker, enqueue_again
-from reports.worker.retries import DeadMessage
 
 logger = logging.getLogger(__name__)
 
@@ -165,7 +165,7 @@ def replay(sessions: sessionmaker[Session], broker: Broker, where: Filter, *, no
             # The periods' locks before the letters': a prune deletes replayed letters under its
             # period's lock, so both take them in this order and cannot deadlock.
             periods = select(DeadLetter.period).where(DeadLetter.id.in_(chunk), DeadLetter.period.is_not(None))
-            runs.hold_off_pruning(session, session.scalars(periods.distinct()))
+            pruning.hold_off(session, session.scalars(periods.distinct()))
             for letter in session.scalars(select(DeadLetter).where(DeadLetter.id.in_(chunk)).with_for_update()):
                 if letter.replayed_at is not None or letter.reason == DeadLetterReason.UNDECODABLE:
                     continue  # replayed concurrently by another operator, or no message to send

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import uuid
-from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -132,7 +131,7 @@ def finished(session: Session, period: str, *, lock: bool = False) -> bool:
     from the kept counts, so the check costs the same at a million items as at ten.
 
     :param lock: lock the run first, until the transaction ends, as a prune batch does: this waits
-        for every :func:`hold_off_pruning` of the period, and they wait for it.
+        for every :func:`reports.pruning.hold_off` of the period, and they wait for it.
     """
     planned = select(PeriodRun.planned).where(PeriodRun.period == period)
     if not session.scalar(planned.with_for_update() if lock else planned):
@@ -143,22 +142,6 @@ def finished(session: Session, period: str, *, lock: bool = False) -> bool:
 def _unfinished_request(period: InstrumentedAttribute[str] | str) -> Exists:
     return exists().where(
         SendNowRequest.period == period, SendNowRequest.state.in_((DeliveryState.REQUESTED, DeliveryState.CLAIMED))
-    )
-
-
-def hold_off_pruning(session: Session, periods: Iterable[str]) -> None:
-    """Keep a prune from deleting rows of ``periods`` until the transaction ends, so that what it
-    makes unfinished (an item back to pending, a send-now request) is seen by the prune's next batch.
-
-    On PostgreSQL a shared lock on each run (``FOR KEY SHARE``: holders do not wait for one
-    another), which the ``FOR UPDATE`` of :func:`finished` with ``lock`` excludes; a period with no
-    run is never pruned. On SQLite every write transaction excludes the others.
-    """
-    session.execute(
-        select(PeriodRun.period)
-        .where(PeriodRun.period.in_(sorted(set(periods))))
-        .order_by(PeriodRun.period)
-        .with_for_update(read=True, key_share=True)
     )
 
 

@@ -23,11 +23,11 @@ from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import Middleware
 from sqlalchemy.orm import Session, sessionmaker
 
+from reports.dead_message import DeadMessage
 from reports.failures import dead_letters
 from reports.failures.alerts import WebhookAlerts
 from reports.models import DeadLetterReason
 from reports.worker import rabbitmq
-from reports.worker.retries import DeadMessage
 
 logger = logging.getLogger(__name__)
 

@@ -14,13 +14,13 @@ import random
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import dramatiq
 from dramatiq.broker import MessageProxy
 from dramatiq.middleware import Middleware
 
+from reports.dead_message import DeadMessage
 from reports.errors import PermanentError
 from reports.models import DeadLetterReason
 from reports.worker.backoff import full_jitter_ms
@@ -40,24 +40,6 @@ class MessageOutcome(enum.StrEnum):
     DEAD = "dead"
     #: Put back without spending a retry (a claim held elsewhere, an open breaker).
     DEFERRED = "deferred"
-
-
-@dataclass(frozen=True)
-class DeadMessage:
-    """Everything known about a message at the moment it died."""
-
-    message_id: str
-    actor: str
-    queue: str
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-    attempts: int
-    reason: DeadLetterReason
-    error_class: str
-    error_message: str
-    traceback: str
-    first_failed_ms: int
-    died_ms: int
 
 
 def is_permanent(exception: BaseException) -> bool:

@@ -22,12 +22,12 @@ import redis
 from sqlalchemy import make_url, text
 
 from reports.clock import utcnow
+from reports.dead_message import DeadMessage
 from reports.errors import BadInput
 from reports.failures import dead_letters
 from reports.fanout import coordinator, runs
 from reports.fanout.progress import count
 from reports.periods import Period
-from reports.worker.retries import DeadMessage
 from tests.support.broker import dead_in_broker, held_on_rabbitmq, publish_message, publish_raw, queued_messages
 from tests.support.databases import load_users
 from tests.support.processes import run_cli

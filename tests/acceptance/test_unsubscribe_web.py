@@ -9,14 +9,14 @@ from dataclasses import replace
 
 import pytest
 
+from reports import suppressions
 from reports.clock import utcnow
 from reports.delivery import pipeline
 from reports.delivery.mail.backend import build_mailer
 from reports.jobs import ReportJob
 from reports.models import SuppressionReason
 from reports.periods import Period
-from reports.unsubscribe import suppressions
-from reports.unsubscribe.tokens import Signer
+from reports.tokens import Signer
 from tests.integration.conftest import PERIOD, RecordingSender, walk_everything
 from tests.support.databases import load_users
 from tests.support.environment import missing

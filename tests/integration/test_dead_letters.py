@@ -16,13 +16,13 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from reports.clock import utcnow
+from reports.dead_message import DeadMessage
 from reports.failures import dead_letters
 from reports.jobs import BUILD_REPORT, COORDINATOR
 from reports.models import DeadLetter, ItemState, ReportItem
 from reports.settings import Settings
 from reports.worker.broker import message_for
 from reports.worker.dead_letter_sink import BrokerDeadLetters, DeadLetterSink, absorb_broker_dead_letters
-from reports.worker.retries import DeadMessage
 from tests.integration.conftest import PERIOD, queued_user_ids, walk_everything
 from tests.support.databases import load_users
 from tests.support.waiting import wait_until

@@ -28,19 +28,20 @@ from sqlalchemy import event, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from reports import items
 from reports.clock import utcnow
 from reports.database import create_db_engine, session_factory
+from reports.dead_message import DeadMessage
 from reports.delivery import pipeline
 from reports.delivery.breaker import CircuitBreaker, State, mail_breaker_name
 from reports.delivery.mail.backend import Mailer, build_mailer
 from reports.errors import ClaimHeld, ConfigurationError, Deferred, PermanentError
 from reports.failures import dead_letters
-from reports.fanout import items, progress
+from reports.fanout import progress
 from reports.jobs import BUILD_REPORT, ReportJob
 from reports.models import Delivery, DeliveryState, ItemState, ReportItem
 from reports.settings import Settings
 from reports.worker.broker import backlog, build_broker
-from reports.worker.retries import DeadMessage
 from tests.integration.conftest import PERIOD, trigger, walk_everything
 from tests.support.databases import load_users
 from tests.support.waiting import wait_until

@@ -6,10 +6,11 @@ import pytest
 from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from reports import items
 from reports.clock import utcnow
 from reports.database import create_db_engine, session_factory, upgrade
 from reports.errors import BadInput
-from reports.fanout import items, progress
+from reports.fanout import progress
 from reports.fanout.coordinator import walk_slice
 from reports.models import ItemState, ReportItem
 from reports.periods import Period

@@ -14,11 +14,12 @@ import redis
 from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from reports import items
 from reports.clock import utcnow
 from reports.delivery import claims
 from reports.errors import BadInput
-from reports.fanout import items, runs
 from reports.fanout import reconcile as reconciling
+from reports.fanout import runs
 from reports.fanout.coordinator import walk_slice
 from reports.fanout.reconcile import Reconciliation
 from reports.jobs import BUILD_REPORT, COORDINATOR, ReportJob

@@ -12,6 +12,7 @@ import redis
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
+from reports import pruning
 from reports.failures import dead_letters
 from reports.fanout import progress, runs
 from reports.models import (
@@ -295,11 +296,11 @@ def test_on_postgresql_a_replay_or_a_send_now_and_a_prune_batch_of_one_period_wa
         session.get(ReportItem, (OLD, DEAD_USER)).state = ItemState.DEAD  # type: ignore[union-attr]
     with ThreadPoolExecutor(max_workers=1) as pool:
         with filled.begin() as replay:
-            runs.hold_off_pruning(replay, [OLD])
-            pruning = pool.submit(retention.prune, filled, before=BEFORE, batch_size=3)
+            pruning.hold_off(replay, [OLD])
+            prune = pool.submit(retention.prune, filled, before=BEFORE, batch_size=3)
             wait_until(lambda: waiting_on_a_lock(filled), timeout=10, what="the batch to wait for the replay")
             replay.get(ReportItem, (OLD, DEAD_USER)).state = ItemState.PENDING  # type: ignore[union-attr]
-        [pruned] = pruning.result(timeout=10).periods
+        [pruned] = prune.result(timeout=10).periods
     assert rows(filled, ReportItem, OLD) == rows(filled, Report, OLD) == list(range(1, USERS + 1))
     assert pruned.reopened and pruned.deleted == {"reports": 0}
 
