@@ -21,8 +21,8 @@ from reports.dead_message import DeadMessage
 from reports.errors import InvalidPayload
 from reports.jobs import BUILD_REPORT, SEND_NOW, CoordinatorJob, ReportJob, SendNowJob
 from reports.models import DeadLetter, DeadLetterReason, DeliveryState, ItemState, ReportItem, SendNowRequest
+from reports.queue import Queue
 from reports.sql import insert_ignoring_conflicts, rowcount
-from reports.worker.broker import Broker, enqueue_again
 
 logger = logging.getLogger(__name__)
 
@@ -148,7 +148,7 @@ class Replayed:
     items_reset: int = 0
 
 
-def replay(sessions: sessionmaker[Session], broker: Broker, where: Filter, *, now: datetime, dry_run: bool) -> Replayed:
+def replay(sessions: sessionmaker[Session], queue: Queue, where: Filter, *, now: datetime, dry_run: bool) -> Replayed:
     """Enqueue each matching dead letter again, once, as a fresh message (attempts start over).
 
     The snapshot is bounded by the highest id when the replay starts: a message that dies again
@@ -174,7 +174,7 @@ def replay(sessions: sessionmaker[Session], broker: Broker, where: Filter, *, no
                     continue
                 outcome.items_reset += _reset_item(session, letter, now)
                 args, kwargs = _arguments(letter)
-                message_id = enqueue_again(broker, queue=letter.queue, actor=letter.actor, args=args, kwargs=kwargs)
+                message_id = queue.enqueue_again(queue=letter.queue, actor=letter.actor, args=args, kwargs=kwargs)
                 letter.replayed_at, letter.replay_message_id = now, message_id
     return outcome
 

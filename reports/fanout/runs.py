@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -11,15 +10,15 @@ import redis
 from sqlalchemy import Exists, exists, or_, select
 from sqlalchemy.orm import InstrumentedAttribute, Session, sessionmaker
 
-from reports.delivery.breaker import State, mail_breaker_name, state_of
+from reports.delivery.breaker import Reader, mail_breaker_name
 from reports.errors import BadInput
 from reports.fanout import progress
-from reports.fanout.reconcile import InFlight, Reconciliation, reconcile, reconcile_requests
-from reports.jobs import BUILD_REPORT, SEND_NOW, CoordinatorJob
+from reports.fanout.reconcile import Reconciliation, reconcile, reconcile_requests
+from reports.jobs import SEND_NOW, CoordinatorJob
 from reports.models import DeliveryState, ItemState, PeriodRun, ReportItem, RunState, SendNowRequest
 from reports.periods import Period
+from reports.queue import Queue
 from reports.sql import insert_ignoring_conflicts
-from reports.worker.broker import Broker, backlog, send_coordinator, sender
 
 
 @dataclass(frozen=True)
@@ -81,7 +80,7 @@ def cancel(session: Session, period: Period, *, now: datetime) -> bool:
 
 
 def trigger_and_enqueue(
-    sessions: sessionmaker[Session], broker: Broker, period: Period, *, template_version: str, now: datetime
+    sessions: sessionmaker[Session], queue: Queue, period: Period, *, template_version: str, now: datetime
 ) -> Triggered:
     """Trigger ``period`` and enqueue its coordinator unless it has walked every user already.
 
@@ -93,18 +92,10 @@ def trigger_and_enqueue(
     if triggered.resumed:
         # Messages consumed while cancelled left their items pending: send every pending item
         # not claimed by a live sender, and the coordinator if the walk is unfinished.
-        reconcile(
-            sessions,
-            period,
-            send_jobs=sender(broker, BUILD_REPORT),
-            send_coordinator=functools.partial(send_coordinator, broker),
-            stuck_after=timedelta(0),
-            now=now,
-            resume=True,
-        )
+        reconcile(sessions, period, queue, stuck_after=timedelta(0), now=now, resume=True)
     elif triggered.needs_coordinator:
         assert triggered.run.walker is not None
-        send_coordinator(broker, triggered.run.walker, CoordinatorJob(period).payload())
+        queue.send_coordinator(triggered.run.walker, CoordinatorJob(period).payload())
     return triggered
 
 
@@ -147,7 +138,7 @@ def _unfinished_request(period: InstrumentedAttribute[str] | str) -> Exists:
 
 def reconcile_through(
     sessions: sessionmaker[Session],
-    broker: Broker,
+    queue: Queue,
     period: Period,
     *,
     redis_client: redis.Redis,
@@ -160,10 +151,9 @@ def reconcile_through(
     return reconcile(
         sessions,
         period,
-        send_jobs=sender(broker, BUILD_REPORT),
-        send_coordinator=functools.partial(send_coordinator, broker),
-        send_requests=sender(broker, SEND_NOW),
-        in_flight=_in_flight(broker, redis_client, namespace),
+        queue,
+        breaker=Reader(redis_client, mail_breaker_name(namespace)),
+        requests=True,
         stuck_after=stuck_after,
         now=now,
     )
@@ -171,7 +161,7 @@ def reconcile_through(
 
 def reconcile_every_request(
     sessions: sessionmaker[Session],
-    broker: Broker,
+    queue: Queue,
     *,
     redis_client: redis.Redis,
     namespace: str,
@@ -179,21 +169,12 @@ def reconcile_every_request(
     now: datetime,
 ) -> int:
     """Re-enqueue lost send-now requests of every period (one never triggered too); returns how many."""
-    facts = _in_flight(broker, redis_client, namespace)
-    if facts.breaker_open() or facts.backlog(SEND_NOW.queue) > 0:
+    if Reader(redis_client, mail_breaker_name(namespace)).holds_back() or queue.backlog(SEND_NOW.queue) > 0:
         return 0
     return reconcile_requests(
         sessions,
-        sender(broker, SEND_NOW),
+        queue,
         period=None,
         untouched_since=now - stuck_after,
         now=now,
-    )
-
-
-def _in_flight(broker: Broker, redis_client: redis.Redis, namespace: str) -> InFlight:
-    """What may still be on its way: the broker's queues, and the fleet's mail breaker in Redis."""
-    return InFlight(
-        backlog=lambda queue: backlog(broker, queue),
-        breaker_open=lambda: state_of(redis_client, mail_breaker_name(namespace)) != State.CLOSED,
     )

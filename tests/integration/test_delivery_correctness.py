@@ -41,7 +41,8 @@ from reports.fanout import progress
 from reports.jobs import BUILD_REPORT, ReportJob
 from reports.models import Delivery, DeliveryState, ItemState, ReportItem
 from reports.settings import Settings
-from reports.worker.broker import backlog, build_broker
+from reports.worker.broker import build_broker
+from reports.worker.queues import queue_for
 from tests.integration.conftest import PERIOD, trigger, walk_everything
 from tests.support.databases import load_users
 from tests.support.waiting import wait_until
@@ -520,7 +521,7 @@ def test_the_backlog_counts_ready_delayed_and_held_messages(bulk_broker: RedisBr
     handed_out = [next(ready) for _ in range(3)] + [next(delayed)]
     assert None not in handed_out
 
-    assert backlog(bulk_broker, BUILD_REPORT.queue) == 9
+    assert queue_for(bulk_broker).backlog(BUILD_REPORT.queue) == 9
 
 
 def test_a_message_in_a_live_workers_ack_set_that_none_of_its_consumers_holds_is_not_in_the_backlog(
@@ -532,7 +533,7 @@ def test_a_message_in_a_live_workers_ack_set_that_none_of_its_consumers_holds_is
         redis_client, broker_namespace, f"worker-{uuid.uuid4()}", heartbeat_ms=millis(utcnow()), ready=2, delayed=3
     )
 
-    assert backlog(bulk_broker, BUILD_REPORT.queue) == 1
+    assert queue_for(bulk_broker).backlog(BUILD_REPORT.queue) == 1
 
 
 def test_a_dead_workers_messages_count_in_the_backlog_until_swept_and_once_after(
@@ -543,7 +544,7 @@ def test_a_dead_workers_messages_count_in_the_backlog_until_swept_and_once_after
     fetched_by(redis_client, broker_namespace, f"dead-{uuid.uuid4()}", heartbeat_ms=stale, ready=2, delayed=0)
 
     # Not swept yet: the dead worker's messages are still on their way (they will come back).
-    assert backlog(bulk_broker, BUILD_REPORT.queue) == 3
+    assert queue_for(bulk_broker).backlog(BUILD_REPORT.queue) == 3
 
     # A broker call that runs maintenance puts them back on the queue: counted once, not lost.
     sweeping = RedisBroker(
@@ -557,7 +558,7 @@ def test_a_dead_workers_messages_count_in_the_backlog_until_swept_and_once_after
     finally:
         sweeping.close()
     assert redis_client.llen(f"{broker_namespace}:{BUILD_REPORT.queue}") == 4, "the sweep did not run"
-    assert backlog(bulk_broker, BUILD_REPORT.queue) == 4
+    assert queue_for(bulk_broker).backlog(BUILD_REPORT.queue) == 4
 
 
 # --- 7. A message whose item is missing ---------------------------------------------------------
