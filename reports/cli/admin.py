@@ -7,6 +7,7 @@ import uuid
 
 import click
 
+from reports import pruning
 from reports.cli.app import Obj, cli, pass_obj, period_argument
 from reports.clock import utcnow
 from reports.delivery import claims
@@ -65,7 +66,7 @@ def send_now(obj: Obj, user_id: int, period: Period, include_inactive: bool, all
         if not user.active and not include_inactive:
             raise BadInput(f"User {user_id} is deactivated; pass --include-inactive to send anyway.")
         # Held until the request is committed, so a prune of the period under way sees it.
-        runs.hold_off_pruning(session, [str(period)])
+        pruning.hold_off(session, [str(period)])
         run = session.get(PeriodRun, str(period))
         if run is None and not allow_untriggered:
             raise BadInput(

@@ -13,6 +13,7 @@ from reports.fanout import progress, runs
 from reports.ops.watch import watch as watch_progress
 from reports.periods import Period
 from reports.worker.broker import build_broker
+from reports.worker.queues import queue_for
 
 #: Longest pause between two reads while watching, in seconds.
 MAX_WATCH_INTERVAL_SECONDS = 3600
@@ -25,7 +26,7 @@ def trigger(obj: Obj, period: Period) -> None:
     """Start (or resume) the monthly run for PERIOD (YYYY-MM, a month that has ended)."""
     triggered = runs.trigger_and_enqueue(
         obj.sessions(),
-        build_broker(obj.settings),
+        queue_for(build_broker(obj.settings)),
         period,
         template_version=obj.settings.template_version,
         now=utcnow(),

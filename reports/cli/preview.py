@@ -13,6 +13,7 @@ import click
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from reports import tokens
 from reports.cli.app import Obj, cli, pass_obj, period_argument
 from reports.clock import utcnow
 from reports.content.activity import load_summary
@@ -24,7 +25,6 @@ from reports.look import ReportLook
 from reports.models import PeriodRun, User
 from reports.periods import Period
 from reports.settings import Settings
-from reports.unsubscribe import tokens
 
 #: Users one preview renders at most: it is a look at a template, not a run.
 MAX_SAMPLE = 1_000

@@ -7,13 +7,13 @@ import json
 
 import click
 
+from reports import suppressions
 from reports.cli.app import Obj, cli, pass_obj
 from reports.clock import utcnow
 from reports.errors import BadInput
 from reports.feedback import store
 from reports.jobs import MAX_USER_ID
 from reports.models import SuppressionReason, User
-from reports.unsubscribe import suppressions
 
 #: Longest listing printed.
 MAX_LIST_LIMIT = 1_000_000

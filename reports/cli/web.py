@@ -8,9 +8,9 @@ import socket
 
 import click
 
+from reports import tokens
 from reports.cli.app import Obj, cli, pass_obj
 from reports.errors import BadInput
-from reports.unsubscribe import tokens
 
 
 @cli.command()

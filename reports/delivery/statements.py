@@ -6,7 +6,7 @@ activity, and, when there is a report to mail, counts the attempt and takes the 
 Recording marks the item delivered and the claim sent and stores the report as it was sent. That
 is 2 statements in 2 transactions per report, where the general path (and SQLite, which has
 neither data-modifying CTEs nor row locks) takes about 9; the SQLite path runs the same steps
-through the general functions of :mod:`reports.fanout.items` and :mod:`reports.delivery.claims`,
+through the general functions of :mod:`reports.items` and :mod:`reports.delivery.claims`,
 so the two cannot drift in meaning, and on PostgreSQL :func:`read_and_claim` checks that the
 statement's idea of "there is a report to mail" is :func:`mailable`'s.
 """
@@ -19,11 +19,11 @@ from datetime import datetime, timedelta
 from sqlalchemy import column, select, text
 from sqlalchemy.sql.selectable import TextualSelect
 
+from reports import items
 from reports.content.activity import Summary, load_summary, summarize
 from reports.content.render import RenderedReport
 from reports.content.view import should_send
 from reports.delivery import claims
-from reports.fanout import items
 from reports.models import (
     FINAL_STATES,
     ItemState,

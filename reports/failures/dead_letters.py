@@ -16,13 +16,13 @@ from typing import Any
 from sqlalchemy import delete, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from reports import items, pruning
+from reports.dead_message import DeadMessage
 from reports.errors import InvalidPayload
-from reports.fanout import items, runs
 from reports.jobs import BUILD_REPORT, SEND_NOW, CoordinatorJob, ReportJob, SendNowJob
 from reports.models import DeadLetter, DeadLetterReason, DeliveryState, ItemState, ReportItem, SendNowRequest
+from reports.queue import Queue
 from reports.sql import insert_ignoring_conflicts, rowcount
-from reports.worker.broker import Broker, enqueue_again
-from reports.worker.retries import DeadMessage
 
 logger = logging.getLogger(__name__)
 
@@ -148,7 +148,7 @@ class Replayed:
     items_reset: int = 0
 
 
-def replay(sessions: sessionmaker[Session], broker: Broker, where: Filter, *, now: datetime, dry_run: bool) -> Replayed:
+def replay(sessions: sessionmaker[Session], queue: Queue, where: Filter, *, now: datetime, dry_run: bool) -> Replayed:
     """Enqueue each matching dead letter again, once, as a fresh message (attempts start over).
 
     The snapshot is bounded by the highest id when the replay starts: a message that dies again
@@ -165,7 +165,7 @@ def replay(sessions: sessionmaker[Session], broker: Broker, where: Filter, *, no
             # The periods' locks before the letters': a prune deletes replayed letters under its
             # period's lock, so both take them in this order and cannot deadlock.
             periods = select(DeadLetter.period).where(DeadLetter.id.in_(chunk), DeadLetter.period.is_not(None))
-            runs.hold_off_pruning(session, session.scalars(periods.distinct()))
+            pruning.hold_off(session, session.scalars(periods.distinct()))
             for letter in session.scalars(select(DeadLetter).where(DeadLetter.id.in_(chunk)).with_for_update()):
                 if letter.replayed_at is not None or letter.reason == DeadLetterReason.UNDECODABLE:
                     continue  # replayed concurrently by another operator, or no message to send
@@ -174,7 +174,7 @@ def replay(sessions: sessionmaker[Session], broker: Broker, where: Filter, *, no
                     continue
                 outcome.items_reset += _reset_item(session, letter, now)
                 args, kwargs = _arguments(letter)
-                message_id = enqueue_again(broker, queue=letter.queue, actor=letter.actor, args=args, kwargs=kwargs)
+                message_id = queue.enqueue_again(queue=letter.queue, actor=letter.actor, args=args, kwargs=kwargs)
                 letter.replayed_at, letter.replay_message_id = now, message_id
     return outcome
 

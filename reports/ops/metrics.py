@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from reports import suppressions
 from reports.counters import DURATION_BUCKETS, FALLBACKS_COUNTER, SEP, counter_key
 from reports.delivery import send_rate
 from reports.delivery.breaker import STATE_VALUES, State
@@ -30,7 +31,6 @@ from reports.feedback import store as feedback_store
 from reports.feedback.events import Kind
 from reports.jobs import BUILD_REPORT, COORDINATOR, SEND_NOW
 from reports.models import DeadLetter, DeadLetterReason, ItemState, PeriodRun, RunState
-from reports.unsubscribe import suppressions
 from reports.worker import held
 
 #: Why a message of a known actor died; an undecodable message has no actor to count it under.

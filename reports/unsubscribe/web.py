@@ -31,11 +31,11 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from reports import suppressions
 from reports.clock import utcnow
 from reports.content import language
 from reports.models import SuppressionReason
-from reports.unsubscribe import suppressions
-from reports.unsubscribe.tokens import Signer
+from reports.tokens import Signer
 
 logger = logging.getLogger(__name__)
 

@@ -30,8 +30,8 @@ from dramatiq.middleware import CurrentMessage, Middleware
 
 from reports.content import language
 from reports.counters import DURATION_BUCKETS, FALLBACKS_COUNTER, SEP, counter_key
-from reports.delivery.pipeline import Outcome
-from reports.worker.retries import OUTCOME_OPTION, MessageOutcome
+from reports.outcome import Kind
+from reports.worker.retries import OUTCOME_OPTION
 
 logger = logging.getLogger(__name__)
 
@@ -62,9 +62,9 @@ def note_outcome(outcome: str) -> None:
 def outcome_of(exception: BaseException | None, message: MessageProxy) -> str:
     """The retry verdict after a failure; otherwise ``success`` or what the actor noted."""
     if exception is not None:
-        return str(message.options.get(OUTCOME_OPTION, MessageOutcome.RETRY))
+        return str(message.options.get(OUTCOME_OPTION, Kind.RETRY))
     noted = message.options.get(OUTCOME_OPTION)
-    return MessageOutcome.SUCCESS if noted in (None, Outcome.DELIVERED) else str(noted)
+    return Kind.SUCCESS if noted in (None, Kind.DELIVERED) else str(noted)
 
 
 _Key = tuple[str, str]  # (Redis hash, field)

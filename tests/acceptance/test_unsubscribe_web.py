@@ -9,15 +9,15 @@ from dataclasses import replace
 
 import pytest
 
+from reports import suppressions
 from reports.clock import utcnow
 from reports.delivery import pipeline
 from reports.delivery.mail.backend import build_mailer
 from reports.jobs import ReportJob
 from reports.models import SuppressionReason
 from reports.periods import Period
-from reports.unsubscribe import suppressions
-from reports.unsubscribe.tokens import Signer
-from tests.integration.conftest import PERIOD, RecordingSender, walk_everything
+from reports.tokens import Signer
+from tests.integration.conftest import PERIOD, RecordingQueue, walk_everything
 from tests.support.databases import load_users
 from tests.support.environment import missing
 from tests.support.processes import run_cli
@@ -52,9 +52,9 @@ def test_the_one_click_post_of_a_received_email_unsubscribes_and_the_next_period
     assert request(link, body=ONE_CLICK)[0] == 200
     assert suppressed(sessions) == {3: "unsubscribed"}
 
-    sender = RecordingSender()
-    walk_everything(sessions, settings, Period.parse("2026-11"), sender=sender)
-    assert sorted(sender.user_ids) == [1, 2, 4]
+    queue = RecordingQueue()
+    walk_everything(sessions, settings, Period.parse("2026-11"), queue=queue)
+    assert sorted(queue.user_ids) == [1, 2, 4]
 
 
 def test_a_multipart_one_click_post_unsubscribes_too(sessions, start_web):

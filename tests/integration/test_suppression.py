@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 from sqlalchemy import select
 
+from reports import suppressions, tokens
 from reports.clock import utcnow
 from reports.delivery import pipeline
 from reports.delivery.mail.backend import build_mailer
@@ -16,7 +17,6 @@ from reports.errors import MailRejected
 from reports.fanout import progress
 from reports.jobs import ReportJob
 from reports.models import ItemState, ReportItem, SuppressionReason
-from reports.unsubscribe import suppressions, tokens
 from tests.integration.conftest import PERIOD, RecordingSender, walk_everything
 from tests.support.databases import load_users
 

@@ -15,8 +15,8 @@ from pathlib import Path
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
+from reports import tokens
 from reports.settings import Settings
-from reports.unsubscribe import tokens
 
 #: The secret the tests' web processes sign links with.
 SECRET = "test-unsubscribe-secret-0123456789"
