@@ -46,6 +46,10 @@ class User(Base):
     email: Mapped[str] = mapped_column(Text)
     name: Mapped[str | None] = mapped_column(Text)
     active: Mapped[bool] = mapped_column(Boolean)
+    #: IANA zone name, such as ``Asia/Tashkent``; optional.
+    time_zone: Mapped[str | None] = mapped_column(Text)
+    #: BCP 47 locale (``tr``, ``uz-Latn``); ``None`` or one no catalog writes is ``REPORT_LOCALE``.
+    locale: Mapped[str | None] = mapped_column(Text)
 
     # The coordinator's keyset walk: `WHERE active AND id > :cursor ORDER BY id LIMIT :n`.
     __table_args__ = (

@@ -52,6 +52,7 @@ def build(
         name=user.name,
         summary=load_summary(session, user.id, period),
         look=ReportLook.from_settings(settings),
+        locale=user.locale,
         unsubscribe_url=unsubscribe_url,
     )
     email = compose(

@@ -28,7 +28,13 @@ def web(obj: Obj, host: str, port: int) -> None:
     sessions = obj.sessions()
     hooks = feedback_web.routes(settings, sessions)
     app = guards.guard(
-        build_app(sessions, tokens.links(settings).signer, product_name=settings.report_product_name, mounted=hooks),
+        build_app(
+            sessions,
+            tokens.links(settings).signer,
+            product_name=settings.report_product_name,
+            default_locale=settings.report_locale,
+            mounted=hooks,
+        ),
         public_base_url=settings.public_base_url,
         read_timeout_seconds=settings.web_read_timeout_seconds,
         any_host_paths=(HEALTH_PATH,),

@@ -347,6 +347,7 @@ def _prepare(ctx: Context, session: Executor, job: ReportJob) -> _Prepared | Out
         name=inputs.name,
         summary=inputs.summary,
         look=ctx.look,
+        locale=inputs.locale,
         unsubscribe_url=unsubscribe_url,
     )
     email = compose(
@@ -437,6 +438,7 @@ def _render_and_store(
         name=user.name,
         summary=load_summary(session, user.id, period),
         look=ctx.look,
+        locale=user.locale,
         unsubscribe_url=ctx.unsubscribe_url(user.id),
     )
     statements.store(session, period, user.id, statements.StoredReport(template_version, rendered, now))

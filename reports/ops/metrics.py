@@ -23,7 +23,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from reports import suppressions
-from reports.counters import DURATION_BUCKETS, SEP, counter_key
+from reports.counters import DURATION_BUCKETS, FALLBACKS_COUNTER, SEP, counter_key
 from reports.delivery import send_rate
 from reports.delivery.breaker import STATE_VALUES, State
 from reports.fanout import progress
@@ -232,6 +232,19 @@ class ReportsCollector(Collector):
             transitions.add_metric(labels, value)
         yield transitions
         yield self._throttled()
+        yield self._fallbacks()
+
+    def _fallbacks(self) -> Metric:
+        fallbacks = CounterMetricFamily(
+            "reports_user_fallbacks",
+            "Reports written in REPORT_LOCALE because the user's own locale is unknown or not shipped.",
+            labels=["fact"],
+        )
+        counts = {"locale": 0.0}
+        counts.update({labels[0]: value for labels, value in self._hash(FALLBACKS_COUNTER)})
+        for fact, value in sorted(counts.items()):
+            fallbacks.add_metric([fact], value)
+        return fallbacks
 
     def _throttled(self) -> Metric:
         throttled = CounterMetricFamily(

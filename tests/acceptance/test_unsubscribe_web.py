@@ -77,6 +77,28 @@ def test_opening_the_link_shows_a_confirm_button_and_changes_nothing(sessions, s
     assert suppressed(sessions) == {}
 
 
+@pytest.mark.parametrize(
+    ("accept_language", "lang", "heading"),
+    [
+        ("tr-TR,tr;q=0.9,en;q=0.8", "tr", "Monthly Reports aboneliğinden çıkılsın mı?"),
+        ("fr-FR, uz-Latn;q=0.7, de;q=0.5", "uz-Latn", "Monthly Reports obunasini bekor qilasizmi?"),
+        ("en;q=0.2, de-CH", "de", "Monthly Reports abbestellen?"),
+        ("ja, *;q=0.1", "en", "Unsubscribe from Monthly Reports?"),
+        (None, "en", "Unsubscribe from Monthly Reports?"),
+    ],
+)
+def test_the_pages_speak_the_shipped_language_the_browser_prefers(sessions, start_web, accept_language, lang, heading):
+    web = start_web()
+    load_users(sessions, count=1)
+    extra = {"Accept-Language": accept_language} if accept_language else {}
+    status, page, _ = request(web.url(1), extra=extra)
+    assert status == 200
+    assert f'<html lang="{lang}">' in page and f"<h1>{heading}</h1>" in page
+    status, done, _ = request(web.url(1), body=ONE_CLICK, extra=extra)
+    assert status == 200 and f'<html lang="{lang}">' in done
+    assert suppressed(sessions) == {1: "unsubscribed"}
+
+
 def test_a_post_without_the_one_click_body_changes_nothing(sessions, start_web):
     web = start_web()
     load_users(sessions, count=2)
