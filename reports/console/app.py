@@ -95,6 +95,7 @@ class Console:
 
     def __post_init__(self) -> None:
         self.fleet = fleet_collector(self.settings, self.sessions)
+        self.decoy = passwords.decoy(self.users.values())
 
     @property
     def broker(self) -> Broker:
@@ -298,7 +299,7 @@ def _login(console: Console) -> Callable[[Request], Awaitable[Response]]:
             logger.warning("Console: refused a login past the throttle.")
             return console.render(request, "login.html", status=429, error="Too many failed logins; try later.")
         user = console.users.get(name)
-        if not await run_in_threadpool(passwords.verify, user, password) or user is None:
+        if not await run_in_threadpool(lambda: passwords.verify(user, password, decoy=console.decoy)) or user is None:
             await run_in_threadpool(console.throttle.failed, name, address)
             logger.warning("Console: a login failed.")
             return console.render(request, "login.html", status=401, error="Wrong name or password.")

@@ -132,4 +132,4 @@ def search(
     if address is not None:
         statement = statement.where(func.lower(User.email) == address.lower())
     statement = statement.where(Suppression.user_id > after).order_by(Suppression.user_id).limit(limit)
-    return [(entry, email) for entry, email in session.execute(statement).tuples()]
+    return [(entry, email) for entry, email in session.execute(statement)]

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from argon2 import PasswordHasher
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.testclient import TestClient
 
 from reports.console import app as console_app
-from reports.console.passwords import hash_password
 from reports.settings import Settings
 from reports.unsubscribe import tokens
 from reports.unsubscribe.web import build_app
@@ -19,17 +18,22 @@ from reports.web import guards
 ADMIN_PASSWORD = "admin password 0123"
 VIEWER_PASSWORD = "viewer password 4567"
 
-#: Hashed once per test run: Argon2 is slow on purpose.
-_HASHES = {"admin": hash_password(ADMIN_PASSWORD), "viewer": hash_password(VIEWER_PASSWORD)}
+#: Hashed once per test run, at Argon2's lowest cost (a verify reads its cost from the hash): the
+#: production cost is slow on purpose (tests/unit/test_console_cli.py checks that one).
+_CHEAP = PasswordHasher(time_cost=1, memory_cost=8, parallelism=1)
+_HASHES = {"admin": _CHEAP.hash(ADMIN_PASSWORD), "viewer": _CHEAP.hash(VIEWER_PASSWORD)}
 
 #: CONSOLE_USERS with one admin (``ada``) and one viewer (``vic``).
 CONSOLE_USERS = f"ada:admin:{_HASHES['admin']},vic:viewer:{_HASHES['viewer']}"
+#: CONSOLE_USERS after ``ada`` was taken out.
+VIEWER_ONLY = f"vic:viewer:{_HASHES['viewer']}"
 
 _CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 
 
 def console_settings(settings: Settings, **overrides: object) -> Settings:
-    return replace(settings, console_users=CONSOLE_USERS, public_base_url="http://127.0.0.1:8000", **overrides)
+    values: dict[str, object] = {"console_users": CONSOLE_USERS, "public_base_url": "http://127.0.0.1:8000"}
+    return replace(settings, **{**values, **overrides})  # type: ignore[arg-type]
 
 
 @dataclass
@@ -55,7 +59,7 @@ class ConsoleClient:
         assert match, page.text
         return match[1]
 
-    def login(self, name: str = "ada", password: str = ADMIN_PASSWORD, *, address: str | None = None) -> int:
+    def login(self, name: str = "ada", password: str = ADMIN_PASSWORD) -> int:
         csrf = self.csrf()
         answer = self.http.post("/console/login", data={"name": name, "password": password, "csrf": csrf})
         return answer.status_code
@@ -76,6 +80,3 @@ def client(settings: Settings, sessions: sessionmaker[Session], clock: Clock | N
         any_host_paths=(),
     )
     return ConsoleClient(TestClient(app, base_url=settings.public_base_url), clock)
-
-
-ClientFactory = Callable[..., ConsoleClient]
