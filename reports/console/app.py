@@ -282,6 +282,10 @@ def _home(console: Console) -> Callable[[Request], Awaitable[Response]]:
 
 def _login_page(console: Console) -> Callable[[Request], Awaitable[Response]]:
     async def page(request: Request) -> Response:
+        if _signed_in(request, console) is None:
+            # A fresh token each time the form is shown: the pre-login cookie that carries it lasts
+            # CONSOLE_SESSION_SECONDS from here, not from a first visit long ago.
+            request.session["csrf"] = secrets.token_urlsafe(32)
         return console.render(request, "login.html")
 
     return page
