@@ -3,8 +3,6 @@ sees (in headless Chromium), forged tokens, the health check, and a clean stop o
 
 from __future__ import annotations
 
-import os
-import shutil
 from dataclasses import replace
 
 import pytest
@@ -18,15 +16,14 @@ from reports.models import SuppressionReason
 from reports.periods import Period
 from reports.tokens import Signer
 from tests.integration.conftest import PERIOD, RecordingQueue, walk_everything
+from tests.support.browser import chromium_path, launch
 from tests.support.databases import load_users
-from tests.support.environment import missing
 from tests.support.processes import run_cli
 from tests.support.web import ONE_CLICK, SECRET, request, suppressed
 
 pytestmark = pytest.mark.acceptance
 
 OLD_SECRET = "test-old-unsubscribe-secret-98765"
-CHROMIUM = "/usr/bin/chromium"
 
 
 def test_the_one_click_post_of_a_received_email_unsubscribes_and_the_next_period_skips_the_user(
@@ -171,25 +168,13 @@ def test_reports_web_rejects_a_port_in_use_in_one_line(settings, start_web):
 
 
 def test_a_person_confirms_in_a_browser_sees_it_done_and_resubscribes(sessions, start_web):
-    if not os.path.exists(CHROMIUM) and shutil.which("chromium") is None:
-        missing("Chromium is not installed (Debian package chromium; scripts/system-packages installs it)")
+    chromium_path()
     from playwright.sync_api import sync_playwright
 
     web = start_web()
     load_users(sessions, count=2)
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium"),
-            args=[
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--no-first-run",
-                "--disable-quic",
-            ],
-        )
+        browser = launch(playwright)
         try:
             page = browser.new_page()
             page.goto(web.url(1))
