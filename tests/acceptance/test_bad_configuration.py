@@ -18,7 +18,15 @@ from tests.support.environment import REPO
 
 pytestmark = pytest.mark.acceptance
 
-BAD_VALUES = [("MAX_RETRIES", "-1"), ("CLAIM_LEASE_SECONDS", "0"), ("REPORT_TEMPLATE_VERSION", "../secrets")]
+BAD_VALUES = [
+    ("MAX_RETRIES", "-1"),
+    ("CLAIM_LEASE_SECONDS", "0"),
+    ("REPORT_TEMPLATE_VERSION", "../secrets"),
+    # Redis refuses SET … PX 0: the alert thread would spin on the error and never alert.
+    ("ALERT_WINDOW_SECONDS", "0"),
+    # A window that forgets each failure as it counts it: a breaker that never opens.
+    ("BREAKER_WINDOW_SECONDS", "0"),
+]
 
 
 def start(command: list[str], tmp_path: Path, variable: str, value: str) -> subprocess.CompletedProcess[str]:
