@@ -10,6 +10,7 @@ from babel import Locale, UnknownLocaleError
 from babel.numbers import list_currencies
 
 from reports.errors import ConfigurationError
+from reports.sender import parse_sender
 
 if TYPE_CHECKING:
     from reports.settings import Settings
@@ -63,13 +64,12 @@ class ReportLook:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ReportLook:
-        address = settings.mail_from.rsplit("<", 1)[-1].rstrip(">").strip()
         return cls(
             product_name=settings.report_product_name,
             brand_colour=settings.report_brand_color,
             accent_colour=settings.report_accent_color,
             logo_url=settings.report_logo_url,
-            sender_email=address,
+            sender_email=parse_sender(settings.mail_from).shown_address,
             postal_address=settings.report_postal_address,
             locale=settings.report_locale,
             currency=settings.report_currency,

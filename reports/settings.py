@@ -12,6 +12,7 @@ from reports.endpoints import check_endpoints, redact_url, redact_webhook_url
 from reports.errors import ConfigurationError
 from reports.feedback_settings import check_feedback
 from reports.jobs import is_version_name
+from reports.sender import parse_sender
 
 #: Longest duration any setting accepts: ten years, in seconds.
 MAX_SECONDS = 10 * 366 * 86_400
@@ -88,7 +89,8 @@ class Settings:
     broker_namespace: str = "dramatiq"
     #: ``smtp://`` or ``smtps://`` URL; ``None`` writes mail to a Maildir under ``var_dir``.
     smtp_url: str | None = None
-    #: The sender of every report; its domain is the one stable Message-IDs are minted under.
+    #: The sender of every report: one address, ASCII before the ``@``; an internationalised domain
+    #: is sent in its IDNA form (``xn--…``). Its domain is the one stable Message-IDs are minted under.
     mail_from: str = "Monthly Reports <reports@localhost>"
     #: Longest one whole send may take (connect, greeting, TLS, login, the transaction), in seconds.
     smtp_timeout_seconds: float = 10.0
@@ -253,10 +255,9 @@ class Settings:
 
     @property
     def mail_domain(self) -> str:
-        """The sender's domain, which stable Message-IDs are minted under."""
-        address = self.mail_from.rsplit("<", 1)[-1].rstrip(">").strip()
-        _local, at, domain = address.rpartition("@")
-        return domain if at and domain and " " not in domain else "localhost"
+        """The sender's domain (ASCII, IDNA for an internationalised one), which stable
+        Message-IDs are minted under."""
+        return parse_sender(self.mail_from).domain
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -409,6 +410,7 @@ def _check_names(settings: Settings) -> None:
 
     check_locale(settings.report_locale, settings.report_currency)
     ReportLook.from_settings(settings)
+    parse_sender(settings.mail_from)
     if settings.log_level.upper() not in LOG_LEVELS:
         raise ConfigurationError(f"LOG_LEVEL must be one of {', '.join(LOG_LEVELS)}, got {settings.log_level!r}.")
 
