@@ -30,10 +30,15 @@ def trigger(obj: Obj, period: Period) -> None:
         template_version=obj.settings.template_version,
         now=utcnow(),
     )
-    click.echo(describe_trigger(triggered))
+    counts = None
+    if not (triggered.created or triggered.resumed or triggered.needs_coordinator):
+        with obj.sessions().begin() as session:
+            counts = progress.count(session, period)
+    click.echo(describe_trigger(triggered, counts))
 
 
-def describe_trigger(triggered: runs.Triggered) -> str:
+def describe_trigger(triggered: runs.Triggered, counts: progress.Progress | None = None) -> str:
+    """What a trigger did, in one line; ``counts`` are the period's, read when it had walked every user."""
     run = triggered.run
     if triggered.resumed:
         return (
@@ -44,7 +49,13 @@ def describe_trigger(triggered: runs.Triggered) -> str:
     if triggered.created:
         return f"Triggered {run.period}: coordinator enqueued (template {run.template_version})."
     if triggered.needs_coordinator:
-        return f"{run.period} was already triggered; coordinator enqueued to resume after user {run.cursor}."
+        where = "from the first user" if run.cursor is None else f"after user {run.cursor}"
+        return f"{run.period} was already triggered; coordinator enqueued to resume {where}."
+    if counts is not None and counts.complete:
+        return (
+            f"{run.period} is already complete ({counts.delivered:,} delivered, {counts.skipped:,} skipped, "
+            f"{counts.dead:,} dead); nothing enqueued, nothing sent."
+        )
     return f"{run.period} is already planned; nothing enqueued."
 
 

@@ -188,7 +188,6 @@ def _run_period(
     triggered = runs.trigger_and_enqueue(
         sessions, build_broker(settings), period, template_version=settings.template_version, now=utcnow()
     )
-    console.print(f"Period {period}: " + ("new run." if triggered.created else "resuming the existing run."))
 
     def read() -> progress.Progress:
         if workers.poll() is not None:
@@ -196,6 +195,15 @@ def _run_period(
         with sessions.begin() as session:
             return progress.count(session, period)
 
+    if triggered.created:
+        console.print(f"Period {period}: new run.")
+    else:
+        counts = read()
+        if counts.complete:
+            # A bar over nothing to do would only draw 0.0/s.
+            console.print(f"Period {period}: already complete; nothing was sent.")
+            return counts
+        console.print(f"Period {period}: resuming the existing run.")
     return watch(read, interval_seconds=0.5, console=console)
 
 
