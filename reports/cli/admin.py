@@ -14,7 +14,7 @@ from reports.delivery.mail import backend
 from reports.delivery.mail.compose import message_id
 from reports.errors import BadInput
 from reports.fanout import progress, runs
-from reports.jobs import MAX_USER_ID, SEND_NOW, SendNowJob
+from reports.jobs import MAX_USER_ID, MIN_USER_ID, SEND_NOW, SendNowJob
 from reports.models import PeriodRun, User
 from reports.periods import Period
 from reports.worker.broker import build_broker, send
@@ -50,7 +50,7 @@ def cancel(obj: Obj, period: Period) -> None:
 
 
 @cli.command("send-now")
-@click.argument("user_id", type=click.IntRange(min=1, max=MAX_USER_ID))
+@click.argument("user_id", type=click.IntRange(min=MIN_USER_ID, max=MAX_USER_ID))
 @period_argument(closed=True)
 @click.option("--include-inactive", is_flag=True, help="Send even though the user is deactivated.")
 @click.option("--allow-untriggered", is_flag=True, help="Send even though PERIOD has never been triggered.")

@@ -19,7 +19,7 @@ from reports.content.activity import load_summary
 from reports.content.render import RenderedReport, render
 from reports.delivery.mail.compose import compose, message_id, recipient
 from reports.errors import BadInput, PermanentError
-from reports.jobs import MAX_USER_ID, is_version_name
+from reports.jobs import MAX_USER_ID, MIN_USER_ID, is_version_name
 from reports.look import ReportLook
 from reports.models import PeriodRun, User
 from reports.periods import Period
@@ -107,7 +107,11 @@ def _check_version(settings: Settings, version: str) -> None:
 @cli.command()
 @period_argument(closed=False)
 @click.option(
-    "--user", "user_ids", type=click.IntRange(1, MAX_USER_ID), multiple=True, help="A user to render (repeatable)."
+    "--user",
+    "user_ids",
+    type=click.IntRange(MIN_USER_ID, MAX_USER_ID),
+    multiple=True,
+    help="A user to render (repeatable).",
 )
 @click.option(
     "--sample",

@@ -53,7 +53,7 @@ def trigger(
             period=str(period),
             state=RunState.ACTIVE,
             template_version=template_version,
-            cursor=0,
+            cursor=None,
             planned=False,
             triggered_at=now,
             updated_at=now,

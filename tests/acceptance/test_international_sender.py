@@ -6,14 +6,12 @@ UnicodeEncodeError, was retried for hours and dead-lettered.
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 
 import pytest
 
 from tests.support.databases import load_users
-from tests.support.processes import run_cli
-from tests.support.waiting import wait_until
+from tests.support.processes import run_cli, wait_for_complete
 
 pytestmark = pytest.mark.acceptance
 
@@ -29,11 +27,7 @@ def test_a_sender_on_an_internationalised_domain_gets_every_report_delivered(
     start_workers(settings, processes=1, threads=2)
 
     assert run_cli(settings, "trigger", PERIOD).returncode == 0
-    progress = wait_until(
-        lambda: (p := json.loads(run_cli(settings, "progress", PERIOD, "--json").stdout))["complete"] and p,
-        timeout=60,
-        what="the period",
-    )
+    progress = wait_for_complete(settings, PERIOD)
     assert progress["delivered"] == len(population.active), progress
 
     by_user = smtp_server.by_user()
