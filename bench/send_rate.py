@@ -60,10 +60,9 @@ def _process(
 
     def loop() -> None:
         while time.time() < until:
-            try:
-                send_rate.pace(limiter, time.time() * 1000, max_sleep_ms=max_sleep_ms, sleep=time.sleep)
-            except send_rate.Throttled as throttled:
-                time.sleep(throttled.retry_after_seconds)
+            deferral = send_rate.pace(limiter, time.time() * 1000, max_sleep_ms=max_sleep_ms, sleep=time.sleep)
+            if deferral is not None:
+                time.sleep(deferral.delay_seconds)
                 continue
             with lock:
                 times.append(time.time())

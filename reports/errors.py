@@ -73,25 +73,12 @@ class ProviderUnavailable(TransientError):
     """The mail provider could not be reached (refused, reset or timed out)."""
 
 
-class Deferred(ReportsError):
-    """Not a failure: the message should run again later, without spending a retry."""
-
-    def __init__(self, retry_after_seconds: float, message: str | None = None) -> None:
-        self.retry_after_seconds = retry_after_seconds
-        super().__init__(message)
-
-
-class ClaimHeld(Deferred):
-    """Another copy of this message holds the delivery claim; try again when its lease ends."""
+class ClaimHeld(ReportsError):
+    """Another copy of this message holds the delivery claim; the pipeline defers until its lease ends."""
 
     def __init__(self, retry_after_seconds: float) -> None:
-        super().__init__(
-            retry_after_seconds, f"Delivery claim held by another attempt for {retry_after_seconds:.1f}s more."
-        )
-
-
-class CircuitOpen(Deferred):
-    """The mail provider's circuit breaker is open: no send until its cool-down ends."""
+        self.retry_after_seconds = retry_after_seconds
+        super().__init__(f"Delivery claim held by another attempt for {retry_after_seconds:.1f}s more.")
 
 
 #: SMTP reply meaning the whole service is unavailable, not just this message.

@@ -12,7 +12,7 @@ No release ever sent named fields, so a message that carries them is malformed.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
@@ -24,16 +24,13 @@ CRITICAL_QUEUE = "critical"
 DEFAULT_QUEUE = "default"
 BULK_QUEUE = "bulk"
 
-#: Hands a batch of job payloads to the broker; returns how many were sent.
-SendJobs = Callable[[Iterable[dict[str, Any]]], int]
-
 #: ``users.id`` is a 32-bit integer: no user has a smaller or a larger id. 0 and negative ids are
 #: users like any other.
 MIN_USER_ID = -(2**31)
 MAX_USER_ID = 2**31 - 1
 #: A user id written as text (in a token, a Message-ID, a header): digits, a ``-`` before a
 #: negative one, no leading zeros. The range is checked apart.
-USER_ID_PATTERN = r"-?(?:0|[1-9][0-9]{0,9})"
+USER_ID_PATTERN = r"(?:0|-?[1-9][0-9]{0,9})"
 
 #: A plain folder name: no separators, and not "." or "..".
 _TEMPLATE_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,31}")

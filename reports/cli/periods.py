@@ -13,6 +13,7 @@ from reports.fanout import progress, runs
 from reports.ops.watch import watch as watch_progress
 from reports.periods import Period
 from reports.worker.broker import build_broker
+from reports.worker.queues import queue_for
 
 #: Longest pause between two reads while watching, in seconds.
 MAX_WATCH_INTERVAL_SECONDS = 3600
@@ -25,38 +26,12 @@ def trigger(obj: Obj, period: Period) -> None:
     """Start (or resume) the monthly run for PERIOD (YYYY-MM, a month that has ended)."""
     triggered = runs.trigger_and_enqueue(
         obj.sessions(),
-        build_broker(obj.settings),
+        queue_for(build_broker(obj.settings)),
         period,
         template_version=obj.settings.template_version,
         now=utcnow(),
     )
-    counts = None
-    if not (triggered.created or triggered.resumed or triggered.needs_coordinator):
-        with obj.sessions().begin() as session:
-            counts = progress.count(session, period)
-    click.echo(describe_trigger(triggered, counts))
-
-
-def describe_trigger(triggered: runs.Triggered, counts: progress.Progress | None = None) -> str:
-    """What a trigger did, in one line; ``counts`` are the period's, read when it had walked every user."""
-    run = triggered.run
-    if triggered.resumed:
-        return (
-            f"{run.period} resumed: pending reports re-enqueued"
-            + ("" if run.planned else ", and the coordinator")
-            + "."
-        )
-    if triggered.created:
-        return f"Triggered {run.period}: coordinator enqueued (template {run.template_version})."
-    if triggered.needs_coordinator:
-        where = "from the first user" if run.cursor is None else f"after user {run.cursor}"
-        return f"{run.period} was already triggered; coordinator enqueued to resume {where}."
-    if counts is not None and counts.complete:
-        return (
-            f"{run.period} is already complete ({counts.delivered:,} delivered, {counts.skipped:,} skipped, "
-            f"{counts.dead:,} dead); nothing enqueued, nothing sent."
-        )
-    return f"{run.period} is already planned; nothing enqueued."
+    click.echo(triggered.describe())
 
 
 @cli.command("progress")

@@ -34,7 +34,7 @@ from typing import cast
 import redis
 
 from reports import counters
-from reports.errors import Deferred
+from reports.outcome import Outcome
 
 #: Name of the fleet-wide counter of throttled sends, by outcome (``waited``, ``deferred``).
 THROTTLED_COUNTER = "send_throttled"
@@ -80,13 +80,6 @@ return {1, '0'}
 def send_rate_key(namespace: str) -> str:
     """The Redis key of the fleet's send schedule."""
     return f"{namespace}:send_rate"
-
-
-class Throttled(Deferred):
-    """The fleet is at its send rate: this send goes later, without spending a retry."""
-
-    def __init__(self, retry_after_seconds: float) -> None:
-        super().__init__(retry_after_seconds, f"Send rate reached: this send may go in {retry_after_seconds:.2f}s.")
 
 
 @dataclass(frozen=True)
@@ -139,20 +132,21 @@ class SendRate:
 
 def pace(
     limiter: SendRate | None, now_ms: float, *, max_sleep_ms: float = MAX_SLEEP_MS, sleep: Callable[[float], None]
-) -> None:
+) -> Outcome | None:
     """Hold this send to the fleet's rate: return when it may go, after sleeping for its slot if
-    that is at most ``max_sleep_ms`` away, or raise :class:`Throttled` (a deferral, which spends
-    no retry) when it is further. ``None`` (no ``SEND_RATE_PER_SECOND``) returns at once.
+    that is at most ``max_sleep_ms`` away, or return the deferral (which spends no retry) when it
+    is further. ``None`` (no ``SEND_RATE_PER_SECOND``) returns at once.
 
     :param sleep: takes seconds (``time.sleep``).
     """
     if limiter is None:
-        return
+        return None
     permit = limiter.acquire(now_ms, max_wait_ms=max_sleep_ms)
     if not permit.reserved:
-        raise Throttled(permit.wait_ms / 1000)
+        return Outcome.deferred(permit.wait_ms / 1000, "send rate reached")
     if permit.wait_ms > 0:
         sleep(permit.wait_ms / 1000)
+    return None
 
 
 def build(client: redis.Redis, *, namespace: str, per_second: float | None, burst: int) -> SendRate | None:

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 import redis
 
-from reports.worker.retries import DeadMessage
+from reports.dead_message import DeadMessage
 
 logger = logging.getLogger(__name__)
 

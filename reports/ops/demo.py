@@ -42,6 +42,7 @@ from reports.ops.watch import watch
 from reports.periods import Period, previous_month
 from reports.settings import Settings
 from reports.worker.broker import build_broker
+from reports.worker.queues import queue_for
 
 #: Users the demo seeds on its first run unless told otherwise.
 DEFAULT_USERS = 2000
@@ -186,7 +187,7 @@ def _run_period(
     console: Console,
 ) -> progress.Progress:
     triggered = runs.trigger_and_enqueue(
-        sessions, build_broker(settings), period, template_version=settings.template_version, now=utcnow()
+        sessions, queue_for(build_broker(settings)), period, template_version=settings.template_version, now=utcnow()
     )
 
     def read() -> progress.Progress:
@@ -195,15 +196,11 @@ def _run_period(
         with sessions.begin() as session:
             return progress.count(session, period)
 
-    if triggered.created:
-        console.print(f"Period {period}: new run.")
-    else:
-        counts = read()
-        if counts.complete:
-            # A bar over nothing to do would only draw 0.0/s.
-            console.print(f"Period {period}: already complete; nothing was sent.")
-            return counts
-        console.print(f"Period {period}: resuming the existing run.")
+    if triggered.counts is not None and triggered.counts.complete:
+        # A bar over nothing to do would only draw 0.0/s.
+        console.print(f"Period {period}: already complete; nothing was sent.")
+        return triggered.counts
+    console.print(f"Period {period}: " + ("new run." if triggered.created else "resuming the existing run."))
     return watch(read, interval_seconds=0.5, console=console)
 
 

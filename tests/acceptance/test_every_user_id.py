@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from reports.unsubscribe import tokens
+from reports import tokens
 from tests.support.databases import load_users
 from tests.support.processes import run_cli, wait_for_complete
 

@@ -63,7 +63,7 @@ def test_the_contract_columns_exist_with_their_meaning(settings, sessions):
 
 def test_a_run_that_had_walked_nobody_starts_before_any_user_after_the_upgrade(settings):
     """A walk began above id 0 before: a cursor of 0 meant nobody walked yet, and now means NULL."""
-    upgrade(settings, "0008")
+    upgrade(settings, "0010")
     engine = create_db_engine(settings.database_url)
     try:
         with engine.begin() as connection:

@@ -13,12 +13,12 @@ from email.message import EmailMessage
 
 import pytest
 
+from reports import tokens
 from reports.content.render import RenderedReport
 from reports.delivery.mail.compose import check_header_block, compose, display_name, message_id, recipient
 from reports.errors import ConfigurationError, InvalidRecipient, PermanentError
 from reports.periods import Period
 from reports.settings import Settings
-from reports.unsubscribe import tokens
 
 OCTOBER = Period(2026, 10)
 INJECTION = "Mallory\r\nBcc: evil@example.com"

@@ -49,6 +49,8 @@ EDGES: dict[str, tuple[str, str, str, str, dict[str, str]]] = {
     "RECONCILE_STUCK_AFTER_SECONDS": ("0", "316224000", "-0.001", "316224000.5", {}),
     "PLAN_PAUSE_SECONDS": ("0", "518400", "-0.001", "518400.5", {}),
     "EXPORTER_CACHE_SECONDS": ("0", "316224000", "-0.001", "316224000.5", {}),
+    # A login cookie's max-age is whole seconds.
+    "CONSOLE_SESSION_SECONDS": ("1", "316224000", "0.999", "316224000.5", {}),
 }
 
 

@@ -1,8 +1,7 @@
-"""What ``reports trigger`` says it did, decided from the run and its counts alone."""
+"""What a trigger says it did (``reports trigger``, the console), decided from the run and its counts alone."""
 
 from __future__ import annotations
 
-from reports.cli.periods import describe_trigger
 from reports.fanout.progress import Progress
 from reports.fanout.runs import Triggered
 from reports.models import PeriodRun, RunState
@@ -18,11 +17,11 @@ def counts(*, delivered: int, pending: int, dead: int = 0) -> Progress:
 
 
 def test_a_complete_period_triggered_again_says_it_is_complete_and_that_nothing_was_sent() -> None:
-    line = describe_trigger(Triggered(run=planned_run(), created=False), counts(delivered=1_264, pending=0, dead=2))
+    line = Triggered(run=planned_run(), created=False, counts=counts(delivered=1_264, pending=0, dead=2)).describe()
     assert line == "2026-11 is already complete (1,264 delivered, 0 skipped, 2 dead); nothing enqueued, nothing sent."
     assert "resum" not in line
 
 
 def test_a_planned_period_still_sending_says_it_is_planned_and_nothing_was_enqueued() -> None:
-    line = describe_trigger(Triggered(run=planned_run(), created=False), counts(delivered=10, pending=5))
+    line = Triggered(run=planned_run(), created=False, counts=counts(delivered=10, pending=5)).describe()
     assert line == "2026-11 is already planned; nothing enqueued."

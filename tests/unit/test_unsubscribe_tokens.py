@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from reports.unsubscribe.tokens import SIGNATURE_CHARS, Links, Signer
+from reports.tokens import SIGNATURE_CHARS, Links, Signer
 
 OLD, NEW = "old-secret-0123456789abcdef", "new-secret-fedcba9876543210"
 
@@ -24,6 +24,11 @@ def test_a_token_names_its_user_and_checks_out() -> None:
 def test_a_user_with_a_zero_or_negative_id_gets_a_token_that_checks_out(user_id: int) -> None:
     signer = Signer.from_secrets((NEW,))
     assert signer.user_id(signer.token(user_id)) == user_id
+
+
+def test_zero_has_one_spelling_in_a_token() -> None:
+    signer = Signer.from_secrets((NEW,))
+    assert signer.user_id("-" + signer.token(0)) is None
 
 
 def test_each_user_gets_a_different_token_and_one_cannot_be_used_for_another() -> None:
@@ -49,7 +54,6 @@ def test_a_token_signed_with_another_secret_is_refused() -> None:
         lambda t: "",
         lambda t: "99999999999." + t.split(".", 1)[1],  # past the 32-bit id range
         lambda t: "-2147483649." + t.split(".", 1)[1],
-        lambda t: "-0." + t.split(".", 1)[1],  # another spelling of 0
         lambda t: "-" + t,  # the signature is the id's, not its negation's
         lambda t: t.upper(),
         lambda t: t + "\n",
@@ -91,7 +95,7 @@ def test_every_signature_is_compared_in_constant_time_whatever_the_key_id(monkey
         compared.append((a, b))
         return real(a, b)
 
-    monkeypatch.setattr("reports.unsubscribe.tokens.hmac.compare_digest", spy)
+    monkeypatch.setattr("reports.tokens.hmac.compare_digest", spy)
     token = signer.token(42)
     for candidate in (token, token[:-1] + ("A" if token[-1] != "A" else "B"), "42.zzzz." + token.rsplit(".", 1)[1]):
         compared.clear()

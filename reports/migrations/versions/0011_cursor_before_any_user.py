@@ -1,7 +1,7 @@
 """The coordinator's cursor starts before any user: NULL until the walk records its first page
 
-Revision ID: 0009
-Revises: 0008
+Revision ID: 0011
+Revises: 0010
 
 A walk that began at ``id > 0`` never reached users whose id is 0 or negative. Runs that have not
 recorded a page yet (cursor 0: the walk always began above it) start before any user too; a run
@@ -13,8 +13,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0009"
-down_revision: str | Sequence[str] | None = "0008"
+revision: str = "0011"
+down_revision: str | Sequence[str] | None = "0010"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
