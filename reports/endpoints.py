@@ -145,6 +145,18 @@ MAX_PUBLIC_BASE_URL_CHARS = 200
 _PUBLIC_BASE_URL = re.compile(r"https?://[A-Za-z0-9.\-\[\]:]+(/[A-Za-z0-9._~!$&'()*+,;=:@%/-]*)?")
 
 
+#: What a List-Unsubscribe URL may hold: printable ASCII without space, ``<``, ``>`` or ``,``
+#: (RFC 2369 lists URLs in angle brackets, separated by commas).
+_HEADER_URL = re.compile(r"https?://[!-+\--;=?-~]+")
+
+
+def is_header_url(url: str) -> bool:
+    """Whether ``url`` can go into the List-Unsubscribe header as it is. The composer checks every
+    link with it, and the start-up check PUBLIC_BASE_URL, which every link starts with (the rest
+    of a link is its token, in URL-safe characters): a base URL that passes makes links that do."""
+    return _HEADER_URL.fullmatch(url) is not None
+
+
 def _check_unsubscribe(base_url: str, secret: str) -> None:
     # The URL goes into a mail header and every report's footer: plain ASCII URL characters only.
     try:
@@ -156,12 +168,13 @@ def _check_unsubscribe(base_url: str, secret: str) -> None:
         not host
         or len(base_url) > MAX_PUBLIC_BASE_URL_CHARS
         or not _PUBLIC_BASE_URL.fullmatch(base_url)
+        or not is_header_url(base_url)
         or parts.query
         or parts.fragment
     ):
         raise ConfigurationError(
             "PUBLIC_BASE_URL must be the https:// address reports web is reached at, such as "
-            f"https://reports.example.com (no query, at most {MAX_PUBLIC_BASE_URL_CHARS} characters), got {base_url!r}."
+            f"https://reports.example.com (no query and no comma, at most {MAX_PUBLIC_BASE_URL_CHARS} characters), got {base_url!r}."
         )
     if parts.scheme == "http" and not is_loopback(host):
         raise ConfigurationError(

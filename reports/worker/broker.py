@@ -13,7 +13,7 @@ from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import CurrentMessage, TimeLimit
 
 from reports.jobs import ActorSpec
-from reports.settings import Settings
+from reports.settings import ACTOR_TIME_LIMIT_MS, Settings
 from reports.worker.consumer import ReportsBroker
 from reports.worker.rabbitmq_consumer import ReportsRabbitmqBroker
 
@@ -42,7 +42,7 @@ def build_broker(settings: Settings) -> Broker:
     # shutdown notifications, and every middleware is called at each of a message's signals.
     # Retries are reports.worker.retries.JitteredRetries, added by the workers (it needs the
     # dead-letter store).
-    middleware = [TimeLimit(), CurrentMessage()]
+    middleware = [TimeLimit(time_limit=ACTOR_TIME_LIMIT_MS), CurrentMessage()]
     if settings.broker_is_rabbitmq:
         # Confirms on every enqueue: a retry's or a deferral's copy is enqueued before its original
         # is acked, so a copy RabbitMQ never took would be a lost message.

@@ -25,6 +25,8 @@ class RecordingHandler:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.messages: list[tuple[list[str], EmailMessage]] = []
+        #: The envelope sender (MAIL FROM) of each accepted message, in the order of ``messages``.
+        self.senders: list[str] = []
         self.attempts: dict[str, int] = {}
         self.refused: list[tuple[str, str]] = []
         self.fault: Fault | None = None
@@ -61,6 +63,7 @@ class RecordingHandler:
                 return reply
             parsed = email.message_from_bytes(envelope.content, policy=email.policy.default)
             self.messages.append((list(envelope.rcpt_tos), parsed))
+            self.senders.append(envelope.mail_from)
         return "250 Message accepted for delivery"
 
 

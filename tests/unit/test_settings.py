@@ -289,12 +289,36 @@ def test_as_environ_leaves_out_an_unset_smtp_url() -> None:
         ("reports@mail.example.org", "mail.example.org"),
         ("<reports@example.net>", "example.net"),
         ("Reports <reports@Example.com >", "Example.com"),
-        ("reports", "localhost"),
-        ("Monthly Reports", "localhost"),
+        # SMTP and the headers carry ASCII: the domain in its IDNA form, as mail servers resolve it.
+        ("Reports <reports@exämple.com>", "xn--exmple-cua.com"),
+        ("Отчёты <reports@пример.рф>", "xn--e1afmkfd.xn--p1ai"),
     ],
 )
 def test_the_mail_domain_is_the_senders_domain(mail_from: str, domain: str) -> None:
     assert Settings(mail_from=mail_from).mail_domain == domain
+
+
+@pytest.mark.parametrize(
+    "mail_from",
+    [
+        "reports",
+        "Monthly Reports",
+        "Reports <>",
+        "Reports <rép@example.com>",
+        "Reports <reports@example..com>",
+        "Reports <reports@-example.com>",
+        "Reports <reports@example>",
+        "Reports <reports@exa_mple.com>",
+        "a@example.com, b@example.com",
+        "Reports <reports@example.com",
+        "Reports\r\nBcc: x@evil.test <reports@example.com>",
+        "Reports <reports@xn--a.com>",
+    ],
+)
+def test_a_sender_no_email_could_carry_is_refused_in_one_line(mail_from: str) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        Settings.from_env({"MAIL_FROM": mail_from})
+    assert str(caught.value).startswith("MAIL_FROM must be") and "\n" not in str(caught.value)
 
 
 @pytest.mark.parametrize(
