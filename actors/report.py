@@ -28,7 +28,8 @@ def _deferring(step: Callable[[], pipeline.Outcome]) -> None:
         # Another copy holds the claim, or the provider's breaker is open: come back later,
         # without spending a retry.
         wait_ms = deferred.retry_after_seconds * 1000
-        defer_current(broker, delay_ms=int(wait_ms + random.uniform(100, 100 + wait_ms * DEFER_JITTER)))
+        delay_ms = int(wait_ms + random.uniform(100, 100 + wait_ms * DEFER_JITTER))
+        defer_current(broker, delay_ms=delay_ms, reason=f"{type(deferred).__name__}: {deferred}")
         note_outcome(MessageOutcome.DEFERRED)  # after the copy is enqueued, so the copy does not carry it
 
 

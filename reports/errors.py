@@ -55,8 +55,8 @@ class MailRejected(PermanentError):
 
     def __init__(self, code: int, reply: str, *, recipient: bool = False) -> None:
         self.code = code
-        #: The refusal was the reply to RCPT TO: the address itself is refused (a hard bounce),
-        #: which suppresses the user; a refused content is not the address's fault.
+        #: The refusal is about the address itself (a hard bounce), which suppresses the user; a
+        #: refused content, size or policy is not the address's fault, and would refuse everyone.
         self.recipient = recipient
         super().__init__(f"SMTP {code}: {reply}")
 
@@ -88,6 +88,19 @@ class ClaimHeld(Deferred):
         super().__init__(
             retry_after_seconds, f"Delivery claim held by another attempt for {retry_after_seconds:.1f}s more."
         )
+
+
+class RateLimited(Deferred):
+    """The mail provider asked the fleet to send more slowly (a 4xx about the sending rate)."""
+
+    def __init__(self, code: int, reply: str) -> None:
+        self.code = code
+        super().__init__(RATE_LIMITED_RETRY_SECONDS, f"SMTP {code}: {reply}")
+
+
+#: How soon a message the provider refused for the fleet's pace comes back, in seconds: by then the
+#: fleet's rate is lower, and the rate, not this wait, spaces the sends.
+RATE_LIMITED_RETRY_SECONDS = 2.0
 
 
 class CircuitOpen(Deferred):

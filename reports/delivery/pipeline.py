@@ -3,7 +3,7 @@
 Three short steps, so no transaction stays open while talking to the mail provider:
 1. In one transaction: read the item, the user and their activity; render and store the
    report; take the delivery claim.
-2. Wait for a slot of the send rate, ask the breaker, and then, last, check that the claim's
+2. Wait for a slot of the send rate (which follows the provider's pace), ask the breaker, and then, last, check that the claim's
    lease outlasts the whole send, and hand the email to the mail backend.
 3. In one transaction: mark the claim sent and the item delivered. Nothing but this commit
    follows the provider's acceptance, and it is tried until the lease is nearly spent: only a
@@ -35,13 +35,14 @@ from sqlalchemy.orm import Session, sessionmaker
 from reports.clock import utcnow
 from reports.content.activity import load_summary
 from reports.content.render import RenderedReport, render
-from reports.delivery import claims, statements
+from reports.delivery import claims, send_rate, statements
+from reports.delivery.brake import Brake
 from reports.delivery.breaker import CircuitBreaker, Permit, State
 from reports.delivery.mail.backend import Mailer
 from reports.delivery.mail.compose import compose, message_id, recipient
 from reports.delivery.send_rate import SendRate, pace
-from reports.errors import CircuitOpen, Deferred, MailRejected, PermanentError, is_provider_failure
-from reports.fanout import items
+from reports.errors import CircuitOpen, Deferred, MailRejected, PermanentError, RateLimited, is_provider_failure
+from reports.fanout import items, runs
 from reports.jobs import ReportJob, SendNowJob
 from reports.look import ReportLook
 from reports.models import FINAL_STATES, ItemState, PeriodRun, ReportItem, RunState, SuppressionReason, User
@@ -104,8 +105,11 @@ class Context:
     mailer: Mailer
     #: Shared circuit breaker for the mail provider; ``None`` when there is no remote provider.
     breaker: CircuitBreaker | None = None
-    #: The fleet's send rate; ``None`` when SEND_RATE_PER_SECOND is unset.
+    #: The fleet's send rate; ``None`` when SEND_RATE_PER_SECOND is unset and there is no
+    #: provider's pace to follow.
     send_rate: SendRate | None = None
+    #: The brake on a month-wide rejection; ``None``: none (no remote provider).
+    brake: Brake | None = None
     #: Branding, locale and currency of the report, built once from the settings.
     look: ReportLook | None = None
     clock: Callable[[], datetime] = utcnow
@@ -171,7 +175,7 @@ def _deliver(
     # half-open probe's one slot for the probe timeout.
     try:
         # First: a sleep for a slot must not hold the probe's slot.
-        pace(ctx.send_rate, _millis(ctx.clock()), sleep=time.sleep)
+        slot = pace(ctx.send_rate, _millis(ctx.clock()), sleep=time.sleep)
         permit = _ask_breaker(ctx)
         # Last, after every call that can block (a Redis that stalls holds the breaker's call for
         # as long as it stalls): only the send itself, bounded by the SMTP deadline, comes after.
@@ -182,6 +186,8 @@ def _deliver(
         _release(ctx, prepared, transaction)
         raise
     _send(ctx, prepared, permit, transaction)
+    if slot is not None and slot.adapting:
+        _speed_up(ctx, slot)
     return Outcome.DELIVERED
 
 
@@ -196,6 +202,10 @@ def _send(
     except Exception as error:
         bounced = error if isinstance(error, MailRejected) and error.recipient else None
         _release(ctx, prepared, transaction, bounced=bounced)
+        if isinstance(error, RateLimited):
+            _slow_down(ctx, error)
+        elif isinstance(error, MailRejected) and not error.recipient:
+            _brake(ctx, prepared, error)
         _tell_breaker_failure(ctx, permit, error)
         raise
     _record_sent(ctx, prepared, transaction)
@@ -229,6 +239,66 @@ def _release(
                 )
     except sqlalchemy.exc.SQLAlchemyError:
         logger.warning("Could not release a delivery claim (or record a bounce); the claim ends with its lease.")
+
+
+def _slow_down(ctx: Context, refused: RateLimited) -> None:
+    """The provider asked for a slower pace: cut the fleet's rate (once per overload)."""
+    if ctx.send_rate is None:
+        return
+    try:
+        cut = ctx.send_rate.slow_down(_millis(ctx.clock()))
+    except redis.RedisError:
+        logger.warning("Could not lower the send rate after a refusal about the pace: Redis unreachable.")
+        return
+    if cut is not None:
+        logger.info(
+            "The provider refused a send for the pace (SMTP %d): the fleet's send rate is now %.2f/s.",
+            refused.code,
+            cut.per_second,
+        )
+
+
+def _speed_up(ctx: Context, slot: send_rate.Permit) -> None:
+    try:
+        ctx.send_rate.sped(slot.at_ms)  # type: ignore[union-attr]  # a slot comes from a limiter
+    except redis.RedisError:
+        logger.warning("Could not raise the send rate after a send: Redis unreachable.")
+
+
+def _brake(ctx: Context, prepared: _Prepared, error: MailRejected) -> None:
+    """Count a monthly email refused for what would refuse every user; past the threshold, pause
+    the period (its items stay pending) and raise the alert, once per trip."""
+    first = prepared.claims[0]
+    if ctx.brake is None or first.request_id is not None:
+        return
+    try:
+        tripped = ctx.brake.note(first.period, first.user_id, str(error), now_ms=_millis(ctx.clock()))
+    except redis.RedisError:
+        logger.warning("Could not count a refusal for the brake: Redis unreachable.")
+        return
+    if tripped is None:
+        return
+    try:
+        with ctx.sessions.begin() as session:
+            paused = runs.cancel(session, first.period, now=ctx.clock())
+    except sqlalchemy.exc.SQLAlchemyError:
+        logger.warning("The brake could not pause period %s: database unreachable.", first.period)
+        return
+    if not paused:
+        return  # cancelled already, by an operator
+    logger.error(
+        "Period %s paused: %d different users refused within %gs for a reason not about their address "
+        "(last: %s). Fix the cause, then `reports trigger %s` resumes it and `reports dlq replay` sends the "
+        "dead letters.",
+        first.period,
+        tripped.failures,
+        tripped.window_seconds,
+        tripped.reply,
+        first.period,
+        extra={"period": str(first.period), "failures": tripped.failures},
+    )
+    if ctx.brake.alert is not None:
+        ctx.brake.alert(tripped)
 
 
 def _ask_breaker(ctx: Context) -> Permit | None:

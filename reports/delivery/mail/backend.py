@@ -19,7 +19,10 @@ class Mailer(Protocol):
 def build_mailer(settings: Settings) -> Mailer:
     if settings.smtp_url:
         return SmtpMailer(
-            settings.smtp_url, timeout_seconds=settings.smtp_timeout_seconds, sender=parseaddr(settings.mail_from)[1]
+            settings.smtp_url,
+            timeout_seconds=settings.smtp_timeout_seconds,
+            sender=parseaddr(settings.mail_from)[1],
+            helo_name=settings.helo_name,
         )
     return MaildirMailer(settings.outbox_dir)
 
