@@ -61,6 +61,9 @@ RECORD_SENT_PAUSE_CAP_SECONDS = 1.0
 #: when the send starts, to record it; the rest absorbs the prepare step's commit.
 RECORD_TIME_SECONDS = CLAIM_LEASE_MARGIN_SECONDS / 2
 
+#: Longest a send waits in all for its slot of the send rate before it is deferred, in seconds.
+PACE_PATIENCE_SECONDS = 5.0
+
 #: How soon a message whose item may still be on its way from the coordinator looks again, in seconds.
 ITEM_NOT_YET_RECORDED_RETRY_SECONDS = 2.0
 
@@ -175,7 +178,17 @@ def _deliver(
     # half-open probe's one slot for the probe timeout.
     try:
         # First: a sleep for a slot must not hold the probe's slot.
-        slot = pace(ctx.send_rate, _millis(ctx.clock()), sleep=time.sleep)
+        slot = pace(
+            ctx.send_rate,
+            _millis(ctx.clock()),
+            # Whatever the lease leaves beyond a whole send and its record, up to a few seconds: a
+            # worker asked to stop waits for its running messages.
+            patience_ms=min(
+                prepared.lease_left() - ctx.settings.smtp_timeout_seconds - RECORD_TIME_SECONDS, PACE_PATIENCE_SECONDS
+            )
+            * 1000,
+            sleep=time.sleep,
+        )
         permit = _ask_breaker(ctx)
         # Last, after every call that can block (a Redis that stalls holds the breaker's call for
         # as long as it stalls): only the send itself, bounded by the SMTP deadline, comes after.

@@ -285,19 +285,36 @@ def _decode(raw: dict[bytes, bytes]) -> aimd.Adapted | None:
 
 
 def pace(
-    limiter: SendRate | None, now_ms: float, *, max_sleep_ms: float = MAX_SLEEP_MS, sleep: Callable[[float], None]
+    limiter: SendRate | None,
+    now_ms: float,
+    *,
+    max_sleep_ms: float = MAX_SLEEP_MS,
+    patience_ms: float = 0.0,
+    sleep: Callable[[float], None],
 ) -> Permit | None:
     """Hold this send to the fleet's rate: return its permit when it may go, after sleeping for
     its slot if that is at most ``max_sleep_ms`` away, or raise :class:`Throttled` (a deferral,
     which spends no retry) when it is further. ``None`` (no limiter) returns ``None`` at once.
 
+    :param patience_ms: how long this caller may wait in all before it is deferred: it sleeps
+        until a slot may be within reach and asks again, as long as the slot's wait fits. A thread
+        that waits for the rate does not take message after message only to defer each (a deferral
+        costs a round trip through the queue, the claim's two transactions and a log line).
     :param sleep: takes seconds (``time.sleep``).
     """
     if limiter is None:
         return None
-    permit = limiter.acquire(now_ms, max_wait_ms=max_sleep_ms)
-    if not permit.reserved:
-        raise Throttled(permit.wait_ms / 1000)
+    waited_ms = 0.0
+    while True:
+        permit = limiter.acquire(now_ms + waited_ms, max_wait_ms=max_sleep_ms)
+        if permit.reserved:
+            break
+        # The slot is past what may be booked: come back when it may be, if that is within patience.
+        if waited_ms + permit.wait_ms > patience_ms:
+            raise Throttled(permit.wait_ms / 1000)
+        nap_ms = max(permit.wait_ms - max_sleep_ms, 1.0)
+        sleep(nap_ms / 1000)
+        waited_ms += nap_ms
     if permit.wait_ms > 0:
         sleep(permit.wait_ms / 1000)
     return permit
