@@ -91,7 +91,9 @@ def main() -> int:
                 runs.trigger_and_enqueue(
                     sessions, broker, bench.period, template_version=settings.template_version, now=utcnow()
                 )
-                watch_period(sessions, bench.period, expected=len(bench.active), timeout=args.timeout, alive=pools.check)
+                watch_period(
+                    sessions, bench.period, expected=len(bench.active), timeout=args.timeout, alive=pools.check
+                )
                 elapsed = time.monotonic() - started
                 broker.close()
             finally:
@@ -119,7 +121,9 @@ def report(
         f"server: {args.limit} messages per {args.window:g} s; {users:,} users; "
         f"{args.processes} x {args.threads} worker threads; SEND_RATE_PER_SECOND {args.ceiling}"
     )
-    print(f"month: {elapsed:.1f} s against the server's pace of {pace:.1f} s: {ratio:.2f}x (target <= {TARGET_PACE_RATIO})")
+    print(
+        f"month: {elapsed:.1f} s against the server's pace of {pace:.1f} s: {ratio:.2f}x (target <= {TARGET_PACE_RATIO})"
+    )
     print(
         f"refusals: {handler.rate_refusals:,} ({handler.rate_refusals / users:.3f} per message); after the first "
         f"{SETTLING_WINDOWS} windows {len(settled):,} ({settled_per_message:.3f} per message, target <= {TARGET_SETTLED_REFUSALS})"
