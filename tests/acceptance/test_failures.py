@@ -37,7 +37,7 @@ pytestmark = pytest.mark.acceptance
 
 PERIOD = "2026-10"
 BOUNCE = "550 5.1.1 No such user"
-TRY_LATER = "451 4.7.1 Try again later"
+TRY_LATER = "451 4.3.0 Try again later"
 
 
 # --- helpers ---------------------------------------------------------------------------------
