@@ -53,11 +53,14 @@ class UnsafeHeader(PermanentError):
 class MailRejected(PermanentError):
     """The mail provider refused the message for good (an SMTP 5xx reply)."""
 
-    def __init__(self, code: int, reply: str, *, recipient: bool = False) -> None:
+    def __init__(self, code: int, reply: str, *, recipient: bool = False, about_address: bool | None = None) -> None:
         self.code = code
-        #: The refusal is about the address itself (a hard bounce), which suppresses the user; a
-        #: refused content, size or policy is not the address's fault, and would refuse everyone.
+        #: The refusal was the reply to RCPT TO and about the address itself (a hard bounce), which
+        #: suppresses the user.
         self.recipient = recipient
+        #: The refusal is about the address, at whatever stage; one that is not (content, size,
+        #: policy) would refuse every user alike, and counts towards the brake.
+        self.about_address = recipient if about_address is None else about_address
         super().__init__(f"SMTP {code}: {reply}")
 
 

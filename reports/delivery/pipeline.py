@@ -217,7 +217,7 @@ def _send(
         _release(ctx, prepared, transaction, bounced=bounced)
         if isinstance(error, RateLimited):
             _slow_down(ctx, error)
-        elif isinstance(error, MailRejected) and not error.recipient:
+        elif isinstance(error, MailRejected) and not error.about_address:
             _brake(ctx, prepared, error)
         _tell_breaker_failure(ctx, permit, error)
         raise

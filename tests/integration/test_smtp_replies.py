@@ -320,17 +320,18 @@ def test_a_masked_address_reads_address_in_its_own_brackets(provider: Provider) 
 
 
 @pytest.mark.parametrize(
-    ("command", "reply", "about_address"),
+    ("command", "reply", "bounce", "about_address"),
     [
-        ("RCPT", "550 5.1.1 <user1@example.test>: Recipient address rejected: User unknown", True),
-        ("RCPT", "550 User unknown", True),
-        ("RCPT", "554 5.7.1 <user1@example.test>: Relay access denied", False),
-        ("content", "552 5.3.4 Error: message file too big", False),
-        ("content", "554 5.7.1 Message rejected as spam", False),
+        ("RCPT", "550 5.1.1 <user1@example.test>: Recipient address rejected: User unknown", True, True),
+        ("RCPT", "550 User unknown", True, True),
+        ("RCPT", "554 5.7.1 <user1@example.test>: Relay access denied", False, False),
+        ("content", "550 5.1.1 No such user", False, True),
+        ("content", "552 5.3.4 Error: message file too big", False, False),
+        ("content", "554 5.7.1 Message rejected as spam", False, False),
     ],
 )
-def test_a_refusal_is_a_hard_bounce_only_when_it_is_about_the_address(
-    provider: Provider, command: str, reply: str, about_address: bool
+def test_a_refusal_is_a_hard_bounce_only_to_rcpt_and_about_the_address(
+    provider: Provider, command: str, reply: str, bounce: bool, about_address: bool
 ) -> None:
     refuse_always(provider, command, reply)
     mailer = SmtpMailer(provider.url, timeout_seconds=5, sender=SENDER)
@@ -338,7 +339,7 @@ def test_a_refusal_is_a_hard_bounce_only_when_it_is_about_the_address(
     with pytest.raises(MailRejected) as raised:
         send(mailer, PERSON)
 
-    assert raised.value.recipient is about_address
+    assert (raised.value.recipient, raised.value.about_address) == (bounce, about_address)
 
 
 @pytest.mark.parametrize(

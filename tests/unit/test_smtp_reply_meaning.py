@@ -36,10 +36,11 @@ def test_a_refusal_is_about_the_pace_when_its_code_or_words_say_so(code: int, te
         (554, "5.7.1 <address>: Relay access denied", True, False),
         (552, "5.3.4 Error: message file too big", False, False),
         (554, "5.6.0 Message content rejected", False, False),
-        (550, "5.1.1 User unknown", False, False),  # after the data: the content's fate, not the address's
+        (550, "5.1.1 User unknown", False, True),  # after the data, but the code says it is the address
+        (554, "Message rejected", False, False),
     ],
 )
-def test_a_refusal_is_about_the_address_only_to_rcpt_and_with_an_addressing_or_mailbox_code(
+def test_a_refusal_is_about_the_address_by_its_enhanced_code_else_by_its_stage(
     code: int, text: str, to_recipient: bool, about_address: bool
 ) -> None:
     assert replies.is_about_address(code, text, to_recipient=to_recipient) is about_address

@@ -39,13 +39,14 @@ def is_about_rate(code: int, text: str) -> bool:
 
 
 def is_about_address(code: int, text: str, *, to_recipient: bool) -> bool:
-    """Whether a 5xx refusal is about the recipient's address (a hard bounce) rather than the
-    message or the sender (size, content, policy: what would refuse every user alike).
+    """Whether a 5xx refusal is about the recipient's address rather than the message or the
+    sender (size, content, policy: what would refuse every user alike).
 
-    A reply to RCPT TO is about the address unless its enhanced code names another subject
-    (``5.7.1`` relaying denied, ``5.3.4`` too big); a reply to the data never is.
+    An enhanced code says so whatever the stage: ``5.1.x`` (addressing) and ``5.2.x`` (the
+    mailbox) are about the address, any other subject (``5.7.1`` relaying denied, ``5.3.4`` too
+    big) is not. Without one, a reply to RCPT TO is about the address and a reply to the data is not.
     """
-    if not to_recipient:
-        return False
     enhanced = enhanced_code(text)
-    return enhanced is None or enhanced[1] in _ADDRESS_SUBJECTS
+    if enhanced is None:
+        return to_recipient
+    return enhanced[1] in _ADDRESS_SUBJECTS

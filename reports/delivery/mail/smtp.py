@@ -61,8 +61,11 @@ class _Refused(Exception):
         if self.breaks_session:
             return ProviderUnavailable(f"SMTP session broken: {self.code} to {self.stage.value}: {self.reply}")
         if self.code >= 500:
-            about_address = replies.is_about_address(self.code, self.reply, to_recipient=self.stage is _Stage.RCPT)
-            return MailRejected(self.code, self.reply, recipient=about_address)
+            to_recipient = self.stage is _Stage.RCPT
+            about_address = replies.is_about_address(self.code, self.reply, to_recipient=to_recipient)
+            return MailRejected(
+                self.code, self.reply, recipient=to_recipient and about_address, about_address=about_address
+            )
         return MailDeferred(self.code, self.reply)
 
 
