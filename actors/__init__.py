@@ -19,6 +19,7 @@ from reports.worker.actor_metrics import ActorMetrics
 from reports.worker.broker import build_broker, shared_redis
 from reports.worker.dead_letter_sink import BrokerDeadLetters
 from reports.worker.lifecycle import DrainOnce, Heartbeat
+from reports.worker.queues import queue_for
 from reports.worker.retries import JitteredRetries
 
 #: A second SIGTERM this soon after the first is the platform's duplicate, not a new request.
@@ -34,6 +35,7 @@ except ConfigurationError as error:
     print(f"error: {error}", file=sys.stderr)
     sys.exit(EXIT_BAD_CONFIGURATION)
 broker = build_broker(_settings)
+queue = queue_for(broker)
 _shared_redis = shared_redis(broker, _settings)
 runtime = Runtime(_settings, redis_client=_shared_redis)
 broker.add_middleware(
@@ -41,14 +43,12 @@ broker.add_middleware(
         max_retries=_settings.max_retries,
         min_backoff_ms=_settings.min_backoff_ms,
         max_backoff_ms=_settings.max_backoff_ms,
-        on_dead=lambda dead: runtime.dead_letter_sink(dead),
+        on_dead=runtime.record_dead,
     )
 )
 # Before the retries: after-hooks run in reverse, so it records the retry middleware's verdict.
 broker.add_middleware(ActorMetrics(_shared_redis, namespace=_settings.broker_namespace), before=JitteredRetries)
-broker.add_middleware(
-    BrokerDeadLetters(lambda: runtime.dead_letter_sink, interval_seconds=_settings.dead_letter_sweep_seconds)
-)
+broker.add_middleware(BrokerDeadLetters(runtime.record_dead, interval_seconds=_settings.dead_letter_sweep_seconds))
 broker.add_middleware(Heartbeat(interval_seconds=_settings.heartbeat_timeout_ms / 4000))
 broker.add_middleware(DrainOnce(window_seconds=REPEATED_SIGTERM_WINDOW_SECONDS))
 dramatiq.set_broker(broker)

@@ -9,10 +9,10 @@ from typing import Any
 import dramatiq
 from dramatiq.middleware import CurrentMessage
 
-from actors import broker, runtime
+from actors import queue, runtime
 from reports.fanout.coordinator import walk_slice
-from reports.jobs import BUILD_REPORT, COORDINATOR, CoordinatorJob
-from reports.worker.broker import WALKER_OPTION, backlog, send, sender
+from reports.jobs import COORDINATOR, CoordinatorJob
+from reports.worker.broker import WALKER_OPTION
 from reports.worker.lifecycle import draining
 
 logger = logging.getLogger(__name__)
@@ -27,13 +27,12 @@ def coordinator(*args: Any, **kwargs: Any) -> None:
     outcome = walk_slice(
         runtime.context.sessions,
         job.period,
-        sender(broker, BUILD_REPORT),
+        queue,
         walker=walker,
         page_size=runtime.settings.plan_page_size,
         budget_seconds=runtime.settings.plan_slice_seconds,
         # On SIGTERM, stop at the next page: the checkpoint and the continuation carry on.
         should_stop=draining.is_set,
-        backlog=lambda: backlog(broker, BUILD_REPORT.queue),
         high_water=runtime.settings.plan_high_water,
     )
     logger.info(
@@ -48,17 +47,10 @@ def coordinator(*args: Any, **kwargs: Any) -> None:
     )
     if outcome.planned or outcome.cancelled or outcome.superseded:
         return
-    continuation = {WALKER_OPTION: walker}
     if outcome.backlogged or outcome.settling:
         # The bulk queue is full enough, or a crashed page is not yet old enough to hand out:
         # look again later (Redis holds a bounded backlog; the page gets its grace).
-        send(
-            broker,
-            COORDINATOR,
-            job.payload(),
-            delay_ms=int(runtime.settings.plan_pause_seconds * 1000),
-            options=continuation,
-        )
+        queue.send_coordinator(walker, job.payload(), delay_ms=int(runtime.settings.plan_pause_seconds * 1000))
     else:
         # Short slices keep the coordinator drainable on SIGTERM; the checkpoint carries the walk on.
-        send(broker, COORDINATOR, job.payload(), options=continuation)
+        queue.send_coordinator(walker, job.payload())

@@ -8,6 +8,7 @@ import redis
 
 from reports import counters
 from reports.database import create_db_engine, session_factory
+from reports.dead_message import DeadMessage
 from reports.delivery import send_rate
 from reports.delivery.brake import Brake
 from reports.delivery.breaker import STATE_CACHE_MS, CircuitBreaker, mail_breaker_name
@@ -43,6 +44,10 @@ class Runtime:
                 if self._sink is None:
                     self._sink = self._build_sink()
         return self._sink
+
+    def record_dead(self, dead: DeadMessage) -> None:
+        """Store a dead message: the sink, and the engine under it, are built in the worker process."""
+        self.dead_letter_sink(dead)
 
     def _build_context(self) -> Context:
         settings = self.settings

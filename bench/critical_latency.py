@@ -11,7 +11,7 @@ What it sets up, all of its own and all removed on the way out (Ctrl-C included)
 - a private key namespace on the Redis at ``--redis-url`` (its keys deleted at the end);
 - a local aiosmtpd server that records when each message arrives;
 - the period triggered and planned in-process (``reports.fanout.coordinator.walk_slice``) with a sender that
-  enqueues every real payload many times over (``reports.worker.broker.send_many``), so the bulk queue holds
+  enqueues every real payload many times over (``RedisQueue.send_jobs``), so the bulk queue holds
   ``--backlog`` *valid* ``build_report`` messages: the first copy per user sends the monthly email, the
   rest are absorbed by the idempotent consumer. A feeder keeps the bulk queue topped up to the backlog
   while measuring, so every request faces the whole backlog however fast the bulk pool drains it;
@@ -46,7 +46,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Self
 
@@ -63,10 +63,11 @@ from support import Pools, free_port, temporary_database  # bench/support.py, be
 from reports.clock import utcnow
 from reports.database import create_db_engine, session_factory, upgrade
 from reports.fanout import coordinator, runs
-from reports.jobs import BUILD_REPORT, BULK_QUEUE, CRITICAL_QUEUE, SEND_NOW, SendNowJob
+from reports.jobs import BUILD_REPORT, BULK_QUEUE, CRITICAL_QUEUE, SEND_NOW, ActorSpec, SendNowJob
 from reports.periods import Period
 from reports.settings import Settings
-from reports.worker.broker import build_broker, send, send_many
+from reports.worker.broker import build_broker, send
+from reports.worker.queues import RedisQueue
 
 PERIOD = Period(2026, 10)
 DOMAIN = "bench.test"
@@ -150,7 +151,7 @@ class Feeder:
         while not self.stopping.wait(0.25):
             missing = self.target - self.client.llen(self.key)
             if missing > 0:
-                self.sent += send_many(self.broker, BUILD_REPORT, self._copies(missing))
+                self.sent += RedisQueue(self.broker).send_jobs(BUILD_REPORT, self._copies(missing))
 
     def _copies(self, n: int) -> Iterable[dict[str, Any]]:
         for i in range(n):
@@ -196,13 +197,14 @@ def run(args: argparse.Namespace) -> None:
             copies = -(-args.backlog // args.users)
             payloads: list[dict[str, Any]] = []
 
-            def flood(batch: Iterable[dict[str, Any]]) -> int:
-                page = list(batch)
-                payloads.extend(page)
-                return send_many(broker, BUILD_REPORT, (payload for _ in range(copies) for payload in page))
+            class Flooding(RedisQueue):
+                def send_jobs(self, spec: ActorSpec, batch: Iterable[Mapping[str, Any]]) -> int:
+                    page = list(batch)
+                    payloads.extend(page)
+                    return super().send_jobs(spec, (payload for _ in range(copies) for payload in page))
 
             started = time.monotonic()
-            outcome = coordinator.walk_slice(sessions, PERIOD, flood, page_size=1000, budget_seconds=600)
+            outcome = coordinator.walk_slice(sessions, PERIOD, Flooding(broker), page_size=1000, budget_seconds=600)
             fill_seconds = time.monotonic() - started
             assert outcome.planned, outcome
             print(

@@ -45,6 +45,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,9 +69,11 @@ from reports.clock import utcnow
 from reports.database import create_db_engine, session_factory
 from reports.delivery import pipeline
 from reports.fanout import coordinator, progress, runs
-from reports.jobs import BUILD_REPORT, BULK_QUEUE, DEFAULT_QUEUE, ReportJob
+from reports.jobs import BUILD_REPORT, BULK_QUEUE, DEFAULT_QUEUE, ActorSpec, ReportJob
+from reports.queue import InMemoryQueue
 from reports.settings import Settings
 from reports.worker.broker import build_broker
+from reports.worker.queues import queue_for
 
 #: Tables a run leaves alone; every other one (runs, items and their counts, reports, deliveries…) is
 #: emptied before each run, so every run does the same period from scratch.
@@ -203,7 +206,7 @@ def _queue_run(
         cpu_before = postgres_cpu_seconds()
         started = time.monotonic()
         runs.trigger_and_enqueue(
-            sessions, broker, bench.period, template_version=settings.template_version, now=utcnow()
+            sessions, queue_for(broker), bench.period, template_version=settings.template_version, now=utcnow()
         )
         _, planned_at = watch_period(
             sessions,
@@ -272,12 +275,13 @@ def plain_run(args: argparse.Namespace, bench: MailBench, sessions: sessionmaker
         before = pg_sessions(settings.database_url)
         cpu_before = postgres_cpu_seconds()
 
-        def hand_over(payloads: Any) -> int:
-            sent = 0
-            for payload in payloads:
-                jobs.put(payload)
-                sent += 1
-            return sent
+        class HandingOver(InMemoryQueue):
+            def send_jobs(self, spec: ActorSpec, payloads: Iterable[Mapping[str, Any]]) -> int:
+                sent = 0
+                for payload in payloads:
+                    jobs.put(payload)
+                    sent += 1
+                return sent
 
         started = time.monotonic()
         with sessions.begin() as session:
@@ -287,7 +291,7 @@ def plain_run(args: argparse.Namespace, bench: MailBench, sessions: sessionmaker
             outcome = coordinator.walk_slice(
                 sessions,
                 period,
-                hand_over,
+                HandingOver(),
                 page_size=settings.plan_page_size,
                 budget_seconds=settings.plan_slice_seconds,
             )

@@ -8,7 +8,7 @@ On a PostgreSQL database of its own (TEST_POSTGRES_URL's server), a private redi
 RabbitMQ, a vhost ``bench-<hex>`` of its own on this machine's node (made with rabbitmqctl, deleted
 after, Ctrl-C included; REDIS_URL is the private redis-server), for each broker of ``--broker``
 (default both):
-1. the coordinator (reports.fanout.coordinator.walk_slice, batched inserts, then ``send_many``: on
+1. the coordinator (reports.fanout.coordinator.walk_slice, batched inserts, then the queue's ``send_jobs``: on
    Redis a pipelined MULTI per page, on RabbitMQ ``publish_confirmed``, one wait for a page's
    publisher confirms) walks every user with no high-water mark, ``--repeats`` times, each on an
    empty items table and an empty queue; messages/s (one message per user); checks that the queue
@@ -59,7 +59,8 @@ from reports.fanout import coordinator, runs
 from reports.jobs import BUILD_REPORT
 from reports.periods import Period
 from reports.settings import Settings
-from reports.worker.broker import Broker, backlog, build_broker, message_for, sender
+from reports.worker.broker import Broker, build_broker, message_for
+from reports.worker.queues import queue_for
 from reports.worker.rabbitmq import ready_counts
 
 BROKERS = ("redis", "rabbitmq")
@@ -247,7 +248,7 @@ def walk(target: Target, sessions: sessionmaker[Session], database_url: str, use
     outcome = coordinator.SliceOutcome()
     while not outcome.planned:
         outcome = coordinator.walk_slice(
-            sessions, period, sender(target.broker, BUILD_REPORT), page_size=page_size, budget_seconds=3600
+            sessions, period, queue_for(target.broker), page_size=page_size, budget_seconds=3600
         )
     planned_s = time.perf_counter() - started
     target.check_queued(users)
@@ -288,7 +289,7 @@ def high_water(target: Target, sessions: sessionmaker[Session], database_url: st
     base = target.memory() if target.client is not None else 0
     drain = target.drain(args.drain_rate)
     # The sampler has a broker connection of its own: Dramatiq's RabbitMQ broker keeps one per thread.
-    peak_backlog = Peak(lambda: backlog(target.broker, QUEUE))
+    peak_backlog = Peak(lambda: queue_for(target.broker).backlog(QUEUE))
     client = target.client
     peak_memory = Peak(lambda: _used_memory(client)) if client is not None else None
     try:
@@ -304,10 +305,9 @@ def high_water(target: Target, sessions: sessionmaker[Session], database_url: st
                 outcome = coordinator.walk_slice(
                     sessions,
                     second,
-                    sender(target.broker, BUILD_REPORT),
+                    queue_for(target.broker),
                     page_size=args.page_size,
                     budget_seconds=3600,
-                    backlog=lambda: backlog(target.broker, QUEUE),
                     high_water=args.high_water,
                 )
                 if outcome.backlogged:
@@ -355,7 +355,7 @@ def table(targets: list[Target], repeats: int) -> None:
             cells.append(f"{b / a:.2f}x" if a and b is not None else "n/a")
         rows.append(cells)
 
-    row("coordinator walk (send_many)", lambda t: t.walks, _fmt_rate)
+    row("coordinator walk (send_jobs)", lambda t: t.walks, _fmt_rate)
     row("loop of broker.enqueue", lambda t: t.loops, _fmt_rate)
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     for i, cells in enumerate(rows):

@@ -39,6 +39,7 @@ from reports.delivery import breaker
 from reports.fanout import runs
 from reports.jobs import BULK_QUEUE, DEFAULT_QUEUE
 from reports.worker.broker import build_broker
+from reports.worker.queues import queue_for
 
 #: Seconds to wait after the period is complete: longer than a metrics flush interval.
 SETTLE_SECONDS = 1.5
@@ -68,7 +69,7 @@ def _purpose(name: bytes, tokens: list[bytes]) -> str:
     if name in (b"hincrby", b"hincrbyfloat") and b":metrics:actor_" in tokens[1]:
         return "ours: actor metrics"
     if name in (b"hset", b"rpush") and tokens[1].startswith(b"bench:bulk"):
-        return "dramatiq: enqueue in bulk (reports.worker.broker.send_many)"
+        return "dramatiq: enqueue in bulk (reports.worker.queues.RedisQueue.send_jobs)"
     if name == b"zadd" and tokens[1].endswith(b":__heartbeats__"):
         return "ours: heartbeat thread"
     if name == b"evalsha":
@@ -148,7 +149,7 @@ def main() -> int:
             started = time.monotonic()
             runs.trigger_and_enqueue(
                 sessions,
-                build_broker(bench.settings),
+                queue_for(build_broker(bench.settings)),
                 bench.period,
                 template_version=bench.settings.template_version,
                 now=utcnow(),

@@ -29,6 +29,7 @@ from reports.database import create_db_engine, session_factory
 from reports.fanout import progress, runs
 from reports.jobs import BULK_QUEUE, DEFAULT_QUEUE
 from reports.worker.broker import build_broker
+from reports.worker.queues import queue_for
 
 #: End / checkpoint RSS above this fails the target.
 TARGET_RATIO = 1.10
@@ -96,7 +97,7 @@ def main() -> int:
             sampler = Sampler(bulk.pid, len(active), args.checkpoint, started)
             runs.trigger_and_enqueue(
                 sessions,
-                build_broker(bench.settings),
+                queue_for(build_broker(bench.settings)),
                 bench.period,
                 template_version=bench.settings.template_version,
                 now=utcnow(),

@@ -9,16 +9,13 @@ from __future__ import annotations
 import ipaddress
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import sqlalchemy.exc
 from sqlalchemy.engine import make_url
 
 from reports.errors import ConfigurationError
-
-if TYPE_CHECKING:
-    from reports.settings import Settings
 
 #: Query parameters whose value is a secret, matched case-insensitively anywhere in the name:
 #: ``password``, ``sslpassword``, ``pass``, ``secret``, ``token``, ``api_key``, ``auth``…
@@ -100,7 +97,32 @@ def _options(query: str, url: str) -> dict[str, bool]:
     return options
 
 
-def check_endpoints(settings: Settings) -> None:
+class EndpointSettings(Protocol):
+    """What :func:`check_endpoints` reads of the settings (:class:`reports.settings.Settings` has it)."""
+
+    @property
+    def database_url(self) -> str: ...
+    @property
+    def broker_url(self) -> str: ...
+    @property
+    def broker_is_rabbitmq(self) -> bool: ...
+    @property
+    def shared_redis_url(self) -> str: ...
+    @property
+    def smtp_url(self) -> str | None: ...
+    @property
+    def smtp_helo_name(self) -> str: ...
+    @property
+    def alert_webhook_url(self) -> str | None: ...
+    @property
+    def exporter_host(self) -> str: ...
+    @property
+    def public_base_url(self) -> str: ...
+    @property
+    def unsubscribe_secret(self) -> str: ...
+
+
+def check_endpoints(settings: EndpointSettings) -> None:
     """Reject a URL that would fail, or silently mean something else, once a process uses it, and
     an exporter that could not serve. Kept out of ``__post_init__`` so its own checks stay short."""
     _check_database_url(settings.database_url)

@@ -76,29 +76,14 @@ class ProviderUnavailable(TransientError):
     """The mail provider could not be reached (refused, reset or timed out)."""
 
 
-class Deferred(ReportsError):
-    """Not a failure: the message should run again later, without spending a retry."""
-
-    def __init__(self, retry_after_seconds: float, message: str | None = None) -> None:
-        self.retry_after_seconds = retry_after_seconds
-        super().__init__(message)
-
-
-class ClaimHeld(Deferred):
-    """Another copy of this message holds the delivery claim; try again when its lease ends."""
-
-    def __init__(self, retry_after_seconds: float) -> None:
-        super().__init__(
-            retry_after_seconds, f"Delivery claim held by another attempt for {retry_after_seconds:.1f}s more."
-        )
-
-
-class RateLimited(Deferred):
-    """The mail provider asked the fleet to send more slowly (a 4xx about the sending rate)."""
+class RateLimited(ReportsError):
+    """The mail provider asked the fleet to send more slowly (a 4xx about the sending rate); the
+    pipeline cuts the fleet's rate and defers the message, spending no retry."""
 
     def __init__(self, code: int, reply: str) -> None:
         self.code = code
-        super().__init__(RATE_LIMITED_RETRY_SECONDS, f"SMTP {code}: {reply}")
+        self.retry_after_seconds = RATE_LIMITED_RETRY_SECONDS
+        super().__init__(f"SMTP {code}: {reply}")
 
 
 #: How soon a message the provider refused for the fleet's pace comes back, in seconds: by then the
@@ -106,8 +91,12 @@ class RateLimited(Deferred):
 RATE_LIMITED_RETRY_SECONDS = 2.0
 
 
-class CircuitOpen(Deferred):
-    """The mail provider's circuit breaker is open: no send until its cool-down ends."""
+class ClaimHeld(ReportsError):
+    """Another copy of this message holds the delivery claim; the pipeline defers until its lease ends."""
+
+    def __init__(self, retry_after_seconds: float) -> None:
+        self.retry_after_seconds = retry_after_seconds
+        super().__init__(f"Delivery claim held by another attempt for {retry_after_seconds:.1f}s more.")
 
 
 #: SMTP reply meaning the whole service is unavailable, not just this message.

@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit
 
 from reports.endpoints import BLANK_OR_CONTROL, MIN_SECRET_CHARS, is_loopback
@@ -15,13 +15,28 @@ from reports.errors import ConfigurationError
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePublicKey
 
-    from reports.settings import Settings
-
 #: An SNS topic ARN, in any AWS partition (``aws``, ``aws-cn``, ``aws-us-gov``).
 _TOPIC_ARN = re.compile(r"arn:aws(?:-[a-z]+)*:sns:[a-z0-9-]+:[0-9]{12}:[A-Za-z0-9_.-]{1,256}")
 
 
-def check_feedback(settings: Settings) -> None:
+class FeedbackSettings(Protocol):
+    """What the webhooks' checks read of the settings (:class:`reports.settings.Settings` has it)."""
+
+    @property
+    def ses_topic_arns(self) -> str: ...
+    @property
+    def sendgrid_webhook_public_key(self) -> str: ...
+    @property
+    def postmark_webhook_auth(self) -> str: ...
+    @property
+    def mailgun_webhook_signing_key(self) -> str: ...
+    @property
+    def public_base_url(self) -> str: ...
+    @property
+    def sns_test_ca_file(self) -> str | None: ...
+
+
+def check_feedback(settings: FeedbackSettings) -> None:
     """Parse every webhook setting that is set; raise :class:`ConfigurationError` for the first bad one."""
     topic_arns(settings)
     if settings.sendgrid_webhook_public_key:
@@ -41,7 +56,7 @@ def check_feedback(settings: Settings) -> None:
         )
 
 
-def topic_arns(settings: Settings) -> frozenset[str]:
+def topic_arns(settings: FeedbackSettings) -> frozenset[str]:
     """The SNS topics ``/hooks/ses`` accepts; empty when SES_TOPIC_ARNS is unset."""
     arns = frozenset(part.strip() for part in settings.ses_topic_arns.split(",") if part.strip())
     bad = sorted(arn for arn in arns if not _TOPIC_ARN.fullmatch(arn))
@@ -53,7 +68,7 @@ def topic_arns(settings: Settings) -> frozenset[str]:
     return arns
 
 
-def sendgrid_key(settings: Settings) -> EllipticCurvePublicKey:
+def sendgrid_key(settings: FeedbackSettings) -> EllipticCurvePublicKey:
     """SENDGRID_WEBHOOK_PUBLIC_KEY as the P-256 public key it must be."""
     # Imported here: only the processes that check or verify a SendGrid request load cryptography.
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -71,7 +86,7 @@ def sendgrid_key(settings: Settings) -> EllipticCurvePublicKey:
     return key
 
 
-def postmark_credentials(settings: Settings) -> tuple[str, str]:
+def postmark_credentials(settings: FeedbackSettings) -> tuple[str, str]:
     """POSTMARK_WEBHOOK_AUTH as (user, password)."""
     user, colon, password = settings.postmark_webhook_auth.partition(":")
     if (

@@ -12,7 +12,7 @@ No release ever sent named fields, so a message that carries them is malformed.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
@@ -23,9 +23,6 @@ from reports.periods import Period
 CRITICAL_QUEUE = "critical"
 DEFAULT_QUEUE = "default"
 BULK_QUEUE = "bulk"
-
-#: Hands a batch of job payloads to the broker; returns how many were sent.
-SendJobs = Callable[[Iterable[dict[str, Any]]], int]
 
 #: ``users.id`` is a 32-bit integer: no user has a larger id.
 MAX_USER_ID = 2**31 - 1

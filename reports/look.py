@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from babel import Locale, UnknownLocaleError
 from babel.numbers import list_currencies
 
 from reports.errors import ConfigurationError
-
-if TYPE_CHECKING:
-    from reports.settings import Settings
 
 #: A colour the templates accept: ``#rgb`` or ``#rrggbb``. Nothing else can reach the CSS.
 _COLOUR = re.compile(r"#(?:[0-9a-fA-F]{3}){1,2}")
@@ -23,6 +20,27 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 #: Longest product name and postal address, in characters: both sit on one line of the header or footer.
 MAX_PRODUCT_NAME_CHARS = 60
 MAX_POSTAL_ADDRESS_CHARS = 200
+
+
+class LookSettings(Protocol):
+    """What :meth:`ReportLook.from_settings` reads (:class:`reports.settings.Settings` has it)."""
+
+    @property
+    def mail_from(self) -> str: ...
+    @property
+    def report_product_name(self) -> str: ...
+    @property
+    def report_brand_color(self) -> str: ...
+    @property
+    def report_accent_color(self) -> str: ...
+    @property
+    def report_logo_url(self) -> str | None: ...
+    @property
+    def report_postal_address(self) -> str: ...
+    @property
+    def report_locale(self) -> str: ...
+    @property
+    def report_currency(self) -> str: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,7 +80,7 @@ class ReportLook:
         _check_line("REPORT_POSTAL_ADDRESS", self.postal_address, MAX_POSTAL_ADDRESS_CHARS, required=False)
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> ReportLook:
+    def from_settings(cls, settings: LookSettings) -> ReportLook:
         address = settings.mail_from.rsplit("<", 1)[-1].rstrip(">").strip()
         return cls(
             product_name=settings.report_product_name,

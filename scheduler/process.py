@@ -57,7 +57,8 @@ from reports.models import PeriodRun
 from reports.ops import retention
 from reports.periods import Period
 from reports.settings import Settings
-from reports.worker.broker import Broker, build_broker, send_coordinator, shared_redis
+from reports.worker.broker import Broker, build_broker, shared_redis
+from reports.worker.queues import queue_for
 from scheduler.schedule import Schedule
 
 logger = logging.getLogger(__name__)
@@ -111,6 +112,7 @@ class SchedulerProcess:
         self.schedule = schedule
         self.sessions = sessions
         self.broker = broker
+        self.queue = queue_for(broker)
         self.redis = redis_client
         self.clock = clock
         #: Tells a job that is running when the process is asked to stop to finish early.
@@ -138,7 +140,7 @@ class SchedulerProcess:
             # Committed before the send: if the send fails, reconcile re-enqueues the coordinator
             # of a walk that has not moved for RECONCILE_STUCK_AFTER_SECONDS.
             if run.created:
-                send_coordinator(self.broker, str(run.run.walker), CoordinatorJob(period).payload())
+                self.queue.send_coordinator(str(run.run.walker), CoordinatorJob(period).payload())
                 self._record_trigger(period)
                 triggered.append(period)
                 logger.info(
@@ -201,7 +203,7 @@ class SchedulerProcess:
             try:
                 found = runs.reconcile_through(
                     self.sessions,
-                    self.broker,
+                    self.queue,
                     period,
                     redis_client=self.redis,
                     namespace=self.settings.broker_namespace,
@@ -240,7 +242,7 @@ class SchedulerProcess:
         try:
             requests = runs.reconcile_every_request(
                 self.sessions,
-                self.broker,
+                self.queue,
                 redis_client=self.redis,
                 namespace=self.settings.broker_namespace,
                 stuck_after=stuck_after,

@@ -14,6 +14,7 @@ from reports.errors import BadInput
 from reports.failures import dead_letters
 from reports.models import DeadLetter
 from reports.worker.broker import build_broker
+from reports.worker.queues import queue_for
 
 #: ``dead_letters.id`` is a 32-bit integer: a larger id matches nothing and overflows SQLite's binding.
 DEAD_LETTER_ID = click.IntRange(1, 2**31 - 1)
@@ -111,7 +112,7 @@ def replay(obj: Obj, ids: tuple[int, ...], period: str | None, everything: bool,
             raise BadInput(f"No dead letter with id {', '.join(map(str, missing))}.")
     outcome = dead_letters.replay(
         obj.sessions(),
-        build_broker(obj.settings),
+        queue_for(build_broker(obj.settings)),
         dead_letters.Filter(period=period, ids=ids),
         now=utcnow(),
         dry_run=dry_run,

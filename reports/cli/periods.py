@@ -13,6 +13,7 @@ from reports.fanout import progress, runs
 from reports.ops.watch import watch as watch_progress
 from reports.periods import Period
 from reports.worker.broker import build_broker
+from reports.worker.queues import queue_for
 
 #: Longest pause between two reads while watching, in seconds.
 MAX_WATCH_INTERVAL_SECONDS = 3600
@@ -25,27 +26,12 @@ def trigger(obj: Obj, period: Period) -> None:
     """Start (or resume) the monthly run for PERIOD (YYYY-MM, a month that has ended)."""
     triggered = runs.trigger_and_enqueue(
         obj.sessions(),
-        build_broker(obj.settings),
+        queue_for(build_broker(obj.settings)),
         period,
         template_version=obj.settings.template_version,
         now=utcnow(),
     )
-    click.echo(describe_trigger(triggered))
-
-
-def describe_trigger(triggered: runs.Triggered) -> str:
-    run = triggered.run
-    if triggered.resumed:
-        return (
-            f"{run.period} resumed: pending reports re-enqueued"
-            + ("" if run.planned else ", and the coordinator")
-            + "."
-        )
-    if triggered.created:
-        return f"Triggered {run.period}: coordinator enqueued (template {run.template_version})."
-    if triggered.needs_coordinator:
-        return f"{run.period} was already triggered; coordinator enqueued to resume after user {run.cursor}."
-    return f"{run.period} is already planned; nothing enqueued."
+    click.echo(triggered.describe())
 
 
 @cli.command("progress")

@@ -15,6 +15,7 @@ from reports.fanout import runs
 from reports.periods import Period
 from reports.settings import MAX_SECONDS
 from reports.worker.broker import build_broker, shared_redis
+from reports.worker.queues import queue_for
 
 
 def _seconds(_ctx: click.Context, _param: click.Parameter, value: float | None) -> float | None:
@@ -39,7 +40,7 @@ def reconcile(obj: Obj, period: Period, stuck_after: float | None, as_json: bool
     broker = build_broker(obj.settings)
     found = runs.reconcile_through(
         obj.sessions(),
-        broker,
+        queue_for(broker),
         period,
         redis_client=shared_redis(broker, obj.settings),
         namespace=obj.settings.broker_namespace,

@@ -13,9 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 
 import redis
+from sqlalchemy import update
+from sqlalchemy.orm import Session
 
+from reports.models import PeriodRun, RunState
 from reports.periods import Period
 
 # KEYS: the period's set. ARGV: now ms, user id, window ms, threshold. Returns the count reached
@@ -78,3 +82,15 @@ class Brake:
             )
         )
         return Tripped(period, count, self.window_seconds, reply) if count else None
+
+
+def pause(session: Session, period: Period, *, now: datetime) -> bool:
+    """Cancel the period's run as ``reports cancel`` does (``reports trigger`` resumes it);
+    ``False`` if it was cancelled already."""
+    paused = session.execute(
+        update(PeriodRun)
+        .where(PeriodRun.period == str(period), PeriodRun.state == RunState.ACTIVE)
+        .values(state=RunState.CANCELLED, updated_at=now)
+        .returning(PeriodRun.period)
+    ).first()
+    return paused is not None

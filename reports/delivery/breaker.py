@@ -66,6 +66,18 @@ def state_of(client: redis.Redis, name: str) -> State:
     return State(raw.decode()) if raw else State.CLOSED
 
 
+@dataclass(frozen=True)
+class Reader:
+    """The fleet's breaker ``name`` as a process that does not send reads it (reconcile)."""
+
+    client: redis.Redis
+    name: str
+
+    def holds_back(self) -> bool:
+        """Whether the breaker is holding sends back: open, or letting a probe through."""
+        return state_of(self.client, self.name) != State.CLOSED
+
+
 #: How long a process trusts the breaker state it last read from Redis, in milliseconds.
 #: Bounds how late another process's opening is seen; 0 asks Redis on every ``allow``.
 STATE_CACHE_MS = 250

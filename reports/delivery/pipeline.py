@@ -15,7 +15,6 @@ states and the delivery claim make repeats send nothing.
 
 from __future__ import annotations
 
-import enum
 import functools
 import logging
 import time
@@ -25,32 +24,32 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.headerregistry import Address
-from typing import Any, NoReturn
+from typing import Any
 
 import redis
 import sqlalchemy.exc
 from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from reports import items, suppressions, tokens
 from reports.clock import utcnow
 from reports.content.activity import load_summary
 from reports.content.render import RenderedReport, render
-from reports.delivery import claims, send_rate, statements
+from reports.delivery import brake, claims, send_rate, statements
 from reports.delivery.brake import Brake
 from reports.delivery.breaker import CircuitBreaker, Permit, State
 from reports.delivery.mail.backend import Mailer
 from reports.delivery.mail.compose import compose, message_id, recipient
 from reports.delivery.send_rate import SendRate, pace
-from reports.errors import CircuitOpen, Deferred, MailRejected, PermanentError, RateLimited, is_provider_failure
-from reports.fanout import items, runs
+from reports.errors import ClaimHeld, MailRejected, PermanentError, RateLimited, is_provider_failure
 from reports.jobs import ReportJob, SendNowJob
 from reports.look import ReportLook
 from reports.models import FINAL_STATES, ItemState, PeriodRun, ReportItem, RunState, SuppressionReason, User
+from reports.outcome import Outcome
 from reports.periods import Period
 from reports.settings import CLAIM_LEASE_MARGIN_SECONDS, Settings
 from reports.sql import Executor
-from reports.unsubscribe import suppressions, tokens
-from reports.unsubscribe.tokens import Links
+from reports.tokens import Links
 
 logger = logging.getLogger(__name__)
 
@@ -72,31 +71,8 @@ class UnknownItem(PermanentError):
     """The message names a (period, user) that the coordinator never recorded."""
 
 
-class ItemNotYetRecorded(Deferred):
-    """The item is missing, but the coordinator has not walked past this user yet: look again soon."""
-
-    def __init__(self) -> None:
-        super().__init__(ITEM_NOT_YET_RECORDED_RETRY_SECONDS)
-
-
-class LeaseTooShort(Deferred):
-    """Too little of the claim's lease is left to cover a whole send: release it and start again."""
-
-    def __init__(self) -> None:
-        super().__init__(0.0)
-
-
 class UnknownUser(PermanentError):
     """The message names a user that does not exist."""
-
-
-class Outcome(enum.StrEnum):
-    DELIVERED = "delivered"
-    SKIPPED = "skipped"
-    #: The period was cancelled: nothing sent, the item left pending.
-    CANCELLED = "cancelled"
-    #: Another copy of the message had already finished the item.
-    ALREADY_DONE = "already_done"
 
 
 @dataclass(frozen=True)
@@ -170,38 +146,54 @@ def _deliver(
     prepare: Callable[[Any], _Prepared | Outcome],
     transaction: Callable[[], AbstractContextManager[Executor]],
 ) -> Outcome:
-    with transaction() as db:
-        prepared = prepare(db)
+    try:
+        with transaction() as db:
+            prepared = prepare(db)
+    except ClaimHeld as held:
+        return Outcome.deferred(held.retry_after_seconds, "claim held by another copy")
     if not isinstance(prepared, _Prepared):
         return prepared
     # Asked only now, so a message that turns out done, skipped or cancelled never holds the
     # half-open probe's one slot for the probe timeout.
     try:
-        # First: a sleep for a slot must not hold the probe's slot.
-        slot = pace(
-            ctx.send_rate,
-            _millis(ctx.clock()),
-            # Whatever the lease leaves beyond a whole send and its record, up to a few seconds: a
-            # worker asked to stop waits for its running messages.
-            patience_ms=min(
-                prepared.lease_left() - ctx.settings.smtp_timeout_seconds - RECORD_TIME_SECONDS, PACE_PATIENCE_SECONDS
-            )
-            * 1000,
-            sleep=time.sleep,
-        )
-        permit = _ask_breaker(ctx)
-        # Last, after every call that can block (a Redis that stalls holds the breaker's call for
-        # as long as it stalls): only the send itself, bounded by the SMTP deadline, comes after.
-        # A probe turned back here keeps its slot until the probe timeout, as one that died would.
-        if prepared.lease_left() < ctx.settings.smtp_timeout_seconds + RECORD_TIME_SECONDS:
-            raise LeaseTooShort()
-    except (Deferred, redis.RedisError):
+        go = _may_send(ctx, prepared)
+    except redis.RedisError:
         _release(ctx, prepared, transaction)
         raise
-    _send(ctx, prepared, permit, transaction)
-    if slot is not None and slot.adapting:
+    if isinstance(go, Outcome):
+        _release(ctx, prepared, transaction)
+        return go
+    permit, slot = go
+    outcome = _send(ctx, prepared, permit, transaction)
+    if slot is not None and slot.adapting and outcome is Outcome.DELIVERED:
         _speed_up(ctx, slot)
-    return Outcome.DELIVERED
+    return outcome
+
+
+def _may_send(ctx: Context, prepared: _Prepared) -> tuple[Permit | None, send_rate.Permit | None] | Outcome:
+    """The breaker's permit (``None``: no breaker) and the send rate's slot (``None``: no limiter)
+    when the send may go now; the deferral otherwise."""
+    # First: a sleep for a slot must not hold the probe's slot.
+    slot = pace(
+        ctx.send_rate,
+        _millis(ctx.clock()),
+        # Whatever the lease leaves beyond a whole send and its record, up to a few seconds: a
+        # worker asked to stop waits for its running messages.
+        patience_ms=1000
+        * min(prepared.lease_left() - ctx.settings.smtp_timeout_seconds - RECORD_TIME_SECONDS, PACE_PATIENCE_SECONDS),
+        sleep=time.sleep,
+    )
+    if isinstance(slot, Outcome):
+        return slot
+    permit = _ask_breaker(ctx)
+    if isinstance(permit, Outcome):
+        return permit
+    # Last, after every call that can block (a Redis that stalls holds the breaker's call for
+    # as long as it stalls): only the send itself, bounded by the SMTP deadline, comes after.
+    # A probe turned back here keeps its slot until the probe timeout, as one that died would.
+    if prepared.lease_left() < ctx.settings.smtp_timeout_seconds + RECORD_TIME_SECONDS:
+        return Outcome.deferred(0.0, "too little of the claim's lease left for a whole send")
+    return permit, slot
 
 
 def _send(
@@ -209,17 +201,21 @@ def _send(
     prepared: _Prepared,
     permit: Permit | None,
     transaction: Callable[[], AbstractContextManager[Executor]],
-) -> None:
+) -> Outcome:
     try:
         ctx.mailer.send(prepared.email, recipient=prepared.address)
     except Exception as error:
         bounced = error if isinstance(error, MailRejected) and error.recipient else None
         _release(ctx, prepared, transaction, bounced=bounced)
+        if _opens_breaker(ctx, permit, error):
+            # The provider is down: wait out the cool-down instead of spending a retry.
+            return Outcome.deferred(ctx.breaker.cooldown_ms / 1000, "mail breaker opened")  # type: ignore[union-attr]
         if isinstance(error, RateLimited):
+            # About the fleet's pace, not this message: slower for everyone, and this one later.
             _slow_down(ctx, error)
-        elif isinstance(error, MailRejected) and not error.about_address:
+            return Outcome.deferred(error.retry_after_seconds, f"the provider asked for a slower pace ({error})")
+        if isinstance(error, MailRejected) and not error.about_address:
             _brake(ctx, prepared, error)
-        _tell_breaker_failure(ctx, permit, error)
         raise
     _record_sent(ctx, prepared, transaction)
     if permit is not None and permit.probe:
@@ -228,6 +224,7 @@ def _send(
         except redis.RedisError:
             # The send is recorded; the probe's slot frees itself after the probe timeout.
             logger.warning("Could not tell the breaker its probe succeeded: Redis unreachable.")
+    return Outcome.DELIVERED
 
 
 def _release(
@@ -252,6 +249,15 @@ def _release(
                 )
     except sqlalchemy.exc.SQLAlchemyError:
         logger.warning("Could not release a delivery claim (or record a bounce); the claim ends with its lease.")
+
+
+def _ask_breaker(ctx: Context) -> Permit | None | Outcome:
+    if ctx.breaker is None:
+        return None
+    permit = ctx.breaker.allow(_millis(ctx.clock()))
+    if not permit.allowed:
+        return Outcome.deferred(permit.wait_ms / 1000, "mail breaker open")
+    return permit
 
 
 def _slow_down(ctx: Context, refused: RateLimited) -> None:
@@ -293,7 +299,7 @@ def _brake(ctx: Context, prepared: _Prepared, error: MailRejected) -> None:
         return
     try:
         with ctx.sessions.begin() as session:
-            paused = runs.cancel(session, first.period, now=ctx.clock())
+            paused = brake.pause(session, first.period, now=ctx.clock())
     except sqlalchemy.exc.SQLAlchemyError:
         logger.warning("The brake could not pause period %s: database unreachable.", first.period)
         return
@@ -314,26 +320,15 @@ def _brake(ctx: Context, prepared: _Prepared, error: MailRejected) -> None:
         ctx.brake.alert(tripped)
 
 
-def _ask_breaker(ctx: Context) -> Permit | None:
-    if ctx.breaker is None:
-        return None
-    permit = ctx.breaker.allow(_millis(ctx.clock()))
-    if not permit.allowed:
-        raise CircuitOpen(permit.wait_ms / 1000)
-    return permit
-
-
-def _tell_breaker_failure(ctx: Context, permit: Permit | None, error: Exception) -> None:
-    """Count a provider failure; once the breaker is open, wait out the cool-down instead of retrying."""
+def _opens_breaker(ctx: Context, permit: Permit | None, error: Exception) -> bool:
+    """Count a provider failure; whether the breaker is open now."""
     if ctx.breaker is None or permit is None:
-        return
+        return False
     if not is_provider_failure(error):
         if permit.probe:
             ctx.breaker.record_success()  # the provider answered: it is up
-        return
-    state = ctx.breaker.record_failure(_millis(ctx.clock()), token=str(uuid.uuid4()))
-    if state is State.OPEN:
-        raise CircuitOpen(ctx.breaker.cooldown_ms / 1000) from error
+        return False
+    return ctx.breaker.record_failure(_millis(ctx.clock()), token=str(uuid.uuid4())) is State.OPEN
 
 
 def _millis(moment: datetime) -> int:
@@ -413,7 +408,7 @@ def _prepare(ctx: Context, session: Executor, job: ReportJob) -> _Prepared | Out
         empty_month=ctx.settings.report_empty_month,
     )
     if inputs.item_state is None:
-        _missing_item(inputs, job)
+        return _missing_item(inputs, job)
     if inputs.item_state in FINAL_STATES:
         return Outcome.ALREADY_DONE
     if inputs.run_state == RunState.CANCELLED:
@@ -438,6 +433,7 @@ def _prepare(ctx: Context, session: Executor, job: ReportJob) -> _Prepared | Out
         name=inputs.name,
         summary=inputs.summary,
         look=ctx.look,
+        locale=inputs.locale,
         unsubscribe_url=unsubscribe_url,
     )
     email = compose(
@@ -459,10 +455,10 @@ def _prepare(ctx: Context, session: Executor, job: ReportJob) -> _Prepared | Out
     )
 
 
-def _missing_item(inputs: statements.Inputs, job: ReportJob) -> NoReturn:
-    """Raise for a message whose item is not there: defer while the walk may still record it."""
+def _missing_item(inputs: statements.Inputs, job: ReportJob) -> Outcome:
+    """For a message whose item is not there: defer while the walk may still record it."""
     if inputs.run_state is not None and not inputs.planned and inputs.cursor < job.user_id:
-        raise ItemNotYetRecorded()
+        return Outcome.deferred(ITEM_NOT_YET_RECORDED_RETRY_SECONDS, "item not yet recorded by the walk")
     raise UnknownItem(f"No report item for period {job.period}, user {job.user_id}.")
 
 
@@ -528,6 +524,7 @@ def _render_and_store(
         name=user.name,
         summary=load_summary(session, user.id, period),
         look=ctx.look,
+        locale=user.locale,
         unsubscribe_url=ctx.unsubscribe_url(user.id),
     )
     statements.store(session, period, user.id, statements.StoredReport(template_version, rendered, now))

@@ -43,7 +43,7 @@ from redis.typing import EncodableT, FieldT
 
 from reports import counters
 from reports.delivery import aimd
-from reports.errors import Deferred
+from reports.outcome import Outcome
 
 #: Name of the fleet-wide counter of throttled sends, by outcome (``waited``, ``deferred``).
 THROTTLED_COUNTER = "send_throttled"
@@ -129,13 +129,6 @@ def send_rate_key(namespace: str) -> str:
 def adapted_rate_key(namespace: str) -> str:
     """The Redis key of the rate the fleet follows the provider with (absent: the ceiling)."""
     return f"{namespace}:send_rate:adapted"
-
-
-class Throttled(Deferred):
-    """The fleet is at its send rate: this send goes later, without spending a retry."""
-
-    def __init__(self, retry_after_seconds: float) -> None:
-        super().__init__(retry_after_seconds, f"Send rate reached: this send may go in {retry_after_seconds:.2f}s.")
 
 
 @dataclass(frozen=True)
@@ -291,10 +284,10 @@ def pace(
     max_sleep_ms: float = MAX_SLEEP_MS,
     patience_ms: float = 0.0,
     sleep: Callable[[float], None],
-) -> Permit | None:
+) -> Permit | Outcome | None:
     """Hold this send to the fleet's rate: return its permit when it may go, after sleeping for
-    its slot if that is at most ``max_sleep_ms`` away, or raise :class:`Throttled` (a deferral,
-    which spends no retry) when it is further. ``None`` (no limiter) returns ``None`` at once.
+    its slot if that is at most ``max_sleep_ms`` away, or the deferral (which spends no retry)
+    when it is further. ``None`` (no limiter) returns ``None`` at once.
 
     :param patience_ms: how long this caller may wait in all before it is deferred: it sleeps
         until a slot may be within reach and asks again, as long as the slot's wait fits. A thread
@@ -311,7 +304,7 @@ def pace(
             break
         # The slot is past what may be booked: come back when it may be, if that is within patience.
         if waited_ms + permit.wait_ms > patience_ms:
-            raise Throttled(permit.wait_ms / 1000)
+            return Outcome.deferred(permit.wait_ms / 1000, "send rate reached")
         nap_ms = max(permit.wait_ms - max_sleep_ms, 1.0)
         sleep(nap_ms / 1000)
         waited_ms += nap_ms

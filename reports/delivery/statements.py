@@ -6,7 +6,7 @@ activity, and, when there is a report to mail, counts the attempt and takes the 
 Recording marks the item delivered and the claim sent and stores the report as it was sent. That
 is 2 statements in 2 transactions per report, where the general path (and SQLite, which has
 neither data-modifying CTEs nor row locks) takes about 9; the SQLite path runs the same steps
-through the general functions of :mod:`reports.fanout.items` and :mod:`reports.delivery.claims`,
+through the general functions of :mod:`reports.items` and :mod:`reports.delivery.claims`,
 so the two cannot drift in meaning, and on PostgreSQL :func:`read_and_claim` checks that the
 statement's idea of "there is a report to mail" is :func:`mailable`'s.
 """
@@ -19,11 +19,11 @@ from datetime import datetime, timedelta
 from sqlalchemy import column, select, text
 from sqlalchemy.sql.selectable import TextualSelect
 
+from reports import items
 from reports.content.activity import Summary, load_summary, summarize
 from reports.content.render import RenderedReport
 from reports.content.view import should_send
 from reports.delivery import claims
-from reports.fanout import items
 from reports.models import (
     FINAL_STATES,
     ItemState,
@@ -53,6 +53,8 @@ class Inputs:
     name: str | None
     active: bool
     summary: Summary
+    #: The user's own locale as stored (BCP 47), unchecked; ``None`` when they have none.
+    locale: str | None = None
     #: Why the user is on the suppression list; ``None`` when they are not.
     suppressed: str | None = None
     #: The monthly email's claim, taken when the report is :func:`mailable`; ``None`` when it is
@@ -122,7 +124,7 @@ WITH item AS (
 )
 SELECT (SELECT state FROM item), r.state, r.planned, r.cursor, u.email, u.name, u.active,
        a.in_period, a.category, a.n, a.total, s.reason,
-       extract(epoch FROM (SELECT lock_wait FROM sendable)), (SELECT count(*) FROM claimed)
+       extract(epoch FROM (SELECT lock_wait FROM sendable)), (SELECT count(*) FROM claimed), u.locale
 FROM (SELECT 1) AS one
 LEFT JOIN period_runs r ON r.period = :period
 LEFT JOIN users u ON u.id = :user_id
@@ -148,6 +150,7 @@ LEFT JOIN LATERAL (
     "reason",
     "lock_wait",
     "taken",
+    "locale",
 )
 
 
@@ -202,6 +205,7 @@ def read_and_claim(
         active=bool(first[6]),
         summary=summarize(period, ((bool(r[7]), r[8], r[9], r[10]) for r in rows if r[8] is not None)),
         suppressed=first[11],
+        locale=first[14],
     )
     lock_wait, taken = first[12], first[13]
     if (lock_wait is not None) != mailable(inputs, empty_month=empty_month):
@@ -226,7 +230,7 @@ def _read_each(session: Executor, period: Period, user_id: int) -> Inputs:
         select(PeriodRun.state, PeriodRun.planned, PeriodRun.cursor).where(PeriodRun.period == str(period))
     ).one_or_none()
     user = session.execute(
-        select(User.email, User.name, User.active, Suppression.reason)
+        select(User.email, User.name, User.active, User.locale, Suppression.reason)
         .outerjoin(Suppression, Suppression.user_id == User.id)
         .where(User.id == user_id)
     ).one_or_none()
@@ -240,6 +244,7 @@ def _read_each(session: Executor, period: Period, user_id: int) -> Inputs:
         active=bool(user and user.active),
         summary=load_summary(session, user_id, period),
         suppressed=user.reason if user else None,
+        locale=user.locale if user else None,
     )
 
 

@@ -19,8 +19,8 @@ from urllib.parse import urlsplit
 
 import redis
 
+from reports.dead_message import DeadMessage
 from reports.delivery.brake import Tripped
-from reports.worker.retries import DeadMessage
 
 logger = logging.getLogger(__name__)
 

@@ -16,13 +16,13 @@ from typing import Any
 from sqlalchemy import delete, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from reports import items, pruning
+from reports.dead_message import DeadMessage
 from reports.errors import InvalidPayload
-from reports.fanout import items, runs
 from reports.jobs import BUILD_REPORT, SEND_NOW, CoordinatorJob, ReportJob, SendNowJob
 from reports.models import DeadLetter, DeadLetterReason, DeliveryState, ItemState, ReportItem, SendNowRequest
+from reports.queue import Queue
 from reports.sql import insert_ignoring_conflicts, rowcount
-from reports.worker.broker import Broker, enqueue_again
-from reports.worker.retries import DeadMessage
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +111,12 @@ class Filter:
     reason: str | None = None
     ids: tuple[int, ...] = ()
     include_replayed: bool = False
+    #: Only this actor's (``build_report``, ``send_now`` …).
+    actor: str | None = None
+    #: Only those that died for this :class:`DeadLetterReason`.
+    cause: str | None = None
+    #: Only those with an id up to this one: the letters a count was shown for, none that died since.
+    up_to_id: int | None = None
 
     def clauses(self) -> list[Any]:
         clauses: list[Any] = []
@@ -118,6 +124,12 @@ class Filter:
             clauses.append(DeadLetter.replayed_at.is_(None))
         if self.period:
             clauses.append(DeadLetter.period == self.period)
+        if self.actor:
+            clauses.append(DeadLetter.actor == self.actor)
+        if self.cause:
+            clauses.append(DeadLetter.reason == self.cause)
+        if self.up_to_id is not None:
+            clauses.append(DeadLetter.id <= self.up_to_id)
         if self.ids:
             clauses.append(DeadLetter.id.in_(self.ids))
         if self.reason:
@@ -137,6 +149,21 @@ def find(session: Session, where: Filter, *, limit: int | None = None) -> list[D
     return list(session.scalars(select(DeadLetter).where(*where.clauses()).order_by(DeadLetter.id).limit(limit)))
 
 
+def page(session: Session, where: Filter, *, before: int | None, limit: int) -> list[DeadLetter]:
+    """Up to ``limit`` matching dead letters, newest first, with an id below ``before`` when given:
+    a keyset page, as cheap at the millionth letter as at the first."""
+    statement = select(DeadLetter).where(*where.clauses())
+    if before is not None:
+        statement = statement.where(DeadLetter.id < before)
+    return list(session.scalars(statement.order_by(DeadLetter.id.desc()).limit(limit)))
+
+
+def count(session: Session, where: Filter) -> tuple[int, int]:
+    """How many dead letters match, and the highest id among them (0 when none)."""
+    n, highest = session.execute(select(func.count(), func.max(DeadLetter.id)).where(*where.clauses())).one()
+    return int(n), int(highest or 0)
+
+
 def get(session: Session, dead_letter_id: int) -> DeadLetter | None:
     return session.get(DeadLetter, dead_letter_id)
 
@@ -148,7 +175,7 @@ class Replayed:
     items_reset: int = 0
 
 
-def replay(sessions: sessionmaker[Session], broker: Broker, where: Filter, *, now: datetime, dry_run: bool) -> Replayed:
+def replay(sessions: sessionmaker[Session], queue: Queue, where: Filter, *, now: datetime, dry_run: bool) -> Replayed:
     """Enqueue each matching dead letter again, once, as a fresh message (attempts start over).
 
     The snapshot is bounded by the highest id when the replay starts: a message that dies again
@@ -165,7 +192,7 @@ def replay(sessions: sessionmaker[Session], broker: Broker, where: Filter, *, no
             # The periods' locks before the letters': a prune deletes replayed letters under its
             # period's lock, so both take them in this order and cannot deadlock.
             periods = select(DeadLetter.period).where(DeadLetter.id.in_(chunk), DeadLetter.period.is_not(None))
-            runs.hold_off_pruning(session, session.scalars(periods.distinct()))
+            pruning.hold_off(session, session.scalars(periods.distinct()))
             for letter in session.scalars(select(DeadLetter).where(DeadLetter.id.in_(chunk)).with_for_update()):
                 if letter.replayed_at is not None or letter.reason == DeadLetterReason.UNDECODABLE:
                     continue  # replayed concurrently by another operator, or no message to send
@@ -174,7 +201,7 @@ def replay(sessions: sessionmaker[Session], broker: Broker, where: Filter, *, no
                     continue
                 outcome.items_reset += _reset_item(session, letter, now)
                 args, kwargs = _arguments(letter)
-                message_id = enqueue_again(broker, queue=letter.queue, actor=letter.actor, args=args, kwargs=kwargs)
+                message_id = queue.enqueue_again(queue=letter.queue, actor=letter.actor, args=args, kwargs=kwargs)
                 letter.replayed_at, letter.replay_message_id = now, message_id
     return outcome
 

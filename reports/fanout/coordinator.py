@@ -26,9 +26,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from reports.clock import utcnow
 from reports.errors import PermanentError
-from reports.jobs import ReportJob, SendJobs
+from reports.jobs import BUILD_REPORT, ReportJob
 from reports.models import ItemState, PeriodRun, ReportItem, RunState, Suppression, User
 from reports.periods import Period
+from reports.queue import Queue
 from reports.sql import dialect_insert
 
 #: An item recorded this long ago and still not handed out was left by a crash, not by a copy
@@ -73,17 +74,16 @@ class _Page:
 def walk_slice(
     sessions: sessionmaker[Session],
     period: Period,
-    send_jobs: SendJobs,
+    queue: Queue,
     *,
     walker: str | None = None,
     page_size: int,
     budget_seconds: float,
     should_stop: Callable[[], bool] = lambda: False,
-    backlog: Callable[[], int] | None = None,
-    high_water: int = 0,
+    high_water: int | None = None,
 ) -> SliceOutcome:
     """Walk pages until the period is planned, ``budget_seconds`` have passed or ``should_stop()``,
-    or ``backlog()`` (messages not yet done) reaches ``high_water``.
+    or the bulk queue's backlog (messages not yet done) reaches ``high_water`` (``None``: never).
 
     ``walker`` is the chain's token; a chain the run does not name stops (``None``: a caller that
     walks in-process, outside any chain, such as a benchmark). The caller re-enqueues
@@ -93,14 +93,14 @@ def walk_slice(
     deadline = time.monotonic() + budget_seconds
     outcome = SliceOutcome()
     while True:
-        if backlog is not None and backlog() >= high_water:
+        if high_water is not None and queue.backlog(BUILD_REPORT.queue) >= high_water:
             outcome.backlogged = True
             _note_pause(sessions, period, walker, outcome)
             return outcome
         page = _record_page(sessions, period, walker, page_size, outcome)
         if page is None:
             return outcome
-        _hand_out(sessions, period, page, send_jobs, outcome)
+        _hand_out(sessions, period, page, queue, outcome)
         outcome.planned, outcome.settling = page.planned, page.settling
         if page.planned or page.settling or time.monotonic() >= deadline or should_stop():
             return outcome
@@ -200,13 +200,13 @@ def _never_handed_out(session: Session, period: Period) -> list[tuple[int, datet
 
 
 def _hand_out(
-    sessions: sessionmaker[Session], period: Period, page: _Page, send_jobs: SendJobs, outcome: SliceOutcome
+    sessions: sessionmaker[Session], period: Period, page: _Page, queue: Queue, outcome: SliceOutcome
 ) -> None:
     outcome.pages += 1
     if not page.user_ids:
         return
-    outcome.enqueued += send_jobs(
-        ReportJob(period, user_id, page.template_version).payload() for user_id in page.user_ids
+    outcome.enqueued += queue.send_jobs(
+        BUILD_REPORT, (ReportJob(period, user_id, page.template_version).payload() for user_id in page.user_ids)
     )
     with sessions.begin() as session:
         stamp_handed_out(session, period, page.user_ids[0], page.user_ids[-1], now=utcnow())

@@ -25,27 +25,16 @@ from typing import Any
 from sqlalchemy import and_, exists, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from reports.delivery.breaker import Reader
 from reports.fanout import progress
-from reports.jobs import BULK_QUEUE, CRITICAL_QUEUE, CoordinatorJob, ReportJob, SendJobs, SendNowJob
+from reports.jobs import BUILD_REPORT, SEND_NOW, CoordinatorJob, ReportJob, SendNowJob
 from reports.models import Delivery, DeliveryState, ItemState, PeriodRun, ReportItem, SendNowRequest, Suppression, User
 from reports.periods import Period
+from reports.queue import Queue
 from reports.sql import server_now
 
 #: Stuck items re-enqueued per transaction.
 CHUNK = 1000
-
-#: Starts a coordinator chain: (walker token, payload).
-SendCoordinator = Callable[[str, dict[str, Any]], None]
-
-
-@dataclass(frozen=True)
-class InFlight:
-    """What the broker and the breaker say about messages that may still be on their way."""
-
-    #: Messages of a queue not yet done: ready, delayed, and fetched by live workers.
-    backlog: Callable[[str], int] = lambda _queue: 0
-    #: Whether the mail breaker is holding sends back (open or probing).
-    breaker_open: Callable[[], bool] = lambda: False
 
 
 @dataclass(frozen=True)
@@ -75,16 +64,18 @@ class Reconciliation:
 def reconcile(
     sessions: sessionmaker[Session],
     period: Period,
-    send_jobs: SendJobs,
-    send_coordinator: SendCoordinator,
+    queue: Queue,
     *,
     stuck_after: timedelta,
     now: datetime,
-    in_flight: InFlight | None = None,
-    send_requests: SendJobs | None = None,
+    breaker: Reader | None = None,
+    requests: bool = False,
     resume: bool = False,
 ) -> Reconciliation:
     """Count the period and re-enqueue what is lost (and its coordinator, if the walk is lost).
+
+    ``queue``'s backlog and the mail ``breaker`` (``None``: none, as closed) tell what may still
+    be on its way; ``requests`` reconciles the period's send-now requests too.
 
     ``resume`` is for a cancelled period made active again: messages consumed while it was
     cancelled left their items pending, so every pending item without a live claim is sent,
@@ -93,7 +84,7 @@ def reconcile(
     still in flight is absorbed by the delivery claim.
     """
     untouched_since = now - stuck_after  # first: an impossible threshold fails before anything is sent
-    facts = in_flight or InFlight()
+    holds_back = breaker.holds_back if breaker is not None else _never
     with sessions.begin() as session:
         counts = progress.count(session, period)  # BadInput for a period never triggered
         run = session.get(PeriodRun, str(period), with_for_update=True)
@@ -118,16 +109,18 @@ def reconcile(
         if coordinator_enqueued:
             # A new chain: whichever chain was out there stops at its next slice.
             run.walker, run.updated_at = str(uuid.uuid4()), now
-            send_coordinator(run.walker, CoordinatorJob(period).payload())
+            queue.send_coordinator(run.walker, CoordinatorJob(period).payload())
 
-    may_be_waiting = not resume and (facts.breaker_open() or facts.backlog(BULK_QUEUE) > 0)
+    may_be_waiting = not resume and (holds_back() or queue.backlog(BUILD_REPORT.queue) > 0)
     lost = _lost(period, untouched_since, handed_out_too=not may_be_waiting)
     requeued = _requeue(
         sessions,
         period,
         lost,
         now,
-        lambda user_ids: send_jobs(ReportJob(period, user_id, template_version).payload() for user_id in user_ids),
+        lambda user_ids: queue.send_jobs(
+            BUILD_REPORT, (ReportJob(period, user_id, template_version).payload() for user_id in user_ids)
+        ),
     )
     waiting = 0
     if may_be_waiting:
@@ -142,10 +135,8 @@ def reconcile(
             )
 
     requests_requeued = 0
-    if send_requests is not None and not facts.breaker_open() and facts.backlog(CRITICAL_QUEUE) == 0:
-        requests_requeued = reconcile_requests(
-            sessions, send_requests, period=period, untouched_since=untouched_since, now=now
-        )
+    if requests and not holds_back() and queue.backlog(SEND_NOW.queue) == 0:
+        requests_requeued = reconcile_requests(sessions, queue, period=period, untouched_since=untouched_since, now=now)
     return Reconciliation(
         period=str(period),
         planned=counts.planned,
@@ -211,9 +202,13 @@ def _lost(period: Period, untouched_since: datetime, *, handed_out_too: bool) ->
     ]
 
 
+def _never() -> bool:
+    return False
+
+
 def reconcile_requests(
     sessions: sessionmaker[Session],
-    send_requests: SendJobs,
+    queue: Queue,
     *,
     period: Period | None,
     untouched_since: datetime,
@@ -247,4 +242,4 @@ def reconcile_requests(
             SendNowJob(Period.parse(row_period), user_id, request_id, str(version)).payload()
             for row_period, user_id, request_id, version in sorted(requests)
         ]
-        return send_requests(payloads) if payloads else 0
+        return queue.send_jobs(SEND_NOW, payloads) if payloads else 0

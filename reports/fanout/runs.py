@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import functools
 import uuid
-from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -12,15 +10,15 @@ import redis
 from sqlalchemy import Exists, exists, or_, select
 from sqlalchemy.orm import InstrumentedAttribute, Session, sessionmaker
 
-from reports.delivery.breaker import State, mail_breaker_name, state_of
+from reports.delivery.breaker import Reader, mail_breaker_name
 from reports.errors import BadInput
 from reports.fanout import progress
-from reports.fanout.reconcile import InFlight, Reconciliation, reconcile, reconcile_requests
-from reports.jobs import BUILD_REPORT, SEND_NOW, CoordinatorJob
+from reports.fanout.reconcile import Reconciliation, reconcile, reconcile_requests
+from reports.jobs import SEND_NOW, CoordinatorJob
 from reports.models import DeliveryState, ItemState, PeriodRun, ReportItem, RunState, SendNowRequest
 from reports.periods import Period
+from reports.queue import Queue
 from reports.sql import insert_ignoring_conflicts
-from reports.worker.broker import Broker, backlog, send_coordinator, sender
 
 
 @dataclass(frozen=True)
@@ -34,6 +32,21 @@ class Triggered:
     @property
     def needs_coordinator(self) -> bool:
         return not self.run.planned
+
+    def describe(self) -> str:
+        """What the trigger did, as one line for the operator."""
+        run = self.run
+        if self.resumed:
+            return (
+                f"{run.period} resumed: pending reports re-enqueued"
+                + ("" if run.planned else ", and the coordinator")
+                + "."
+            )
+        if self.created:
+            return f"Triggered {run.period}: coordinator enqueued (template {run.template_version})."
+        if self.needs_coordinator:
+            return f"{run.period} was already triggered; coordinator enqueued to resume after user {run.cursor}."
+        return f"{run.period} is already planned; nothing enqueued."
 
 
 def trigger(
@@ -82,7 +95,7 @@ def cancel(session: Session, period: Period, *, now: datetime) -> bool:
 
 
 def trigger_and_enqueue(
-    sessions: sessionmaker[Session], broker: Broker, period: Period, *, template_version: str, now: datetime
+    sessions: sessionmaker[Session], queue: Queue, period: Period, *, template_version: str, now: datetime
 ) -> Triggered:
     """Trigger ``period`` and enqueue its coordinator unless it has walked every user already.
 
@@ -94,18 +107,10 @@ def trigger_and_enqueue(
     if triggered.resumed:
         # Messages consumed while cancelled left their items pending: send every pending item
         # not claimed by a live sender, and the coordinator if the walk is unfinished.
-        reconcile(
-            sessions,
-            period,
-            send_jobs=sender(broker, BUILD_REPORT),
-            send_coordinator=functools.partial(send_coordinator, broker),
-            stuck_after=timedelta(0),
-            now=now,
-            resume=True,
-        )
+        reconcile(sessions, period, queue, stuck_after=timedelta(0), now=now, resume=True)
     elif triggered.needs_coordinator:
         assert triggered.run.walker is not None
-        send_coordinator(broker, triggered.run.walker, CoordinatorJob(period).payload())
+        queue.send_coordinator(triggered.run.walker, CoordinatorJob(period).payload())
     return triggered
 
 
@@ -132,7 +137,7 @@ def finished(session: Session, period: str, *, lock: bool = False) -> bool:
     from the kept counts, so the check costs the same at a million items as at ten.
 
     :param lock: lock the run first, until the transaction ends, as a prune batch does: this waits
-        for every :func:`hold_off_pruning` of the period, and they wait for it.
+        for every :func:`reports.pruning.hold_off` of the period, and they wait for it.
     """
     planned = select(PeriodRun.planned).where(PeriodRun.period == period)
     if not session.scalar(planned.with_for_update() if lock else planned):
@@ -146,25 +151,9 @@ def _unfinished_request(period: InstrumentedAttribute[str] | str) -> Exists:
     )
 
 
-def hold_off_pruning(session: Session, periods: Iterable[str]) -> None:
-    """Keep a prune from deleting rows of ``periods`` until the transaction ends, so that what it
-    makes unfinished (an item back to pending, a send-now request) is seen by the prune's next batch.
-
-    On PostgreSQL a shared lock on each run (``FOR KEY SHARE``: holders do not wait for one
-    another), which the ``FOR UPDATE`` of :func:`finished` with ``lock`` excludes; a period with no
-    run is never pruned. On SQLite every write transaction excludes the others.
-    """
-    session.execute(
-        select(PeriodRun.period)
-        .where(PeriodRun.period.in_(sorted(set(periods))))
-        .order_by(PeriodRun.period)
-        .with_for_update(read=True, key_share=True)
-    )
-
-
 def reconcile_through(
     sessions: sessionmaker[Session],
-    broker: Broker,
+    queue: Queue,
     period: Period,
     *,
     redis_client: redis.Redis,
@@ -177,10 +166,9 @@ def reconcile_through(
     return reconcile(
         sessions,
         period,
-        send_jobs=sender(broker, BUILD_REPORT),
-        send_coordinator=functools.partial(send_coordinator, broker),
-        send_requests=sender(broker, SEND_NOW),
-        in_flight=_in_flight(broker, redis_client, namespace),
+        queue,
+        breaker=Reader(redis_client, mail_breaker_name(namespace)),
+        requests=True,
         stuck_after=stuck_after,
         now=now,
     )
@@ -188,7 +176,7 @@ def reconcile_through(
 
 def reconcile_every_request(
     sessions: sessionmaker[Session],
-    broker: Broker,
+    queue: Queue,
     *,
     redis_client: redis.Redis,
     namespace: str,
@@ -196,21 +184,12 @@ def reconcile_every_request(
     now: datetime,
 ) -> int:
     """Re-enqueue lost send-now requests of every period (one never triggered too); returns how many."""
-    facts = _in_flight(broker, redis_client, namespace)
-    if facts.breaker_open() or facts.backlog(SEND_NOW.queue) > 0:
+    if Reader(redis_client, mail_breaker_name(namespace)).holds_back() or queue.backlog(SEND_NOW.queue) > 0:
         return 0
     return reconcile_requests(
         sessions,
-        sender(broker, SEND_NOW),
+        queue,
         period=None,
         untouched_since=now - stuck_after,
         now=now,
-    )
-
-
-def _in_flight(broker: Broker, redis_client: redis.Redis, namespace: str) -> InFlight:
-    """What may still be on its way: the broker's queues, and the fleet's mail breaker in Redis."""
-    return InFlight(
-        backlog=lambda queue: backlog(broker, queue),
-        breaker_open=lambda: state_of(redis_client, mail_breaker_name(namespace)) != State.CLOSED,
     )

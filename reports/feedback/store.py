@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import and_, delete, func, select, update
 from sqlalchemy.orm import Session
 
+from reports import suppressions
 from reports.feedback.events import Event, Kind, Provider
 from reports.models import (
     Delivery,
@@ -26,7 +27,6 @@ from reports.models import (
     WebhookToken,
 )
 from reports.sql import insert_ignoring_conflicts, rowcount
-from reports.unsubscribe import suppressions
 
 #: What each kind does to the users it matches; a soft bounce suppresses only past the limit.
 SUPPRESSES = {

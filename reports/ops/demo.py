@@ -42,6 +42,7 @@ from reports.ops.watch import watch
 from reports.periods import Period, previous_month
 from reports.settings import Settings
 from reports.worker.broker import build_broker
+from reports.worker.queues import queue_for
 
 #: Users the demo seeds on its first run unless told otherwise.
 DEFAULT_USERS = 2000
@@ -186,7 +187,7 @@ def _run_period(
     console: Console,
 ) -> progress.Progress:
     triggered = runs.trigger_and_enqueue(
-        sessions, build_broker(settings), period, template_version=settings.template_version, now=utcnow()
+        sessions, queue_for(build_broker(settings)), period, template_version=settings.template_version, now=utcnow()
     )
     console.print(f"Period {period}: " + ("new run." if triggered.created else "resuming the existing run."))
 

@@ -10,13 +10,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from reports import tokens
 from reports.database import sqlite_file
 from reports.endpoints import redact_url
 from reports.fanout import progress
 from reports.ops.demo_processes import WEB_HOST, WEB_PORT
 from reports.periods import Period
 from reports.settings import Settings
-from reports.unsubscribe import tokens
 
 
 def reports_command() -> str:

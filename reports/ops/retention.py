@@ -9,7 +9,7 @@ prune that stops (crash, SIGTERM) is resumed by running it again. It keeps:
   request not finished), whatever its state: a cancelled period can be resumed; and every row
   of a period never triggered (see :func:`reports.fanout.runs.finished`). Each batch checks
   this again under a lock on the period's run that ``dlq replay`` and ``send-now`` also take
-  (:func:`reports.fanout.runs.hold_off_pruning`): once a replay sets an item back to pending,
+  (:func:`reports.pruning.hold_off`): once a replay sets an item back to pending,
   or a send-now is requested, nothing more of the period goes;
 * the item, report and delivery of a (period, user) that an unreplayed dead letter refers to:
   its replay needs the item, and the delivery's ``sent`` keeps a replay from mailing twice;

@@ -28,9 +28,10 @@ import redis
 from dramatiq.broker import MessageProxy
 from dramatiq.middleware import CurrentMessage, Middleware
 
-from reports.counters import DURATION_BUCKETS, SEP, counter_key
-from reports.delivery.pipeline import Outcome
-from reports.worker.retries import OUTCOME_OPTION, MessageOutcome
+from reports.content import language
+from reports.counters import DURATION_BUCKETS, FALLBACKS_COUNTER, SEP, counter_key
+from reports.outcome import Kind
+from reports.worker.retries import OUTCOME_OPTION
 
 logger = logging.getLogger(__name__)
 
@@ -61,9 +62,9 @@ def note_outcome(outcome: str) -> None:
 def outcome_of(exception: BaseException | None, message: MessageProxy) -> str:
     """The retry verdict after a failure; otherwise ``success`` or what the actor noted."""
     if exception is not None:
-        return str(message.options.get(OUTCOME_OPTION, MessageOutcome.RETRY))
+        return str(message.options.get(OUTCOME_OPTION, Kind.RETRY))
     noted = message.options.get(OUTCOME_OPTION)
-    return MessageOutcome.SUCCESS if noted in (None, Outcome.DELIVERED) else str(noted)
+    return Kind.SUCCESS if noted in (None, Kind.DELIVERED) else str(noted)
 
 
 _Key = tuple[str, str]  # (Redis hash, field)
@@ -148,6 +149,8 @@ class ActorMetrics(Middleware):
     def flush(self) -> bool:
         """Write the counts added since the last flush in one round trip; False if Redis was unreachable
         (they are kept for the next flush)."""
+        fallbacks = counter_key(self.namespace, FALLBACKS_COUNTER)
+        self._tally.add((((fallbacks, fact), n) for fact, n in language.FALLBACKS.drain().items()), ())
         counts, sums = self._tally.take()
         if not counts and not sums:
             return True

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
-import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -14,11 +12,9 @@ import dramatiq
 import redis
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import CurrentMessage, TimeLimit
-from redis.typing import EncodableT, FieldT
 
-from reports.jobs import COORDINATOR, ActorSpec, SendJobs
+from reports.jobs import ActorSpec
 from reports.settings import Settings
-from reports.worker import held, rabbitmq, redis_clock
 from reports.worker.consumer import ReportsBroker
 from reports.worker.rabbitmq_consumer import ReportsRabbitmqBroker
 
@@ -86,20 +82,6 @@ def message_for(
     )
 
 
-def enqueue_again(broker: Broker, *, queue: str, actor: str, args: list[Any], kwargs: dict[str, Any]) -> str:
-    """Enqueue a stored message's arguments as a fresh message (its attempts start over); its id."""
-    message: dramatiq.Message[Any] = dramatiq.Message(
-        queue_name=queue, actor_name=actor, args=tuple(args), kwargs=kwargs, options={}
-    )
-    broker.enqueue(message)
-    return message.message_id
-
-
-def send_coordinator(broker: dramatiq.Broker, walker: str, payload: Mapping[str, Any]) -> None:
-    """Start the coordinator chain ``walker``, which the run must name (``PeriodRun.walker``)."""
-    send(broker, COORDINATOR, payload, options={WALKER_OPTION: walker})
-
-
 def send(
     broker: dramatiq.Broker,
     spec: ActorSpec,
@@ -139,83 +121,6 @@ def enqueue_until_sent(
             )
             sleep(pause)
             pause = min(pause * 2, ENQUEUE_RETRY_PAUSE_CAP_SECONDS)
-
-
-#: Messages per Redis round trip in :func:`send_many`.
-ENQUEUE_CHUNK = 1000
-
-
-def send_many(broker: Broker, spec: ActorSpec, payloads: Iterable[Mapping[str, Any]]) -> int:
-    """Enqueue one message per payload, a chunk per round trip; returns how many were sent.
-
-    Dramatiq has no bulk enqueue: ``actor.send`` costs one round trip (and on Redis one script
-    call) per message. On Redis a chunk is written in one MULTI, exactly what the broker's
-    ``dispatch`` script writes for each message (the message in the queue's hash, its id on the
-    queue's list), as one HSET and one RPUSH; it leans on the broker's key layout, and Dramatiq
-    is pinned. On RabbitMQ a chunk is published with one wait for its publisher confirms.
-    """
-    on_redis = isinstance(broker, RedisBroker)
-    enqueue_chunk = _enqueue_chunk if on_redis else rabbitmq.publish_confirmed
-    sent = 0
-    chunk: list[dramatiq.Message[Any]] = []
-    for payload in payloads:
-        # The first enqueue of a message: on Redis the id RedisBroker.enqueue would draw, drawn here.
-        options = {"redis_message_id": str(uuid.uuid4())} if on_redis else None
-        chunk.append(message_for(spec, payload, options=options))
-        if len(chunk) == ENQUEUE_CHUNK:
-            sent += enqueue_chunk(broker, spec.queue, chunk)  # type: ignore[arg-type]
-            chunk = []
-    if chunk:
-        sent += enqueue_chunk(broker, spec.queue, chunk)  # type: ignore[arg-type]
-    return sent
-
-
-def sender(broker: Broker, spec: ActorSpec) -> SendJobs:
-    """:func:`send_many` to ``spec``'s actor on ``broker``: how the coordinator and reconcile hand jobs out."""
-    return functools.partial(send_many, broker, spec)
-
-
-def _enqueue_chunk(broker: RedisBroker, queue: str, messages: list[dramatiq.Message[Any]]) -> int:
-    encoded: dict[FieldT, EncodableT] = {}
-    for message in messages:
-        broker.emit_before("enqueue", message, None)
-        encoded[message.options["redis_message_id"]] = message.encode()
-    with broker.client.pipeline(transaction=True) as pipe:
-        pipe.hset(f"{broker.namespace}:{queue}.msgs", mapping=encoded)
-        pipe.rpush(f"{broker.namespace}:{queue}", *encoded)
-        pipe.execute()
-    for message in messages:
-        broker.emit_after("enqueue", message, None)
-    return len(messages)
-
-
-def backlog(broker: Broker, queue: str) -> int:
-    """Messages of ``queue`` not yet done: ready, delayed, and held by a worker.
-
-    A worker holds what it fetched (its prefetch, and delayed messages until they are due, up
-    to thousands) in memory; leaving them out would let the high-water mark and reconcile see
-    an empty queue while thousands of messages are still on their way. What the live workers
-    hold is read from their snapshots (:mod:`reports.worker.held`, which says how far they may
-    be off): on Redis not from their ack sets, where a message a dropped consumer left would
-    count as on its way for as long as the process lives, so reconcile never re-sent its item.
-    A dead worker's ack sets are counted until the dead-worker sweep puts them back. The counts
-    of the queues come first: a message taken in between is then counted twice, not missed.
-    RabbitMQ tells only what no consumer holds (:func:`reports.worker.rabbitmq.ready_counts`).
-    """
-    if isinstance(broker, ReportsRabbitmqBroker):
-        ready, delayed, _dead = rabbitmq.ready_counts(broker, queue)
-        return ready + delayed + held.held_of(held.read(broker.shared_redis, broker.namespace), queue)
-    namespace, client = broker.namespace, broker.client
-    dead = redis_clock.dead_workers(client, f"{namespace}:__heartbeats__", timeout_ms=broker.heartbeat_timeout)
-    with client.pipeline(transaction=False) as pipe:
-        pipe.llen(f"{namespace}:{queue}")
-        pipe.llen(f"{namespace}:{queue}.DQ")
-        for worker in dead:
-            acks = f"{namespace}:__acks__.{worker.decode()}.{queue}"
-            pipe.scard(acks)
-            pipe.scard(f"{acks}.DQ")
-        counts = pipe.execute()
-    return sum(int(count) for count in counts) + held.held_of(held.read(client, namespace), queue)
 
 
 def attempt_time(epoch_ms: float) -> str:

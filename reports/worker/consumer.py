@@ -28,7 +28,7 @@ them out again first, without asking Redis, and they run when due.
 
 **Held.** Every message handed out is held (:mod:`reports.worker.holding`) until it is acked,
 nacked or requeued, and the process publishes what it holds as the RabbitMQ workers do
-(:class:`reports.worker.held.Publisher`): :func:`reports.worker.broker.backlog` counts that, not
+(:class:`reports.worker.held.Publisher`): :meth:`reports.worker.queues.RedisQueue.backlog` counts that, not
 the live workers' ack sets, so a message left in an ack set that no consumer will run is not
 taken for one in flight.
 

@@ -23,11 +23,11 @@ from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import Middleware
 from sqlalchemy.orm import Session, sessionmaker
 
+from reports.dead_message import DeadMessage
 from reports.failures import dead_letters
 from reports.failures.alerts import WebhookAlerts
 from reports.models import DeadLetterReason
 from reports.worker import rabbitmq
-from reports.worker.retries import DeadMessage
 
 logger = logging.getLogger(__name__)
 
@@ -84,11 +84,11 @@ class DeadLetterSink:
 class BrokerDeadLetters(Middleware):
     """Moves messages that Dramatiq rejected into its ``.XQ`` keys into the dead-letter store.
 
-    :param sink: a callable returning the sink, so the engine is built inside the worker process.
+    :param sink: what stores each dead message (a :class:`DeadLetterSink`, or one built on first use).
     :param interval_seconds: how often each worker process sweeps, from its boot to its shutdown.
     """
 
-    def __init__(self, sink: Any, *, interval_seconds: float) -> None:
+    def __init__(self, sink: Callable[[DeadMessage], None], *, interval_seconds: float) -> None:
         self._sink = sink
         self.interval_seconds = interval_seconds
         self._stopped = threading.Event()
@@ -126,16 +126,16 @@ class BrokerDeadLetters(Middleware):
         stored here; an error is raised to the consumer, which then nacks it into ``.XQ``.
         """
         if isinstance(broker, RabbitmqBroker):
-            self._sink()(_broker_dead_message(body, broker_message_id, queue_name, int(time.time() * 1000)))
+            self._sink(_broker_dead_message(body, broker_message_id, queue_name, int(time.time() * 1000)))
             return
         self._sweep(broker)
 
     def _sweep(self, broker: dramatiq.Broker) -> None:
         try:
             if isinstance(broker, RedisBroker):
-                moved = absorb_broker_dead_letters(broker.client, broker.namespace, self._sink())
+                moved = absorb_broker_dead_letters(broker.client, broker.namespace, self._sink)
             elif isinstance(broker, RabbitmqBroker):
-                moved = absorb_rabbitmq_dead_letters(broker, self._sink())
+                moved = absorb_rabbitmq_dead_letters(broker, self._sink)
             else:
                 return
         except Exception:

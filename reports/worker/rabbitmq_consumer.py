@@ -4,7 +4,7 @@ it cannot decode.
 **What it holds.** Every message the consumer hands out is kept in the broker's
 :class:`reports.worker.held.HeldMessages` until it is acked or nacked, or the consumer closes
 (RabbitMQ then requeues it); its consumer threads publish the snapshot to the shared Redis
-(:class:`reports.worker.held.Publisher`), where :func:`reports.worker.broker.backlog` and the
+(:class:`reports.worker.held.Publisher`), where :meth:`reports.worker.queues.RedisQueue.backlog` and the
 exporter read it.
 
 **Rejected messages.** A message Dramatiq rejects (an actor no worker knows, the retry

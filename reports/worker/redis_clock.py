@@ -7,7 +7,7 @@ whose heartbeat is older than that timestamp minus ``heartbeat_timeout``. A proc
 runs ahead by more than the timeout therefore takes back the messages live workers are running, and
 copies of them run side by side. Here the script reads Redis's ``TIME`` instead, and so does the
 heartbeat thread (:class:`reports.worker.lifecycle.Heartbeat`) and the backlog's count of dead
-workers (:func:`reports.worker.broker.backlog`): every heartbeat is written and compared on one
+workers (:meth:`reports.worker.queues.RedisQueue.backlog`): every heartbeat is written and compared on one
 clock. The timestamp the caller still passes is left unused; dead letters are stamped (and expired)
 on Redis's clock too.
 

@@ -8,21 +8,21 @@ into ``.XQ``, so that it is never lost.
 
 from __future__ import annotations
 
-import enum
 import logging
 import random
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import dramatiq
 from dramatiq.broker import MessageProxy
 from dramatiq.middleware import Middleware
 
+from reports.dead_message import DeadMessage
 from reports.errors import PermanentError, ReportsError
 from reports.models import DeadLetterReason
+from reports.outcome import Kind
 from reports.worker.backoff import full_jitter_ms
 from reports.worker.broker import attempt_time, enqueue_until_sent
 
@@ -30,34 +30,6 @@ logger = logging.getLogger(__name__)
 
 #: Where the verdict is left for the metrics middleware: ``retry`` or ``dead``.
 OUTCOME_OPTION = "reports_outcome"
-
-
-class MessageOutcome(enum.StrEnum):
-    """What a message came to, besides the pipeline's own outcomes, as the actor metrics count it."""
-
-    SUCCESS = "success"
-    RETRY = "retry"
-    DEAD = "dead"
-    #: Put back without spending a retry (a claim held elsewhere, an open breaker).
-    DEFERRED = "deferred"
-
-
-@dataclass(frozen=True)
-class DeadMessage:
-    """Everything known about a message at the moment it died."""
-
-    message_id: str
-    actor: str
-    queue: str
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-    attempts: int
-    reason: DeadLetterReason
-    error_class: str
-    error_message: str
-    traceback: str
-    first_failed_ms: int
-    died_ms: int
 
 
 def is_permanent(exception: BaseException) -> bool:
@@ -117,7 +89,7 @@ class JitteredRetries(Middleware):
         max_retries = self._option(broker, message, "max_retries", self.max_retries)
         if is_permanent(exception) or retries >= max_retries:
             self._die(message, exception, retries, now_ms)
-            message.options[OUTCOME_OPTION] = MessageOutcome.DEAD
+            message.options[OUTCOME_OPTION] = Kind.DEAD
             return
         message.options["retries"] = retries + 1
         delay = full_jitter_ms(
@@ -140,7 +112,7 @@ class JitteredRetries(Middleware):
         # Dramatiq swallows an error raised here and acks the message, so the retry must not fail.
         enqueue_until_sent(broker, message, delay_ms=delay)  # type: ignore[arg-type]
         # After the enqueue, so the retried copy does not carry it.
-        message.options[OUTCOME_OPTION] = MessageOutcome.RETRY
+        message.options[OUTCOME_OPTION] = Kind.RETRY
 
     def _die(self, message: MessageProxy, exception: BaseException, retries: int, now_ms: int) -> None:
         dead = DeadMessage(

@@ -19,6 +19,7 @@ from reports.fanout.reconcile import Reconciliation
 from reports.models import PeriodRun
 from reports.periods import Period
 from reports.worker.broker import build_broker
+from reports.worker.queues import queue_for
 from tests.acceptance.test_failures import (
     PERIOD,
     assert_each_mailed_once,
@@ -135,7 +136,7 @@ def test_an_outage_and_a_slow_drain_longer_than_the_stuck_threshold_send_everyon
             found.append(
                 runs.reconcile_through(
                     sessions,
-                    broker,
+                    queue_for(broker),
                     Period.parse(PERIOD),
                     redis_client=redis.Redis.from_url(settings.shared_redis_url),
                     namespace=settings.broker_namespace,

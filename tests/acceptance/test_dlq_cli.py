@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import redis
 
+from reports.dead_message import DeadMessage
 from reports.failures import dead_letters
-from reports.worker.retries import DeadMessage
 from tests.support.broker import queued_messages
 from tests.support.processes import run_cli
 

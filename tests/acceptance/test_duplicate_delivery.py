@@ -9,9 +9,9 @@ import pytest
 from reports.clock import utcnow
 from reports.fanout import coordinator, runs
 from reports.fanout.progress import count
-from reports.jobs import BUILD_REPORT
 from reports.periods import Period
-from reports.worker.broker import build_broker, send_many
+from reports.worker.broker import build_broker
+from reports.worker.queues import RedisQueue
 from tests.support.databases import load_users
 from tests.support.waiting import wait_until
 
@@ -28,11 +28,11 @@ def test_every_message_enqueued_twice_side_by_side_still_mails_each_user_once(
         runs.trigger(session, period, template_version="v1", now=utcnow())
     broker = build_broker(settings)
 
-    def send_each_twice(payloads):
-        doubled = [p for payload in payloads for p in (payload, payload)]
-        return send_many(broker, BUILD_REPORT, doubled)
+    class SendingEachTwice(RedisQueue):
+        def send_jobs(self, spec, payloads):  # type: ignore[no-untyped-def]
+            return super().send_jobs(spec, [p for payload in payloads for p in (payload, payload)])
 
-    outcome = coordinator.walk_slice(sessions, period, send_each_twice, page_size=7, budget_seconds=60)
+    outcome = coordinator.walk_slice(sessions, period, SendingEachTwice(broker), page_size=7, budget_seconds=60)
     assert outcome.planned and outcome.enqueued == 2 * len(population.active)
 
     # Eight threads take adjacent copies of one message at the same moment.

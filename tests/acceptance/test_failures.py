@@ -19,12 +19,13 @@ import redis
 from sqlalchemy import make_url, text
 
 from reports.clock import utcnow
+from reports.dead_message import DeadMessage
 from reports.errors import BadInput
 from reports.failures import dead_letters
 from reports.fanout import coordinator, runs
 from reports.fanout.progress import count
 from reports.periods import Period
-from reports.worker.retries import DeadMessage
+from reports.queue import InMemoryQueue
 from tests.support.broker import dead_in_broker, held_on_rabbitmq, publish_message, publish_raw, queued_messages
 from tests.support.databases import load_users
 from tests.support.processes import run_cli
@@ -91,7 +92,7 @@ def plan_without_enqueueing(settings, sessions) -> None:
     with sessions.begin() as session:
         runs.trigger(session, period, template_version=settings.template_version, now=utcnow())
     outcome = coordinator.walk_slice(
-        sessions, period, lambda payloads: len(list(payloads)), page_size=settings.plan_page_size, budget_seconds=30
+        sessions, period, InMemoryQueue(), page_size=settings.plan_page_size, budget_seconds=30
     )
     assert outcome.planned
 

@@ -21,9 +21,9 @@ from reports.clock import utcnow
 from reports.delivery.breaker import CircuitBreaker, mail_breaker_name
 from reports.fanout import coordinator, runs
 from reports.fanout.progress import count
-from reports.jobs import BUILD_REPORT
 from reports.periods import Period
-from reports.worker.broker import build_broker, sender
+from reports.worker.broker import build_broker
+from reports.worker.queues import queue_for
 from tests.support.databases import load_users
 from tests.support.environment import REPO
 from tests.support.processes import free_port, run_cli
@@ -99,7 +99,7 @@ def test_the_exporter_serves_queue_depths_dead_letters_breaker_state_and_period_
     with sessions.begin() as session:
         runs.trigger(session, period, template_version="v1", now=utcnow())
     broker = build_broker(settings)
-    coordinator.walk_slice(sessions, period, sender(broker, BUILD_REPORT), page_size=50, budget_seconds=60)
+    coordinator.walk_slice(sessions, period, queue_for(broker), page_size=50, budget_seconds=60)
 
     # Before any worker: every message waits in the bulk queue, the oldest for a while now.
     time.sleep(1.1)
@@ -191,7 +191,7 @@ def test_on_rabbitmq_the_exporter_shows_the_messages_workers_hold_and_the_oldest
         runs.trigger(session, period, template_version="v1", now=utcnow())
     walked_at = time.time()
     broker = build_broker(settings)
-    coordinator.walk_slice(sessions, period, sender(broker, BUILD_REPORT), page_size=50, budget_seconds=60)
+    coordinator.walk_slice(sessions, period, queue_for(broker), page_size=50, budget_seconds=60)
     broker.close()
 
     # No worker yet: RabbitMQ shows no message's age, so the age is how long the exporter has

@@ -34,11 +34,11 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from reports.clock import utcnow
 from reports.fanout import coordinator, runs
-from reports.jobs import BUILD_REPORT as BUILD_REPORT_SPEC
 from reports.jobs import BULK_QUEUE, CRITICAL_QUEUE, DEFAULT_QUEUE, SEND_NOW, SendNowJob
 from reports.periods import Period
 from reports.settings import Settings
-from reports.worker.broker import build_broker, send, send_many, sender
+from reports.worker.broker import build_broker, send
+from reports.worker.queues import RedisQueue, queue_for
 from tests.support.broker import held_on_rabbitmq, queued_messages
 from tests.support.databases import load_users
 from tests.support.environment import REPO
@@ -467,7 +467,7 @@ def test_periods_lists_every_triggered_period_newest_first_with_state_and_counts
     planned = coordinator.walk_slice(
         sessions,
         Period(2026, 9),
-        sender(broker, BUILD_REPORT_SPEC),
+        queue_for(broker),
         page_size=7,
         budget_seconds=60,
     )
@@ -551,11 +551,12 @@ def test_a_critical_message_is_processed_within_a_second_behind_a_50000_message_
     # Valid messages only: every copy names a real item, so the consumer absorbs the repeats.
     copies = BACKLOG // LATENCY_USERS
 
-    def flood(payloads) -> int:  # type: ignore[no-untyped-def]
-        batch = list(payloads)
-        return send_many(broker, BUILD_REPORT_SPEC, (p for _ in range(copies) for p in batch))
+    class Flooding(RedisQueue):
+        def send_jobs(self, spec, payloads) -> int:  # type: ignore[no-untyped-def]
+            batch = list(payloads)
+            return super().send_jobs(spec, (p for _ in range(copies) for p in batch))
 
-    outcome = coordinator.walk_slice(sessions, period, flood, page_size=LATENCY_USERS, budget_seconds=120)
+    outcome = coordinator.walk_slice(sessions, period, Flooding(broker), page_size=LATENCY_USERS, budget_seconds=120)
     assert outcome.planned and outcome.enqueued == BACKLOG
 
     def backlog() -> int:

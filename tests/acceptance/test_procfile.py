@@ -43,7 +43,8 @@ from reports.jobs import (
 )
 from reports.periods import Period
 from reports.settings import Settings
-from reports.worker.broker import build_broker, send, sender
+from reports.worker.broker import build_broker, send
+from reports.worker.queues import queue_for
 from tests.support.databases import load_users
 from tests.support.environment import REPO
 from tests.support.processes import free_port, kill_group
@@ -296,9 +297,11 @@ def test_each_worker_line_as_written_consumes_its_own_queue_and_no_other(
     # bulk: September planned here, its build_report messages waiting.
     with sessions.begin() as session:
         runs.trigger(session, september, template_version=settings.template_version, now=utcnow())
-    coordinator.walk_slice(sessions, september, sender(broker, BUILD_REPORT), page_size=7, budget_seconds=60)
+    coordinator.walk_slice(sessions, september, queue_for(broker), page_size=7, budget_seconds=60)
     # default: October triggered, its coordinator waiting.
-    runs.trigger_and_enqueue(sessions, broker, october, template_version=settings.template_version, now=utcnow())
+    runs.trigger_and_enqueue(
+        sessions, queue_for(broker), october, template_version=settings.template_version, now=utcnow()
+    )
     # critical: user 1's October report, asked for now.
     job = SendNowJob(october, 1, "6f1e2d3c-4b5a-4978-8695-a4b3c2d1e0f9", settings.template_version)
     send(broker, SEND_NOW, job.payload())

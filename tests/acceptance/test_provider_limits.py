@@ -69,7 +69,7 @@ def test_against_a_server_that_limits_the_client_everyone_is_mailed_once_with_fe
     assert len(errors) == len(bounced), errors
     assert all("Dead letter: message" in line for line in errors), errors
     # Each refusal about the pace is one deferral line with the message's id and the next attempt's time.
-    deferrals = [line for line in log.splitlines() if "Deferred message" in line and "RateLimited" in line]
+    deferrals = [line for line in log.splitlines() if "Deferred message" in line and "slower pace" in line]
     assert len(deferrals) == refusals
     assert all(re.search(r"Deferred message [0-9a-f-]{36} \(build_report\) to \d{4}-\d\d-\d\dT", d) for d in deferrals)
     assert "Retrying message" not in log

@@ -16,6 +16,7 @@ from reports.fanout.coordinator import walk_slice
 from reports.jobs import CoordinatorJob, ReportJob
 from reports.models import ReportItem
 from reports.periods import Period
+from reports.queue import InMemoryQueue
 from reports.settings import Settings
 from tests.support.broker import jobs_in_queue, messages_in_queue, queue_counts
 from tests.support.databases import load_users
@@ -54,7 +55,7 @@ def walk(sessions: sessionmaker[Session], *, budget_seconds: float = 60, page_si
     return walk_slice(
         sessions,
         Period.parse(PERIOD),
-        lambda payloads: len(list(payloads)),
+        InMemoryQueue(),
         page_size=page_size,
         budget_seconds=budget_seconds,
     ).planned

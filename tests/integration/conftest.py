@@ -1,11 +1,11 @@
-"""Helpers for integration tests: a real Redis broker, a recording sender, triggering and walking."""
+"""Helpers for integration tests: a real Redis broker, a recording queue, triggering and walking."""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import pytest
@@ -18,11 +18,13 @@ from sqlalchemy.orm import Session, sessionmaker
 from reports.clock import utcnow
 from reports.fanout import runs
 from reports.fanout.coordinator import SliceOutcome, walk_slice
-from reports.jobs import BUILD_REPORT, ReportJob
+from reports.jobs import BUILD_REPORT, ActorSpec, ReportJob
 from reports.models import ReportItem
 from reports.periods import Period
+from reports.queue import InMemoryQueue, Queue
 from reports.settings import Settings
-from reports.worker.broker import build_broker, send_many
+from reports.worker.broker import build_broker
+from reports.worker.queues import queue_for
 
 PERIOD = Period.parse("2026-10")
 
@@ -57,27 +59,35 @@ def broker(settings: Settings) -> Iterator[RedisBroker]:
     built.close()
 
 
-class RecordingSender:
-    """A ``send_jobs`` that really enqueues through ``send_many`` and remembers who it sent."""
+class RecordingQueue:
+    """A queue that remembers who it was sent jobs for, and really enqueues them on ``broker``
+    (``None``: in memory)."""
 
     def __init__(self, broker: RedisBroker | None = None, *, pause_seconds: float = 0.0) -> None:
-        self.broker = broker
+        self.queue: Queue = InMemoryQueue() if broker is None else queue_for(broker)
         #: Time spent "talking to the broker", so concurrent coordinators really overlap.
         self.pause_seconds = pause_seconds
         self.lock = threading.Lock()
         self.calls = 0
         self.user_ids: list[int] = []
 
-    def __call__(self, payloads: Iterable[dict[str, Any]]) -> int:
+    def send_jobs(self, spec: ActorSpec, payloads: Iterable[Mapping[str, Any]]) -> int:
         batch = list(payloads)
-        jobs = [ReportJob.parse(BUILD_REPORT.arguments(payload), {}) for payload in batch]
+        jobs = [ReportJob.parse(spec.arguments(payload), {}) for payload in batch]
         with self.lock:
             self.calls += 1
             self.user_ids.extend(job.user_id for job in jobs)
         time.sleep(self.pause_seconds)
-        if self.broker is None:
-            return len(batch)
-        return send_many(self.broker, BUILD_REPORT, batch)
+        return self.queue.send_jobs(spec, batch)
+
+    def send_coordinator(self, walker: str, payload: Mapping[str, Any], *, delay_ms: int | None = None) -> None:
+        self.queue.send_coordinator(walker, payload, delay_ms=delay_ms)
+
+    def backlog(self, queue: str) -> int:
+        return self.queue.backlog(queue)
+
+    def enqueue_again(self, *, queue: str, actor: str, args: list[Any], kwargs: dict[str, Any]) -> str:
+        return self.queue.enqueue_again(queue=queue, actor=actor, args=args, kwargs=kwargs)
 
 
 def trigger(sessions: sessionmaker[Session], settings: Settings, period: Period = PERIOD) -> None:
@@ -89,12 +99,12 @@ def walk_everything(
     sessions: sessionmaker[Session],
     settings: Settings,
     period: Period = PERIOD,
-    sender: RecordingSender | None = None,
+    queue: Queue | None = None,
 ) -> SliceOutcome:
-    """Trigger ``period`` and walk every active user, enqueueing nowhere unless ``sender`` says so."""
+    """Trigger ``period`` and walk every active user, enqueueing nowhere unless ``queue`` says so."""
     trigger(sessions, settings, period)
     outcome = walk_slice(
-        sessions, period, sender or RecordingSender(), page_size=settings.plan_page_size, budget_seconds=60
+        sessions, period, queue or InMemoryQueue(), page_size=settings.plan_page_size, budget_seconds=60
     )
     assert outcome.planned
     return outcome

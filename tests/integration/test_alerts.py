@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import redis
 
+from reports.dead_message import DeadMessage
 from reports.failures.alerts import SAMPLE_SIZE, WebhookAlerts
-from reports.worker.retries import DeadMessage
 from tests.support.processes import free_port
 from tests.support.waiting import wait_until
 

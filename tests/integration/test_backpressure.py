@@ -9,7 +9,7 @@ from reports.fanout import coordinator, runs
 from reports.fanout.progress import count
 from reports.jobs import BUILD_REPORT
 from reports.periods import Period
-from reports.worker.broker import backlog, send_many, sender
+from reports.worker.queues import queue_for
 from tests.support.databases import load_users
 
 PERIOD = Period(2026, 10)
@@ -19,10 +19,9 @@ def _walk(sessions, broker, *, high_water: int):
     return coordinator.walk_slice(
         sessions,
         PERIOD,
-        sender(broker, BUILD_REPORT),
+        queue_for(broker),
         page_size=7,
         budget_seconds=60,
-        backlog=lambda: backlog(broker, BUILD_REPORT.queue),
         high_water=high_water,
     )
 
@@ -38,16 +37,16 @@ def test_the_walk_pauses_at_the_high_water_mark_and_resumes_below_it(settings, s
         runs.trigger(session, PERIOD, template_version="v1", now=utcnow())
 
     # A backlog already at the mark: nothing is recorded or enqueued.
-    send_many(broker, BUILD_REPORT, [{"period": "2026-10", "user_id": 1, "template_version": "v1"}] * 10)
+    queue_for(broker).send_jobs(BUILD_REPORT, [{"period": "2026-10", "user_id": 1, "template_version": "v1"}] * 10)
     paused = _walk(sessions, broker, high_water=10)
     assert (paused.backlogged, paused.pages, paused.planned) == (True, 0, False)
-    assert backlog(broker, BUILD_REPORT.queue) == 10
+    assert queue_for(broker).backlog(BUILD_REPORT.queue) == 10
 
     # Below the mark the walk goes on, one page at a time, until the backlog reaches it again.
     _drain(settings)
     partial = _walk(sessions, broker, high_water=10)
     assert (partial.backlogged, partial.pages, partial.planned) == (True, 2, False)
-    assert backlog(broker, BUILD_REPORT.queue) == 14
+    assert queue_for(broker).backlog(BUILD_REPORT.queue) == 14
     with sessions.begin() as session:
         assert count(session, PERIOD).total == 14
 
@@ -58,4 +57,4 @@ def test_the_walk_pauses_at_the_high_water_mark_and_resumes_below_it(settings, s
     with sessions.begin() as session:
         final = count(session, PERIOD)
     assert (final.total, final.planned) == (len(population.active), True)
-    assert backlog(broker, BUILD_REPORT.queue) == len(population.active) - 14
+    assert queue_for(broker).backlog(BUILD_REPORT.queue) == len(population.active) - 14

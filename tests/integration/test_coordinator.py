@@ -10,14 +10,12 @@ from sqlalchemy import select, update
 
 from reports.clock import utcnow
 from reports.fanout.coordinator import HANDOFF_GRACE, UnknownRun, walk_slice
-from reports.fanout.reconcile import InFlight, reconcile
-from reports.jobs import BUILD_REPORT
+from reports.fanout.reconcile import reconcile
 from reports.models import ItemState, PeriodRun, ReportItem
 from reports.periods import Period
-from reports.worker.broker import sender
 from tests.integration.conftest import (
     PERIOD,
-    RecordingSender,
+    RecordingQueue,
     count_items,
     item_user_ids,
     queued_user_ids,
@@ -32,14 +30,14 @@ class SenderCrash(RuntimeError):
     """The coordinator's process dies while handing a page to the broker."""
 
 
-class CrashingSender(RecordingSender):
+class CrashingSender(RecordingQueue):
     """Sends its first batch, then raises before sending anything on the second call."""
 
-    def __call__(self, payloads):  # type: ignore[no-untyped-def]
+    def send_jobs(self, spec, payloads):  # type: ignore[no-untyped-def]
         if self.calls >= 1:
             self.calls += 1
             raise SenderCrash("killed after recording a page, before enqueueing it")
-        return super().__call__(payloads)
+        return super().send_jobs(spec, payloads)
 
 
 def run_row(sessions) -> PeriodRun:  # type: ignore[no-untyped-def]
@@ -59,7 +57,7 @@ def test_the_coordinator_records_and_enqueues_one_item_per_active_user_across_pa
     population = load_users(sessions, count=40, inactive_every=5)
     assert len(population.active) > 3 * settings.plan_page_size
     trigger(sessions, settings)
-    sender = RecordingSender(broker)
+    sender = RecordingQueue(broker)
 
     outcome = walk(sessions, settings, sender)
 
@@ -84,10 +82,10 @@ def test_the_coordinator_records_and_enqueues_one_item_per_active_user_across_pa
 def test_walking_a_planned_period_again_enqueues_nothing(settings, sessions, broker, redis_url):
     population = load_users(sessions, count=20)
     trigger(sessions, settings)
-    walk(sessions, settings, RecordingSender(broker))
+    walk(sessions, settings, RecordingQueue(broker))
     assert queued_messages(redis_url, settings.broker_namespace, "bulk") == len(population.active)
 
-    again = RecordingSender(broker)
+    again = RecordingQueue(broker)
     outcome = walk(sessions, settings, again)
 
     assert outcome.planned is True
@@ -103,8 +101,8 @@ def test_every_message_is_handed_out_only_after_its_item_is_committed(settings, 
     trigger(sessions, settings)
     seen_by_a_worker: list[int] = []
 
-    class LookingSender(RecordingSender):
-        def __call__(self, payloads):  # type: ignore[no-untyped-def]
+    class LookingSender(RecordingQueue):
+        def send_jobs(self, spec, payloads):  # type: ignore[no-untyped-def]
             batch = list(payloads)
             with sessions() as other_connection:
                 seen_by_a_worker.extend(
@@ -114,7 +112,7 @@ def test_every_message_is_handed_out_only_after_its_item_is_committed(settings, 
                         )
                     )
                 )
-            return super().__call__(batch)
+            return super().send_jobs(spec, batch)
 
     sender = LookingSender(broker)
     walk(sessions, settings, sender)
@@ -146,7 +144,7 @@ def test_a_coordinator_crash_between_recording_and_enqueueing_a_page_loses_no_us
 
     # The walk goes on from the cursor. At its end the page never handed out is still within its
     # grace (the copy that recorded it might be sending it): the walk does not end, it waits.
-    resumed = RecordingSender(broker)
+    resumed = RecordingQueue(broker)
     outcome = walk(sessions, settings, resumed)
     assert (outcome.planned, outcome.settling) == (False, True)
     assert sorted(crashing.user_ids + resumed.user_ids) == population.active[:page] + population.active[2 * page :]
@@ -168,7 +166,7 @@ def test_reconcile_sends_a_page_a_coordinator_crashed_on_after_its_walk_was_over
     """The last hand-out can crash too; reconcile sends what is left once it is stuck."""
     population = load_users(sessions, count=40)
     trigger(sessions, settings)
-    walk(sessions, settings, RecordingSender(broker))
+    walk(sessions, settings, RecordingQueue(broker))
     with sessions.begin() as session:
         session.execute(
             update(ReportItem).where(ReportItem.user_id.in_(population.active[:3])).values(enqueued_at=None)
@@ -177,11 +175,9 @@ def test_reconcile_sends_a_page_a_coordinator_crashed_on_after_its_walk_was_over
     found = reconcile(
         sessions,
         PERIOD,
-        sender(broker, BUILD_REPORT),
-        lambda _walker, _payload: None,
+        RecordingQueue(broker),  # the walk's messages are still in Redis: the backlog is deep
         stuck_after=timedelta(minutes=10),
         now=utcnow() + timedelta(minutes=11),
-        in_flight=InFlight(backlog=lambda _queue: len(population.active)),
     )
     assert found.requeued == 3
     assert count_items(sessions, ReportItem.enqueued_at.is_(None)) == 0
@@ -191,7 +187,7 @@ def test_reconcile_sends_a_page_a_coordinator_crashed_on_after_its_walk_was_over
 def test_two_coordinators_at_once_enqueue_every_active_user_exactly_once(settings, sessions, broker):
     population = load_users(sessions, count=100)
     trigger(sessions, settings)
-    senders = [RecordingSender(broker, pause_seconds=0.01), RecordingSender(broker, pause_seconds=0.01)]
+    senders = [RecordingQueue(broker, pause_seconds=0.01), RecordingQueue(broker, pause_seconds=0.01)]
     run_together(*(lambda sender=sender: walk(sessions, settings, sender) for sender in senders))
 
     first, second = (Counter(sender.user_ids) for sender in senders)
@@ -210,7 +206,7 @@ def test_a_slice_with_no_time_left_stops_after_one_page_and_the_next_continues(s
     page = settings.plan_page_size
     trigger(sessions, settings)
 
-    first_sender = RecordingSender(broker)
+    first_sender = RecordingQueue(broker)
     first = walk(sessions, settings, first_sender, budget_seconds=0)
 
     assert first.planned is False
@@ -220,7 +216,7 @@ def test_a_slice_with_no_time_left_stops_after_one_page_and_the_next_continues(s
     assert run_row(sessions).planned is False
     assert item_user_ids(sessions) == Counter(population.active[:page])
 
-    second_sender = RecordingSender(broker)
+    second_sender = RecordingQueue(broker)
     second = walk(sessions, settings, second_sender, budget_seconds=0)
 
     assert second.planned is False
@@ -228,7 +224,7 @@ def test_a_slice_with_no_time_left_stops_after_one_page_and_the_next_continues(s
     assert second_sender.user_ids == population.active[page : 2 * page]
     assert run_row(sessions).cursor == population.active[2 * page - 1]
 
-    rest_sender = RecordingSender(broker)
+    rest_sender = RecordingQueue(broker)
     rest = walk(sessions, settings, rest_sender)
 
     assert rest.planned is True
@@ -239,7 +235,7 @@ def test_a_slice_with_no_time_left_stops_after_one_page_and_the_next_continues(s
 def test_walking_a_period_that_was_never_triggered_is_refused(settings, sessions, broker, redis_url):
     load_users(sessions, count=10)
     trigger(sessions, settings, Period.parse("2026-09"))
-    sender = RecordingSender(broker)
+    sender = RecordingQueue(broker)
 
     with pytest.raises(UnknownRun):
         walk(sessions, settings, sender)
@@ -275,7 +271,7 @@ def test_items_an_earlier_release_recorded_but_never_sent_are_sent_once(settings
             )
         session.get(PeriodRun, str(PERIOD)).cursor = deactivated  # type: ignore[union-attr]
 
-    sender = RecordingSender(broker)
+    sender = RecordingQueue(broker)
     outcome = walk(sessions, settings, sender)
 
     assert outcome.planned is True

@@ -16,13 +16,15 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from reports.clock import utcnow
+from reports.dead_message import DeadMessage
 from reports.failures import dead_letters
 from reports.jobs import BUILD_REPORT, COORDINATOR
 from reports.models import DeadLetter, ItemState, ReportItem
+from reports.queue import InMemoryQueue
 from reports.settings import Settings
 from reports.worker.broker import message_for
 from reports.worker.dead_letter_sink import BrokerDeadLetters, DeadLetterSink, absorb_broker_dead_letters
-from reports.worker.retries import DeadMessage
+from reports.worker.queues import queue_for
 from tests.integration.conftest import PERIOD, queued_user_ids, walk_everything
 from tests.support.databases import load_users
 from tests.support.waiting import wait_until
@@ -329,13 +331,29 @@ def kill(sessions: sessionmaker[Session], user_ids: list[int], *, attempts: int 
     return [letter.id for letter in letters(sessions)]
 
 
+def test_replay_hands_each_dead_letter_to_the_queue_once_as_a_fresh_message(sessions, settings) -> None:
+    active = planned(sessions, settings)
+    ids = kill(sessions, active[:2])
+    original_ids = {letter.message_id for letter in letters(sessions)}
+    queue = InMemoryQueue()
+
+    first = dead_letters.replay(sessions, queue, dead_letters.Filter(), now=NOW, dry_run=False)
+    again = dead_letters.replay(sessions, queue, dead_letters.Filter(), now=NOW + timedelta(minutes=1), dry_run=False)
+
+    assert (first.replayed, again.replayed) == (ids, [])
+    assert [message.args[1] for message in queue.of(BUILD_REPORT)] == active[:2]
+    assert not original_ids & {message.message_id for message in queue.messages}
+
+
 def test_replay_enqueues_fresh_messages_and_resets_the_items(sessions, settings, broker) -> None:
     active = planned(sessions, settings)
     dead_users = active[:3]
     ids = kill(sessions, dead_users)
     original_ids = {letter.message_id for letter in letters(sessions)}
 
-    outcome = dead_letters.replay(sessions, broker, dead_letters.Filter(period=str(PERIOD)), now=NOW, dry_run=False)
+    outcome = dead_letters.replay(
+        sessions, queue_for(broker), dead_letters.Filter(period=str(PERIOD)), now=NOW, dry_run=False
+    )
 
     assert outcome.replayed == ids
     assert outcome.items_reset == 3
@@ -365,7 +383,7 @@ def test_a_dry_run_replay_changes_nothing_and_enqueues_nothing(sessions, setting
     active = planned(sessions, settings)
     ids = kill(sessions, active[:2])
 
-    outcome = dead_letters.replay(sessions, broker, dead_letters.Filter(), now=NOW, dry_run=True)
+    outcome = dead_letters.replay(sessions, queue_for(broker), dead_letters.Filter(), now=NOW, dry_run=True)
 
     assert outcome.replayed == ids  # what would be replayed
     assert outcome.items_reset == 0
@@ -381,8 +399,8 @@ def test_replaying_the_same_filter_twice_replays_nothing_the_second_time(session
     kill(sessions, active[:2])
     where = dead_letters.Filter(period=str(PERIOD))
 
-    first = dead_letters.replay(sessions, broker, where, now=NOW, dry_run=False)
-    second = dead_letters.replay(sessions, broker, where, now=NOW + timedelta(minutes=1), dry_run=False)
+    first = dead_letters.replay(sessions, queue_for(broker), where, now=NOW, dry_run=False)
+    second = dead_letters.replay(sessions, queue_for(broker), where, now=NOW + timedelta(minutes=1), dry_run=False)
 
     assert len(first.replayed) == 2
     assert (second.replayed, second.items_reset) == ([], 0)
@@ -394,7 +412,9 @@ def test_replay_by_id_replays_only_those(sessions, settings, broker) -> None:
     active = planned(sessions, settings)
     ids = kill(sessions, active[:3])
 
-    outcome = dead_letters.replay(sessions, broker, dead_letters.Filter(ids=(ids[1],)), now=NOW, dry_run=False)
+    outcome = dead_letters.replay(
+        sessions, queue_for(broker), dead_letters.Filter(ids=(ids[1],)), now=NOW, dry_run=False
+    )
 
     assert outcome.replayed == [ids[1]]
     assert queued_user_ids(settings) == {active[1]: 1}
@@ -446,7 +466,7 @@ def test_replay_takes_a_bounded_snapshot_and_leaves_what_dies_meanwhile_to_the_n
         return sent
 
     monkeypatch.setattr(broker, "enqueue", enqueue_and_die_at_once)
-    first = dead_letters.replay(replay_sessions, broker, dead_letters.Filter(), now=NOW, dry_run=False)  # type: ignore[arg-type]
+    first = dead_letters.replay(replay_sessions, queue_for(broker), dead_letters.Filter(), now=NOW, dry_run=False)  # type: ignore[arg-type]
 
     assert first.replayed == snapshot
     assert len(died_again) == 1
@@ -457,7 +477,9 @@ def test_replay_takes_a_bounded_snapshot_and_leaves_what_dies_meanwhile_to_the_n
     again_user = died_again[0].args[1]
     assert item(sessions, again_user).state == ItemState.DEAD  # type: ignore[union-attr]
 
-    second = dead_letters.replay(sessions, broker, dead_letters.Filter(), now=NOW + timedelta(hours=1), dry_run=False)
+    second = dead_letters.replay(
+        sessions, queue_for(broker), dead_letters.Filter(), now=NOW + timedelta(hours=1), dry_run=False
+    )
 
     assert second.replayed == [new[0].id]
     assert second.items_reset == 1
@@ -573,7 +595,7 @@ def test_one_xq_entry_that_cannot_be_stored_does_not_keep_the_others_in_the_xq(
     client.hset(f"{namespace}:bulk.XQ.msgs", mapping={"r-odd": odd.encode(), "r-normal": normal.encode()})
     client.zadd(f"{namespace}:bulk.XQ", {"r-odd": NOW_MS, "r-normal": NOW_MS + 1})
 
-    sweeper = BrokerDeadLetters(lambda: DeadLetterSink(sessions, alerts=None), interval_seconds=3600)
+    sweeper = BrokerDeadLetters(DeadLetterSink(sessions, alerts=None), interval_seconds=3600)
     sweeper.after_worker_boot(broker, None)  # type: ignore[arg-type]
     sweeper.before_worker_shutdown(broker, None)  # type: ignore[arg-type]
 

@@ -28,19 +28,21 @@ from sqlalchemy import event, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from reports import items
 from reports.clock import utcnow
 from reports.database import create_db_engine, session_factory
+from reports.dead_message import DeadMessage
 from reports.delivery import pipeline
 from reports.delivery.breaker import CircuitBreaker, State, mail_breaker_name
 from reports.delivery.mail.backend import Mailer, build_mailer
-from reports.errors import ClaimHeld, ConfigurationError, Deferred, PermanentError
+from reports.errors import ConfigurationError, PermanentError
 from reports.failures import dead_letters
-from reports.fanout import items, progress
+from reports.fanout import progress
 from reports.jobs import BUILD_REPORT, ReportJob
 from reports.models import Delivery, DeliveryState, ItemState, ReportItem
 from reports.settings import Settings
-from reports.worker.broker import backlog, build_broker
-from reports.worker.retries import DeadMessage
+from reports.worker.broker import build_broker
+from reports.worker.queues import queue_for
 from tests.integration.conftest import PERIOD, trigger, walk_everything
 from tests.support.databases import load_users
 from tests.support.waiting import wait_until
@@ -331,10 +333,7 @@ def test_a_copy_on_a_worker_whose_clock_runs_ahead_cannot_take_over_a_live_claim
     copies: list[object] = []
 
     def run_copy_ahead() -> None:
-        try:
-            copies.append(pipeline.run(ahead, job(settings, 7)))
-        except ClaimHeld as held:
-            copies.append(held)
+        copies.append(pipeline.run(ahead, job(settings, 7)))
 
     # While this copy sends, a copy on a worker whose clock is past the lease's end runs.
     sending = replace(context, mailer=AfterSend(context.mailer, before=run_copy_ahead))
@@ -343,7 +342,7 @@ def test_a_copy_on_a_worker_whose_clock_runs_ahead_cannot_take_over_a_live_claim
     assert len(smtp_server.messages) == 1
     assert claim(sessions, 7).state == DeliveryState.SENT
     [held] = copies
-    assert isinstance(held, ClaimHeld) and held.retry_after_seconds <= lease
+    assert isinstance(held, pipeline.Outcome) and held.is_deferred and held.delay_seconds <= lease
 
 
 # --- 4b. The lease is checked last, after every call that can block --------------------------------
@@ -401,7 +400,7 @@ def test_a_copy_whose_breaker_call_stalls_past_its_lease_sends_nothing_once_redi
     assert [message["Message-ID"] for message in smtp_server.messages] == [f"<report.{PERIOD}.7@reports.test>"]
     assert item(sessions, 7).state == ItemState.DELIVERED
     # Told to start again: its retry finds the item delivered.
-    assert [type(result) for result in outcome] == [pipeline.LeaseTooShort]
+    assert [(result.is_deferred, result.delay_seconds) for result in outcome] == [(True, 0.0)]  # type: ignore[attr-defined]
 
 
 def _claim_state(sessions: sessionmaker[Session], user_id: int) -> str | None:
@@ -519,7 +518,7 @@ def test_the_backlog_counts_ready_delayed_and_held_messages(bulk_broker: RedisBr
     handed_out = [next(ready) for _ in range(3)] + [next(delayed)]
     assert None not in handed_out
 
-    assert backlog(bulk_broker, BUILD_REPORT.queue) == 9
+    assert queue_for(bulk_broker).backlog(BUILD_REPORT.queue) == 9
 
 
 def test_a_message_in_a_live_workers_ack_set_that_none_of_its_consumers_holds_is_not_in_the_backlog(
@@ -531,7 +530,7 @@ def test_a_message_in_a_live_workers_ack_set_that_none_of_its_consumers_holds_is
         redis_client, broker_namespace, f"worker-{uuid.uuid4()}", heartbeat_ms=millis(utcnow()), ready=2, delayed=3
     )
 
-    assert backlog(bulk_broker, BUILD_REPORT.queue) == 1
+    assert queue_for(bulk_broker).backlog(BUILD_REPORT.queue) == 1
 
 
 def test_a_dead_workers_messages_count_in_the_backlog_until_swept_and_once_after(
@@ -542,7 +541,7 @@ def test_a_dead_workers_messages_count_in_the_backlog_until_swept_and_once_after
     fetched_by(redis_client, broker_namespace, f"dead-{uuid.uuid4()}", heartbeat_ms=stale, ready=2, delayed=0)
 
     # Not swept yet: the dead worker's messages are still on their way (they will come back).
-    assert backlog(bulk_broker, BUILD_REPORT.queue) == 3
+    assert queue_for(bulk_broker).backlog(BUILD_REPORT.queue) == 3
 
     # A broker call that runs maintenance puts them back on the queue: counted once, not lost.
     sweeping = RedisBroker(
@@ -556,7 +555,7 @@ def test_a_dead_workers_messages_count_in_the_backlog_until_swept_and_once_after
     finally:
         sweeping.close()
     assert redis_client.llen(f"{broker_namespace}:{BUILD_REPORT.queue}") == 4, "the sweep did not run"
-    assert backlog(bulk_broker, BUILD_REPORT.queue) == 4
+    assert queue_for(bulk_broker).backlog(BUILD_REPORT.queue) == 4
 
 
 # --- 7. A message whose item is missing ---------------------------------------------------------
@@ -568,11 +567,8 @@ def test_a_message_for_a_user_the_unfinished_walk_has_not_reached_is_deferred(se
     with sessions.begin() as session:
         session.execute(text("UPDATE period_runs SET cursor = 4"))
 
-    with pytest.raises(pipeline.ItemNotYetRecorded) as deferred:
-        pipeline.run(context, job(settings, 6))
-    assert isinstance(deferred.value, Deferred)
-    assert not isinstance(deferred.value, PermanentError)
-    assert deferred.value.retry_after_seconds > 0
+    deferred = pipeline.run(context, job(settings, 6))
+    assert deferred.is_deferred and deferred.delay_seconds > 0
 
     # At or below the cursor the walk has been: an item missing there will never come.
     for walked in (3, 4):

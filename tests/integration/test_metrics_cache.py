@@ -125,9 +125,9 @@ def test_concurrent_scrapes_share_one_collection(settings, sessions, statements,
 
 
 def test_the_exporter_counts_suppressed_users_by_reason(settings, sessions):
+    from reports import suppressions
     from reports.clock import utcnow
     from reports.models import SuppressionReason
-    from reports.unsubscribe import suppressions
     from tests.support.databases import load_users
 
     load_users(sessions, count=4)

@@ -6,14 +6,15 @@ import pytest
 from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from reports import items
 from reports.clock import utcnow
 from reports.database import create_db_engine, session_factory, upgrade
 from reports.errors import BadInput
-from reports.fanout import items, progress
+from reports.fanout import progress
 from reports.fanout.coordinator import walk_slice
 from reports.models import ItemState, ReportItem
 from reports.periods import Period
-from tests.integration.conftest import PERIOD, RecordingSender, run_together, trigger, walk_everything
+from tests.integration.conftest import PERIOD, RecordingQueue, run_together, trigger, walk_everything
 from tests.support.databases import load_users
 
 
@@ -80,7 +81,7 @@ def test_a_period_is_complete_once_planned_and_every_item_finished(settings, ses
 def test_a_period_still_being_planned_is_not_complete_even_with_nothing_pending(settings, sessions):
     population = load_users(sessions, count=40)
     trigger(sessions, settings)
-    walk_slice(sessions, PERIOD, RecordingSender(), page_size=settings.plan_page_size, budget_seconds=0)
+    walk_slice(sessions, PERIOD, RecordingQueue(), page_size=settings.plan_page_size, budget_seconds=0)
     first_page = population.active[: settings.plan_page_size]
     for user_id in first_page:
         finish(sessions, user_id, ItemState.DELIVERED)

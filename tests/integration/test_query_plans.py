@@ -15,8 +15,8 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
+from reports import items
 from reports.clock import utcnow
-from reports.fanout import items
 from reports.models import ItemState
 from tests.integration.conftest import PERIOD
 from tests.support.waiting import wait_until

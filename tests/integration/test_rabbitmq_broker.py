@@ -21,8 +21,9 @@ from reports.jobs import BUILD_REPORT, ReportJob
 from reports.models import DeadLetter, DeadLetterReason
 from reports.periods import Period
 from reports.worker import held, rabbitmq
-from reports.worker.broker import backlog, build_broker, send, send_many, sender
+from reports.worker.broker import build_broker, send
 from reports.worker.dead_letter_sink import BrokerDeadLetters, DeadLetterSink, absorb_rabbitmq_dead_letters
+from reports.worker.queues import queue_for
 from tests.support.databases import load_users
 from tests.support.rabbitmq import queue_depths
 from tests.support.waiting import wait_until
@@ -70,7 +71,7 @@ def _received(url: str, queue: str) -> list[dict]:
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_send_many_publishes_every_message_once_in_order_across_chunks(broker, rabbit_settings):
-    sent = send_many(broker, BUILD_REPORT, _payloads(2_500))
+    sent = queue_for(broker).send_jobs(BUILD_REPORT, _payloads(2_500))
 
     assert sent == 2_500
     assert queue_depths(rabbit_settings.broker_url, BUILD_REPORT.queue) == (2_500, 0, 0)
@@ -82,13 +83,13 @@ def test_send_many_publishes_every_message_once_in_order_across_chunks(broker, r
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_send_many_reopens_a_connection_rabbitmq_dropped(broker, rabbit_settings):
-    send_many(broker, BUILD_REPORT, _payloads(3))
+    queue_for(broker).send_jobs(BUILD_REPORT, _payloads(3))
     # What RabbitMQ does to an idle thread's connection that missed its heartbeats.
     vhost = unquote(urlsplit(rabbit_settings.broker_url).path.lstrip("/"))
     subprocess.run(["rabbitmqctl", "close_all_connections", "-p", vhost, "test"], check=True, capture_output=True)
     wait_until(lambda: not broker.connection.is_open or _closed_seen(broker), timeout=10, what="the close")
 
-    assert send_many(broker, BUILD_REPORT, _payloads(3)) == 3
+    assert queue_for(broker).send_jobs(BUILD_REPORT, _payloads(3)) == 3
     assert queue_depths(rabbit_settings.broker_url, BUILD_REPORT.queue)[0] == 6
 
 
@@ -114,11 +115,11 @@ def test_a_batch_rabbitmq_refuses_raises_a_broker_connection_error(broker, rabbi
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_the_backlog_counts_ready_and_delayed_messages(broker):
-    send_many(broker, BUILD_REPORT, _payloads(4))
+    queue_for(broker).send_jobs(BUILD_REPORT, _payloads(4))
     send(broker, BUILD_REPORT, ReportJob(PERIOD, 99, "v1").payload(), delay_ms=60_000)
 
-    assert backlog(broker, BUILD_REPORT.queue) == 5
-    assert backlog(broker, "default") == 0
+    assert queue_for(broker).backlog(BUILD_REPORT.queue) == 5
+    assert queue_for(broker).backlog("default") == 0
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
@@ -168,7 +169,7 @@ def slow_mail(rabbit_settings, smtp_server):
 def _walk(sessions, broker) -> None:
     with sessions.begin() as session:
         runs.trigger(session, PERIOD, template_version="v1", now=utcnow())
-    coordinator.walk_slice(sessions, PERIOD, sender(broker, BUILD_REPORT), page_size=50, budget_seconds=60)
+    coordinator.walk_slice(sessions, PERIOD, queue_for(broker), page_size=50, budget_seconds=60)
 
 
 def _walked_behind_slow_mail(sessions, broker, smtp_server, *, delay_seconds: float) -> int:
@@ -189,7 +190,7 @@ def test_messages_a_worker_holds_count_in_the_backlog_until_they_are_acked(
 ):
     users = _walked_behind_slow_mail(sessions, broker, smtp_server, delay_seconds=4.0)
     send(broker, BUILD_REPORT, ReportJob(PERIOD, 99, "v1").payload(), delay_ms=600_000)
-    assert backlog(broker, BUILD_REPORT.queue) == users + 1
+    assert queue_for(broker).backlog(BUILD_REPORT.queue) == users + 1
 
     # One process, two threads: two messages in progress, two prefetched (Dramatiq prefetches two
     # per thread), the delayed one held until due; RabbitMQ shows only the two still ready.
@@ -208,11 +209,13 @@ def test_messages_a_worker_holds_count_in_the_backlog_until_they_are_acked(
     # The two prefetched ones wait; their timestamps are from the walk a moment ago.
     assert figures["bulk"].oldest_waiting_ms is not None
     assert 0 <= time.time() * 1000 - figures["bulk"].oldest_waiting_ms < 60_000
-    assert backlog(broker, BUILD_REPORT.queue) == users + 1
+    assert queue_for(broker).backlog(BUILD_REPORT.queue) == users + 1
 
     wait_until(lambda: len(smtp_server.messages) == users, timeout=60, what="every email")
     # Acked: only the delayed message is left, held by the worker.
-    wait_until(lambda: backlog(broker, BUILD_REPORT.queue) == 1, timeout=SHOWN_WITHIN, what="the acks to show")
+    wait_until(
+        lambda: queue_for(broker).backlog(BUILD_REPORT.queue) == 1, timeout=SHOWN_WITHIN, what="the acks to show"
+    )
     assert _held(broker) == {"bulk.DQ": held.QueueHeld(1, None)}
 
 
@@ -235,7 +238,7 @@ def test_a_killed_workers_held_messages_stop_counting_within_the_snapshot_ttl(
     )
     wait_until(lambda: _held(broker) == {}, timeout=held.SNAPSHOT_TTL_SECONDS + 2, what="the snapshot to expire")
     assert time.monotonic() - killed_at <= held.SNAPSHOT_TTL_SECONDS + 2
-    assert backlog(broker, BUILD_REPORT.queue) == users
+    assert queue_for(broker).backlog(BUILD_REPORT.queue) == users
     assert smtp_server.messages == []
 
 
@@ -281,7 +284,7 @@ def test_an_undecodable_message_the_store_cannot_take_waits_in_the_dead_letter_q
     def unavailable(_dead):
         raise OSError("database down")
 
-    broker.add_middleware(BrokerDeadLetters(lambda: unavailable, interval_seconds=3600))
+    broker.add_middleware(BrokerDeadLetters(unavailable, interval_seconds=3600))
     broker.declare_queue(BUILD_REPORT.queue, ensure=True)
     broker.channel.basic_publish("", BUILD_REPORT.queue, b"not json")
     consumer = broker.consume(BUILD_REPORT.queue, prefetch=1, timeout=100)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -14,19 +14,22 @@ import redis
 from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from reports import items
 from reports.clock import utcnow
 from reports.delivery import claims
 from reports.errors import BadInput
-from reports.fanout import items, runs
 from reports.fanout import reconcile as reconciling
+from reports.fanout import runs
 from reports.fanout.coordinator import walk_slice
 from reports.fanout.reconcile import Reconciliation
-from reports.jobs import BUILD_REPORT, COORDINATOR, ReportJob
+from reports.jobs import BUILD_REPORT, COORDINATOR, ActorSpec, ReportJob
 from reports.models import Delivery, ItemState, ReportItem
 from reports.periods import Period
+from reports.queue import InMemoryQueue
 from reports.settings import Settings
 from reports.sql import server_now
-from reports.worker.broker import message_for, send_coordinator, sender
+from reports.worker.broker import message_for
+from reports.worker.queues import queue_for
 from tests.integration.conftest import PERIOD, item_user_ids, queued_user_ids, run_together, trigger, walk_everything
 from tests.support.broker import queued_messages
 from tests.support.databases import load_users
@@ -34,25 +37,18 @@ from tests.support.databases import load_users
 STUCK_AFTER = timedelta(minutes=10)
 
 
-class Recorder:
-    """``send_jobs`` and ``send_coordinator`` that only remember what they were handed."""
-
-    def __init__(self) -> None:
-        self.batches: list[list[int]] = []
-        self.coordinators: list[dict[str, Any]] = []
-
-    def send_jobs(self, payloads: Iterable[dict[str, Any]]) -> int:
-        batch = [ReportJob.parse(BUILD_REPORT.arguments(payload), {}) for payload in payloads]
-        assert all(job.period == PERIOD for job in batch)
-        self.batches.append([job.user_id for job in batch])
-        return len(batch)
-
-    def send_coordinator(self, _walker: str, payload: dict[str, Any]) -> None:
-        self.coordinators.append(payload)
+class Recorder(InMemoryQueue):
+    """An in-memory queue, read as the users and the coordinators it was sent."""
 
     @property
     def user_ids(self) -> list[int]:
-        return [user_id for batch in self.batches for user_id in batch]
+        jobs = [ReportJob.parse(message.args, {}) for message in self.of(BUILD_REPORT)]
+        assert all(job.period == PERIOD for job in jobs)
+        return [job.user_id for job in jobs]
+
+    @property
+    def coordinators(self) -> list[dict[str, Any]]:
+        return [dict(zip(COORDINATOR.fields, message.args, strict=True)) for message in self.of(COORDINATOR)]
 
 
 def run_reconcile(
@@ -66,8 +62,7 @@ def run_reconcile(
     return reconciling.reconcile(
         sessions,
         period,
-        recorder.send_jobs,
-        recorder.send_coordinator,
+        recorder,
         stuck_after=stuck_after,
         now=now,
     )
@@ -298,9 +293,7 @@ def test_a_period_with_every_item_finished_re_enqueues_nothing(sessions, setting
 def test_an_unfinished_walk_gets_its_coordinator_re_enqueued(sessions, settings):
     population = load_users(sessions, count=40)
     trigger(sessions, settings)
-    outcome = walk_slice(
-        sessions, PERIOD, lambda payloads: len(list(payloads)), page_size=settings.plan_page_size, budget_seconds=0
-    )
+    outcome = walk_slice(sessions, PERIOD, InMemoryQueue(), page_size=settings.plan_page_size, budget_seconds=0)
     assert not outcome.planned
     walked = sorted(item_user_ids(sessions))
     assert 0 < len(walked) < len(population.active)
@@ -394,9 +387,7 @@ def test_many_stuck_items_are_re_enqueued_once_each_in_chunks(sessions, settings
     monkeypatch.setattr(reconciling, "CHUNK", 100)
     population = load_users(sessions, count=2_500, inactive_every=10_000)
     trigger(sessions, settings)
-    assert walk_slice(
-        sessions, PERIOD, lambda payloads: len(list(payloads)), page_size=1_000, budget_seconds=60
-    ).planned
+    assert walk_slice(sessions, PERIOD, InMemoryQueue(), page_size=1_000, budget_seconds=60).planned
     recorder = Recorder()
 
     found = run_reconcile(sessions, recorder, now=later())
@@ -413,21 +404,23 @@ def test_many_stuck_items_are_re_enqueued_once_each_in_chunks(sessions, settings
     assert again.batches == []
 
 
+class SlowRecorder(Recorder):
+    def send_jobs(self, spec: ActorSpec, payloads: Iterable[Mapping[str, Any]]) -> int:
+        sent = super().send_jobs(spec, payloads)
+        time.sleep(0.01)  # hold the transaction a moment, so the two really overlap
+        return sent
+
+
 def test_two_reconciles_at_once_re_enqueue_each_stuck_item_once_between_them(sessions, settings, monkeypatch):
     monkeypatch.setattr(reconciling, "CHUNK", 50)
     population = load_users(sessions, count=400, inactive_every=10_000)
     trigger(sessions, settings)
-    assert walk_slice(sessions, PERIOD, lambda payloads: len(list(payloads)), page_size=500, budget_seconds=60).planned
+    assert walk_slice(sessions, PERIOD, InMemoryQueue(), page_size=500, budget_seconds=60).planned
     now = later()
-    recorders = [Recorder(), Recorder()]
+    recorders = [SlowRecorder(), SlowRecorder()]
 
     def run(recorder: Recorder) -> None:
-        def slow_send(payloads: Iterable[dict[str, Any]]) -> int:
-            sent = recorder.send_jobs(payloads)
-            time.sleep(0.01)  # hold the transaction a moment, so the two really overlap
-            return sent
-
-        reconciling.reconcile(sessions, PERIOD, slow_send, recorder.send_coordinator, stuck_after=STUCK_AFTER, now=now)
+        reconciling.reconcile(sessions, PERIOD, recorder, stuck_after=STUCK_AFTER, now=now)
 
     run_together(*(lambda recorder=recorder: run(recorder) for recorder in recorders))
 
@@ -446,8 +439,7 @@ def test_re_enqueued_items_are_really_in_redis_once_each(sessions, settings: Set
     found = reconciling.reconcile(
         sessions,
         PERIOD,
-        sender(broker, BUILD_REPORT),
-        lambda walker, payload: send_coordinator(broker, walker, payload),
+        queue_for(broker),
         stuck_after=STUCK_AFTER,
         now=later(),
     )
@@ -464,8 +456,7 @@ def test_an_unfinished_walk_really_gets_a_plan_period_message(sessions, settings
     found = reconciling.reconcile(
         sessions,
         PERIOD,
-        sender(broker, BUILD_REPORT),
-        lambda walker, payload: send_coordinator(broker, walker, payload),
+        queue_for(broker),
         stuck_after=STUCK_AFTER,
         now=later(),
     )
@@ -492,7 +483,7 @@ def reconcile_against(sessions: sessionmaker[Session], settings: Settings, broke
     """Reconcile as the command does: the live broker tells what may still be on its way."""
     return runs.reconcile_through(
         sessions,
-        broker,
+        queue_for(broker),
         PERIOD,
         redis_client=broker.client,
         namespace=settings.broker_namespace,

@@ -12,6 +12,7 @@ import redis
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
+from reports import pruning
 from reports.failures import dead_letters
 from reports.fanout import progress, runs
 from reports.models import (
@@ -31,6 +32,7 @@ from reports.ops import retention
 from reports.periods import Period
 from reports.settings import Settings
 from reports.worker.broker import Broker, build_broker
+from reports.worker.queues import queue_for
 from scheduler.process import SchedulerProcess, prune_lock_key
 from scheduler.schedule import Schedule
 from tests.support.processes import run_cli
@@ -237,7 +239,7 @@ def test_a_dead_letter_replayed_between_two_batches_stops_the_prune_of_its_perio
     def replay_after_the_first_batch() -> bool:
         if not replayed.replayed:
             replayed.replayed = dead_letters.replay(
-                filled, broker, dead_letters.Filter(period=OLD), now=NOW, dry_run=False
+                filled, queue_for(broker), dead_letters.Filter(period=OLD), now=NOW, dry_run=False
             ).replayed
         return False
 
@@ -285,7 +287,7 @@ def test_on_postgresql_a_replay_or_a_send_now_and_a_prune_batch_of_one_period_wa
         with filled.begin() as batch:
             runs.finished(batch, OLD, lock=True)  # what a batch does first: lock the run, then check
             replaying = pool.submit(
-                dead_letters.replay, filled, broker, dead_letters.Filter(period=OLD), now=NOW, dry_run=False
+                dead_letters.replay, filled, queue_for(broker), dead_letters.Filter(period=OLD), now=NOW, dry_run=False
             )
             wait_until(lambda: waiting_on_a_lock(filled), timeout=10, what="the replay to wait for the batch")
         assert len(replaying.result(timeout=10).replayed) == 1
@@ -295,11 +297,11 @@ def test_on_postgresql_a_replay_or_a_send_now_and_a_prune_batch_of_one_period_wa
         session.get(ReportItem, (OLD, DEAD_USER)).state = ItemState.DEAD  # type: ignore[union-attr]
     with ThreadPoolExecutor(max_workers=1) as pool:
         with filled.begin() as replay:
-            runs.hold_off_pruning(replay, [OLD])
-            pruning = pool.submit(retention.prune, filled, before=BEFORE, batch_size=3)
+            pruning.hold_off(replay, [OLD])
+            prune = pool.submit(retention.prune, filled, before=BEFORE, batch_size=3)
             wait_until(lambda: waiting_on_a_lock(filled), timeout=10, what="the batch to wait for the replay")
             replay.get(ReportItem, (OLD, DEAD_USER)).state = ItemState.PENDING  # type: ignore[union-attr]
-        [pruned] = pruning.result(timeout=10).periods
+        [pruned] = prune.result(timeout=10).periods
     assert rows(filled, ReportItem, OLD) == rows(filled, Report, OLD) == list(range(1, USERS + 1))
     assert pruned.reopened and pruned.deleted == {"reports": 0}
 

@@ -18,9 +18,9 @@ import redis
 from reports.counters import counter_key
 from reports.delivery import send_rate
 from reports.delivery.breaker import mail_breaker_name
-from reports.delivery.send_rate import Permit, SendRate, Throttled, pace
-from reports.errors import Deferred
+from reports.delivery.send_rate import Permit, SendRate, pace
 from reports.ops.metrics import ReportsCollector
+from reports.outcome import Outcome
 
 T0 = 1_800_000_000_000.0  # an arbitrary "now", in epoch milliseconds
 
@@ -94,11 +94,10 @@ def test_pace_sleeps_for_a_near_slot_and_defers_a_far_one_without_a_retry(
     pace(limiter, T0, max_sleep_ms=600, sleep=slept.append)
     pace(limiter, T0, max_sleep_ms=600, sleep=slept.append)
     assert slept == [pytest.approx(0.5)]
-    with pytest.raises(Throttled) as caught:
-        pace(limiter, T0, max_sleep_ms=600, sleep=slept.append)
+    deferral = pace(limiter, T0, max_sleep_ms=600, sleep=slept.append)
     # A deferral, which the actors re-enqueue without spending a retry, for when the slot is near.
-    assert isinstance(caught.value, Deferred)
-    assert caught.value.retry_after_seconds == pytest.approx(1.0)
+    assert isinstance(deferral, Outcome) and deferral.is_deferred
+    assert deferral.delay_seconds == pytest.approx(1.0)
     assert slept == [pytest.approx(0.5)]
     assert throttled(redis_url, broker_namespace) == {"waited": 1, "deferred": 1}
 
@@ -150,10 +149,9 @@ def _send_in_threads(
 
     def loop() -> None:
         while time.time() < start_at + SECONDS:
-            try:
-                pace(limiter, time.time() * 1000, max_sleep_ms=max_sleep_ms, sleep=time.sleep)
-            except Throttled as throttle:
-                time.sleep(throttle.retry_after_seconds)  # what a deferred message does
+            deferral = pace(limiter, time.time() * 1000, max_sleep_ms=max_sleep_ms, sleep=time.sleep)
+            if isinstance(deferral, Outcome):
+                time.sleep(deferral.delay_seconds)  # what a deferred message does
                 continue
             with lock:
                 times.append(time.time())
@@ -210,12 +208,11 @@ def test_a_patient_caller_naps_until_its_slot_may_be_booked_instead_of_being_def
     pace(limiter, T0, max_sleep_ms=150, sleep=slept.append)
     assert slept == [pytest.approx(0.1)]
     # The third slot is 200 ms away, past the 150 ms that may be booked: without patience, deferred.
-    with pytest.raises(Throttled):
-        pace(limiter, T0, max_sleep_ms=150, sleep=slept.append)
+    assert isinstance(pace(limiter, T0, max_sleep_ms=150, sleep=slept.append), Outcome)
     # With it: a nap until the slot may be booked (50 ms), then the booked sleep (150 ms).
     slept.clear()
     permit = pace(limiter, T0, max_sleep_ms=150, patience_ms=1_000, sleep=slept.append)
-    assert permit is not None and permit.reserved
+    assert isinstance(permit, Permit) and permit.reserved
     assert slept == [pytest.approx(0.05), pytest.approx(0.15)]
 
 

@@ -21,9 +21,10 @@ import pytest
 from dramatiq.brokers.stub import StubBroker
 from dramatiq.middleware import Middleware, Retries, default_middleware
 
+from reports.dead_message import DeadMessage
 from reports.errors import InvalidPayload, InvalidRecipient, MailDeferred, ProviderUnavailable
 from reports.worker import failure_logs
-from reports.worker.retries import DeadMessage, JitteredRetries
+from reports.worker.retries import JitteredRetries
 from tests.support.waiting import wait_until
 
 QUEUE = "mail"

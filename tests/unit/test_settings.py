@@ -9,10 +9,10 @@ from urllib.parse import urlsplit
 import pytest
 from sqlalchemy.engine import make_url
 
+from reports import tokens
 from reports.endpoints import default_helo_name, redact_url
 from reports.errors import ConfigurationError
 from reports.settings import DEFAULT_TEMPLATES_DIR, ENVIRONMENT, Settings
-from reports.unsubscribe import tokens
 
 
 def test_an_empty_environment_gives_the_documented_defaults() -> None:

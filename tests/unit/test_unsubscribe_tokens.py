@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from reports.unsubscribe.tokens import SIGNATURE_CHARS, Links, Signer
+from reports.tokens import SIGNATURE_CHARS, Links, Signer
 
 OLD, NEW = "old-secret-0123456789abcdef", "new-secret-fedcba9876543210"
 
@@ -82,7 +82,7 @@ def test_every_signature_is_compared_in_constant_time_whatever_the_key_id(monkey
         compared.append((a, b))
         return real(a, b)
 
-    monkeypatch.setattr("reports.unsubscribe.tokens.hmac.compare_digest", spy)
+    monkeypatch.setattr("reports.tokens.hmac.compare_digest", spy)
     token = signer.token(42)
     for candidate in (token, token[:-1] + ("A" if token[-1] != "A" else "B"), "42.zzzz." + token.rsplit(".", 1)[1]):
         compared.clear()

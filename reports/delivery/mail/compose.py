@@ -98,7 +98,7 @@ def compose(
     block is then checked as a whole (:func:`check_header_block`). Each part is 7bit where its
     text allows and quoted-printable otherwise (:func:`_encoded`); the boundary is one neither holds.
 
-    :param unsubscribe_url: the user's one-click link (:meth:`reports.unsubscribe.tokens.Links.url`),
+    :param unsubscribe_url: the user's one-click link (:meth:`reports.tokens.Links.url`),
         written as ``List-Unsubscribe`` with ``List-Unsubscribe-Post`` (RFC 8058); ``None`` writes
         neither (a message not for a user's report).
     """

@@ -1,8 +1,8 @@
 """The claims' count named for what it counts: ``claims`` becomes ``times_taken`` in ``deliveries``
 and ``resends`` (every take of the claim, re-takes after a release included)
 
-Revision ID: 0009
-Revises: 0008
+Revision ID: 0011
+Revises: 0010
 
 A rename only: no row is rewritten (SQLite copies each table, as its ALTER TABLE requires).
 """
@@ -11,8 +11,8 @@ from collections.abc import Sequence
 
 from alembic import op
 
-revision: str = "0009"
-down_revision: str | Sequence[str] | None = "0008"
+revision: str = "0011"
+down_revision: str | Sequence[str] | None = "0010"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
