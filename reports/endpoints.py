@@ -111,6 +111,8 @@ class EndpointSettings(Protocol):
     @property
     def smtp_url(self) -> str | None: ...
     @property
+    def smtp_helo_name(self) -> str: ...
+    @property
     def alert_webhook_url(self) -> str | None: ...
     @property
     def exporter_host(self) -> str: ...
@@ -132,11 +134,29 @@ def check_endpoints(settings: EndpointSettings) -> None:
         _check_redis_url(settings.shared_redis_url, "REDIS_URL")
     if settings.smtp_url is not None:
         SmtpTarget.from_url(settings.smtp_url)
+    if settings.smtp_helo_name and not _HELO_NAME.fullmatch(settings.smtp_helo_name):
+        raise ConfigurationError(
+            "SMTP_HELO_NAME must be a host name (mail.example.com) or an address literal ([192.0.2.1]), "
+            f"got {settings.smtp_helo_name!r}."
+        )
     if settings.alert_webhook_url is not None:
         _check_webhook_url(settings.alert_webhook_url)
     if not settings.exporter_host or BLANK_OR_CONTROL.search(settings.exporter_host):
         raise ConfigurationError(f"EXPORTER_HOST must be an address or a host name, got {settings.exporter_host!r}.")
     _check_unsubscribe(settings.public_base_url, settings.unsubscribe_secret)
+
+
+#: What EHLO accepts as the client's name (RFC 5321 section 4.1.4): a domain, or an address in brackets.
+_HELO_NAME = re.compile(
+    r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*|\[[0-9A-Fa-f.:IPv6]+\]"
+)
+
+
+def default_helo_name(fqdn: str, mail_domain: str) -> str:
+    """The name to give in EHLO when SMTP_HELO_NAME is unset: the machine's fully qualified name
+    if it has a dot (a bare host name, or ``localhost``, says nothing a server can check), else
+    the sender's domain."""
+    return fqdn if "." in fqdn and fqdn != "localhost.localdomain" else mail_domain
 
 
 #: Longest PUBLIC_BASE_URL accepted: the List-Unsubscribe header stays one short line.

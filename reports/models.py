@@ -190,8 +190,10 @@ class _ClaimColumns:
     #: Random per claim, so only the holder can complete it.
     claim_token: Mapped[str] = mapped_column(String(36))
     lease_expires_at: Mapped[Timestamp]
-    #: How many times a claim was taken: more than one means a takeover happened.
-    claims: Mapped[int] = mapped_column(Integer, default=1)
+    #: How many times the claim was taken: the first take, then each take after it was released
+    #: (a deferral, a refused or failed send, a replay) or after its lease ran out (a takeover).
+    #: More than one is routine; only ``lease_expires_at`` passing while claimed tells a takeover.
+    times_taken: Mapped[int] = mapped_column(Integer, default=1)
     claimed_at: Mapped[Timestamp]
     sent_at: Mapped[datetime | None] = mapped_column(DateTime())
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import math
 import os
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 from reports.console_settings import check_console
-from reports.endpoints import check_endpoints, redact_url, redact_webhook_url
+from reports.endpoints import check_endpoints, default_helo_name, redact_url, redact_webhook_url
 from reports.errors import ConfigurationError
 from reports.feedback_settings import check_feedback
 from reports.jobs import is_version_name
@@ -99,6 +100,9 @@ class Settings:
     #: The sender of every report: one address, ASCII before the ``@``; an internationalised domain
     #: is sent in its IDNA form (``xn--…``). Its domain is the one stable Message-IDs are minted under.
     mail_from: str = "Monthly Reports <reports@localhost>"
+    #: The name the workers give in EHLO; empty: the machine's FQDN if it has a dot, else
+    #: ``mail_from``'s domain.
+    smtp_helo_name: str = ""
     #: Longest one whole send may take (connect, greeting, TLS, login, the transaction), in seconds.
     smtp_timeout_seconds: float = 10.0
     #: Where the versioned templates are: one folder per version (``v1/``, ``v2/``).
@@ -210,6 +214,11 @@ class Settings:
     postmark_webhook_auth: str = ""
     #: Mailgun's webhook signing key, the HMAC key of ``/hooks/mailgun``; empty: 404.
     mailgun_webhook_signing_key: str = ""
+    #: Permanent failures not about the address (size, content, policy), of this many different
+    #: users within ``brake_window_seconds``, pause the period as ``reports cancel`` does.
+    brake_failure_threshold: int = 10
+    #: The window ``brake_failure_threshold`` counts failures in, in seconds.
+    brake_window_seconds: float = 300.0
     #: Soft bounces of one user within ``soft_bounce_window_days`` that suppress the user.
     soft_bounce_limit: int = 3
     soft_bounce_window_days: int = 30
@@ -264,6 +273,11 @@ class Settings:
         """The Redis of the fleet's shared state: REDIS_URL, or the broker's when that is unset
         (left unset rather than copied, so that settings with another broker follow it)."""
         return self.redis_url or self.broker_url
+
+    @property
+    def helo_name(self) -> str:
+        """The name given in EHLO: SMTP_HELO_NAME, or its default (read from the host once asked)."""
+        return self.smtp_helo_name or default_helo_name(socket.getfqdn(), self.mail_domain)
 
     @property
     def outbox_dir(self) -> Path:
@@ -357,6 +371,7 @@ _RANGES = {
     "retention_months": _Range(1, MAX_RETENTION_MONTHS, "a number of months"),
     "web_max_connections": _Range(1, MAX_COUNT, "a whole number"),
     "soft_bounce_limit": _Range(1, MAX_COUNT, "a whole number"),
+    "brake_failure_threshold": _Range(1, MAX_COUNT, "a whole number"),
     "soft_bounce_window_days": _Range(1, MAX_SECONDS // 86_400, "a number of days"),
     # Zero would mean no time at all: an SMTP timeout that fails every send, a lease that
     # protects nothing, a coordinator slice that walks no page, a web process that cuts off every
@@ -369,6 +384,7 @@ _RANGES = {
     "claim_lease_seconds": _Range(MIN_MS_SECONDS + CLAIM_LEASE_MARGIN_SECONDS, MAX_SECONDS, "a number of seconds"),
     "web_read_timeout_seconds": _Range(MIN_MS_SECONDS, MAX_SECONDS, "a number of seconds"),
     "breaker_window_seconds": _Range(MIN_MS_SECONDS, MAX_SECONDS, "a number of seconds"),
+    "brake_window_seconds": _Range(MIN_MS_SECONDS, MAX_SECONDS, "a number of seconds"),
     # A breaker open for no time; its cool-down is also how long a report waits, as a delayed message.
     "breaker_cooldown_seconds": _Range(MIN_MS_SECONDS, MAX_DELAY_SECONDS, "a number of seconds"),
     # Timers: each firing reads Redis or the database, and the alert gate's expiry (SET PX) must
@@ -442,6 +458,7 @@ ENVIRONMENT = {
     "broker_namespace": "BROKER_NAMESPACE",
     "smtp_url": "SMTP_URL",
     "mail_from": "MAIL_FROM",
+    "smtp_helo_name": "SMTP_HELO_NAME",
     "smtp_timeout_seconds": "SMTP_TIMEOUT_SECONDS",
     "templates_dir": "TEMPLATES_DIR",
     "template_version": "REPORT_TEMPLATE_VERSION",
@@ -488,6 +505,8 @@ ENVIRONMENT = {
     "sendgrid_webhook_public_key": "SENDGRID_WEBHOOK_PUBLIC_KEY",
     "postmark_webhook_auth": "POSTMARK_WEBHOOK_AUTH",
     "mailgun_webhook_signing_key": "MAILGUN_WEBHOOK_SIGNING_KEY",
+    "brake_failure_threshold": "BRAKE_FAILURE_THRESHOLD",
+    "brake_window_seconds": "BRAKE_WINDOW_SECONDS",
     "soft_bounce_limit": "SOFT_BOUNCE_LIMIT",
     "soft_bounce_window_days": "SOFT_BOUNCE_WINDOW_DAYS",
     "sns_test_ca_file": "SNS_TEST_CA_FILE",

@@ -26,6 +26,7 @@ EDGES: dict[str, tuple[str, str, str, str, dict[str, str]]] = {
     "MIN_BACKOFF_MS": ("1", "518400000", "0", "518400001", {"MAX_BACKOFF_MS": "518400000"}),
     "MAX_BACKOFF_MS": ("1", "518400000", "0", "518400001", {"MIN_BACKOFF_MS": "1"}),
     "BREAKER_FAILURE_THRESHOLD": ("1", "1000000000", "0", "1000000001", {}),
+    "BRAKE_FAILURE_THRESHOLD": ("1", "1000000000", "0", "1000000001", {}),
     "SCHEDULE_LOOKBACK_MONTHS": ("1", "120", "0", "121", {}),
     "SEND_RATE_PER_SECOND": ("0.001", "100000", "0", "100000.5", {}),
     "SEND_RATE_BURST": ("1", "1000000000", "0", "1000000001", {}),
@@ -40,6 +41,7 @@ EDGES: dict[str, tuple[str, str, str, str, dict[str, str]]] = {
     "WEB_READ_TIMEOUT_SECONDS": ("0.001", "316224000", "0", "316224000.5", {}),
     # 0 made a breaker that never opens: the window forgot each failure as it counted it.
     "BREAKER_WINDOW_SECONDS": ("0.001", "316224000", "0", "316224000.5", {}),
+    "BRAKE_WINDOW_SECONDS": ("0.001", "316224000", "0", "316224000.5", {}),
     # A report waits out the cool-down as a delayed message.
     "BREAKER_COOLDOWN_SECONDS": ("0.001", "518400", "0.0009", "518400.5", {}),
     "DEAD_LETTER_SWEEP_SECONDS": ("1", "316224000", "0.999", "316224000.5", {}),

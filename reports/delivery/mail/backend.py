@@ -22,6 +22,7 @@ def build_mailer(settings: Settings) -> Mailer:
             settings.smtp_url,
             timeout_seconds=settings.smtp_timeout_seconds,
             sender=parse_sender(settings.mail_from).address,
+            helo_name=settings.helo_name,
         )
     return MaildirMailer(settings.outbox_dir)
 
