@@ -36,6 +36,7 @@ from reports.database import create_db_engine, session_factory
 from reports.fanout import runs
 from reports.jobs import BULK_QUEUE, DEFAULT_QUEUE
 from reports.worker.broker import build_broker
+from reports.worker.queues import queue_for
 from tests.support.smtp import RateLimit, RecordingHandler
 
 #: The targets.
@@ -89,7 +90,7 @@ def main() -> int:
                 broker = build_broker(settings)
                 started = time.monotonic()
                 runs.trigger_and_enqueue(
-                    sessions, broker, bench.period, template_version=settings.template_version, now=utcnow()
+                    sessions, queue_for(broker), bench.period, template_version=settings.template_version, now=utcnow()
                 )
                 watch_period(
                     sessions, bench.period, expected=len(bench.active), timeout=args.timeout, alive=pools.check
