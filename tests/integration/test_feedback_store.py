@@ -141,7 +141,7 @@ def test_a_complaint_without_headers_counts_against_the_period_of_the_users_last
             session.execute(
                 text(
                     "INSERT INTO deliveries (period, user_id, state, message_id, claim_token, lease_expires_at,"
-                    " claims, claimed_at, sent_at) VALUES (:p, 2, 'sent', 'm', 't', :at, 1, :at, :at)"
+                    " times_taken, claimed_at, sent_at) VALUES (:p, 2, 'sent', 'm', 't', :at, 1, :at, :at)"
                 ),
                 {"p": period, "at": sent - timedelta(days=30 if period == "2026-09" else 0)},
             )
