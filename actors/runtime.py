@@ -13,6 +13,7 @@ from reports.delivery import send_rate
 from reports.delivery.breaker import STATE_CACHE_MS, CircuitBreaker, mail_breaker_name
 from reports.delivery.mail.backend import build_mailer
 from reports.delivery.pipeline import Context
+from reports.delivery.store import open_store
 from reports.failures.alerts import WebhookAlerts
 from reports.look import ReportLook
 from reports.settings import Settings
@@ -65,10 +66,12 @@ class Runtime:
                     self.redis, settings.broker_namespace, "breaker_transitions", "mail", str(after)
                 ),
             )
-        engine = create_db_engine(settings.database_url)
+        sessions = session_factory(create_db_engine(settings.database_url))
         return Context(
             settings=settings,
-            sessions=session_factory(engine),
+            sessions=sessions,
+            # The one place the process picks its database's statements.
+            store=open_store(sessions),
             mailer=build_mailer(settings),
             breaker=breaker,
             send_rate=send_rate.build(

@@ -30,7 +30,7 @@ from reports.jobs import BUILD_REPORT, ReportJob
 from reports.models import ItemState, PeriodRun, ReportItem, RunState, Suppression, User
 from reports.periods import Period
 from reports.queue import Queue
-from reports.sql import dialect_insert
+from reports.sql import insert_on_conflict
 
 #: An item recorded this long ago and still not handed out was left by a crash, not by a copy
 #: of the coordinator that is handing its page out right now.
@@ -158,7 +158,7 @@ def _record_page(
                 return _Page(ready, run.template_version, planned=False, settling=True)
             run.planned, run.planned_at = True, now
             return _Page(ready, run.template_version, planned=True)
-        recorded = dialect_insert(session, ReportItem.__table__).from_select(
+        recorded = insert_on_conflict(session, ReportItem.__table__).from_select(
             ["period", "user_id", "state", "attempts", "created_at", "updated_at"],
             select(
                 literal(str(period)),

@@ -16,7 +16,7 @@ import pytest
 from reports.content.activity import CategoryTotal, Summary
 from reports.content.inline_css import TemplateBuildError, inline
 from reports.content.render import render
-from reports.content.view import display_width, should_send
+from reports.content.view import display_width
 from reports.delivery.mail.compose import compose, recipient
 from reports.look import ReportLook
 from reports.periods import Period
@@ -223,13 +223,6 @@ def test_an_empty_month_gets_a_short_friendly_report() -> None:
     assert document.all("p", "quiet-title")[0].content() == "A quiet month"
     assert "A quiet month: no activity was recorded in October 2026, after $279.34 in September 2026." in text
     assert "-100" not in html and "-100" not in text and "Change" not in text
-
-
-def test_an_empty_month_is_sent_unless_the_setting_says_skip() -> None:
-    empty = summary_factory(count=0, total_cents=0, by_category=(), previous_total_cents=0)
-    assert should_send(empty, empty_month="send")
-    assert not should_send(empty, empty_month="skip")
-    assert should_send(summary_factory(), empty_month="skip")
 
 
 @pytest.mark.parametrize(
