@@ -1,4 +1,5 @@
-"""Per-process resources for the actors, built on first use (after the worker process starts)."""
+"""A worker process's resources: the pipeline's context and the dead-letter sink, built on first use
+(after the worker process starts)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from reports.settings import Settings
 from reports.worker.dead_letter_sink import DeadLetterSink
 
 
-class Runtime:
+class WorkerProcess:
     def __init__(self, settings: Settings, *, redis_client: redis.Redis) -> None:
         self.settings = settings
         self.redis = redis_client
