@@ -15,6 +15,10 @@ SEP = "\x1f"
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
+#: Reports whose user's locale was unknown or not shipped, by fact (``locale``): the default was used.
+FALLBACKS_COUNTER = "user_fallbacks"
+
+
 def counter_key(namespace: str, name: str) -> str:
     return f"{namespace}:metrics:{name}"
 

@@ -46,6 +46,10 @@ class User(Base):
     email: Mapped[str] = mapped_column(Text)
     name: Mapped[str | None] = mapped_column(Text)
     active: Mapped[bool] = mapped_column(Boolean)
+    #: IANA zone name, such as ``Asia/Tashkent``; optional.
+    time_zone: Mapped[str | None] = mapped_column(Text)
+    #: BCP 47 locale (``tr``, ``uz-Latn``); ``None`` or one no catalog writes is ``REPORT_LOCALE``.
+    locale: Mapped[str | None] = mapped_column(Text)
 
     # The coordinator's keyset walk: `WHERE active AND id > :cursor ORDER BY id LIMIT :n`.
     __table_args__ = (
@@ -357,3 +361,21 @@ class WebhookToken(Base):
     seen_at: Mapped[Timestamp]
 
     __table_args__ = (Index("ix_webhook_tokens_seen_at", "seen_at"),)
+
+
+class ConsoleAudit(Base):
+    """One thing a console user did (a login, a trigger, a replay …), newest last: who, what, to
+    what, and what came of it. Kept, never updated; the console shows it newest first."""
+
+    __tablename__ = "console_audit"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    at: Mapped[Timestamp]
+    #: The console user's name, as CONSOLE_USERS has it.
+    actor: Mapped[str] = mapped_column(String(64))
+    #: ``login``, ``trigger``, ``cancel``, ``replay``, ``send-now``, ``suppress``, ``unsuppress``.
+    action: Mapped[str] = mapped_column(String(32))
+    #: What it acted on: ``period 2026-10``, ``dead letters period=2026-10 reason=permanent``, ``user 42``.
+    target: Mapped[str] = mapped_column(Text)
+    #: What came of it, as the command would have printed it.
+    outcome: Mapped[str] = mapped_column(Text)

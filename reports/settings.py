@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from reports.console_settings import check_console
 from reports.endpoints import check_endpoints, redact_url, redact_webhook_url
 from reports.errors import ConfigurationError
 from reports.feedback_settings import check_feedback
@@ -59,7 +60,13 @@ _OPTIONAL_NUMBERS: dict[str, type[int | float]] = {"send_rate_per_second": float
 SECRET_URLS = ("database_url", "broker_url", "redis_url", "smtp_url", "alert_webhook_url")
 
 #: Settings that are a secret as a whole; :meth:`Settings.__repr__` shows only whether they are set.
-SECRETS = ("unsubscribe_secret", "postmark_webhook_auth", "mailgun_webhook_signing_key")
+SECRETS = (
+    "unsubscribe_secret",
+    "postmark_webhook_auth",
+    "mailgun_webhook_signing_key",
+    "console_users",
+    "console_secret",
+)
 
 
 #: The repository's own ``templates/`` folder, used unless ``TEMPLATES_DIR`` says otherwise.
@@ -206,6 +213,14 @@ class Settings:
     #: instead of the system's, which also lets them reach a loopback host. Refused at start unless
     #: PUBLIC_BASE_URL is loopback, so a production deployment cannot set it by accident.
     sns_test_ca_file: str | None = None
+    #: The console's users at ``/console/``: comma-separated ``name:role:argon2-hash`` (role
+    #: ``admin`` or ``viewer``; ``reports console hash-password`` makes the hash); empty: 404.
+    console_users: str = ""
+    #: Key that signs the console's session cookies, the same on every web process; empty: a
+    #: random key the web processes keep in the shared Redis.
+    console_secret: str = ""
+    #: How long a console login lasts, in seconds; then the operator logs in again.
+    console_session_seconds: float = 8 * 3600.0
 
     def __post_init__(self) -> None:
         if not self.database_url:
@@ -229,6 +244,7 @@ class Settings:
             )
         check_endpoints(self)
         check_feedback(self)
+        check_console(self)
 
     def __repr__(self) -> str:
         """Every setting, with the URLs redacted: a repr lands in logs and tracebacks."""
@@ -335,6 +351,7 @@ _RANGES = {
             "plan_slice_seconds",
             "dead_letter_sweep_seconds",
             "web_read_timeout_seconds",
+            "console_session_seconds",
         )
     },
     # Zero is meaningful here: re-enqueue at once, do not pause, no window, reconcile never.
@@ -454,6 +471,9 @@ ENVIRONMENT = {
     "soft_bounce_limit": "SOFT_BOUNCE_LIMIT",
     "soft_bounce_window_days": "SOFT_BOUNCE_WINDOW_DAYS",
     "sns_test_ca_file": "SNS_TEST_CA_FILE",
+    "console_users": "CONSOLE_USERS",
+    "console_secret": "CONSOLE_SECRET",
+    "console_session_seconds": "CONSOLE_SESSION_SECONDS",
 }
 
 

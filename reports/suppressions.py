@@ -119,3 +119,17 @@ def count_by_reason(session: Session) -> dict[str, int]:
     """Entries per reason, every reason present (0 when none)."""
     counts = dict(session.execute(select(Suppression.reason, func.count()).group_by(Suppression.reason)).all())
     return {reason.value: int(counts.get(reason.value, 0)) for reason in SuppressionReason}
+
+
+def search(
+    session: Session, *, user_id: int | None = None, address: str | None = None, after: int = 0, limit: int
+) -> list[tuple[Suppression, str]]:
+    """Entries with their user's address, lowest user id first after ``after``: the user ``user_id``'s,
+    the users whose address is ``address`` (any case), or every one; a keyset page of ``limit``."""
+    statement = select(Suppression, User.email).join(User, User.id == Suppression.user_id)
+    if user_id is not None:
+        statement = statement.where(Suppression.user_id == user_id)
+    if address is not None:
+        statement = statement.where(func.lower(User.email) == address.lower())
+    statement = statement.where(Suppression.user_id > after).order_by(Suppression.user_id).limit(limit)
+    return [(entry, email) for entry, email in session.execute(statement)]

@@ -2,6 +2,7 @@
 
 from reports.cli import (  # noqa: F401  (registers the commands)
     admin,
+    console,
     database,
     demo,
     dlq,

@@ -3,22 +3,17 @@
 from __future__ import annotations
 
 import json
-import uuid
 
 import click
 
-from reports import pruning
 from reports.cli.app import Obj, cli, pass_obj, period_argument
 from reports.clock import utcnow
-from reports.delivery import claims
 from reports.delivery.mail import backend
-from reports.delivery.mail.compose import message_id
-from reports.errors import BadInput
 from reports.fanout import progress, runs
-from reports.jobs import MAX_USER_ID, SEND_NOW, SendNowJob
-from reports.models import PeriodRun, User
+from reports.jobs import MAX_USER_ID
+from reports.ops import send_now as send_now_request
 from reports.periods import Period
-from reports.worker.broker import build_broker, send
+from reports.worker.broker import build_broker
 
 
 @cli.command()
@@ -58,34 +53,16 @@ def cancel(obj: Obj, period: Period) -> None:
 @pass_obj
 def send_now(obj: Obj, user_id: int, period: Period, include_inactive: bool, allow_untriggered: bool) -> None:
     """Send USER_ID's report for PERIOD now, on the critical queue (again, if it was sent before)."""
-    request_id = str(uuid.uuid4())
-    with obj.session() as session:
-        user = session.get(User, user_id)
-        if user is None:
-            raise BadInput(f"No user with id {user_id}.")
-        if not user.active and not include_inactive:
-            raise BadInput(f"User {user_id} is deactivated; pass --include-inactive to send anyway.")
-        # Held until the request is committed, so a prune of the period under way sees it.
-        pruning.hold_off(session, [str(period)])
-        run = session.get(PeriodRun, str(period))
-        if run is None and not allow_untriggered:
-            raise BadInput(
-                f"Period {period} has never been triggered; pass --allow-untriggered to send its report anyway."
-            )
-        job = SendNowJob(
-            period, user_id, request_id, run.template_version if run is not None else obj.settings.template_version
-        )
-        # Written before the message exists: if Redis loses it, reconcile sends the request again.
-        claims.record_send_now_request(
-            session,
-            request_id,
-            period,
-            user_id,
-            template_version=job.template_version,
-            message_id=message_id(period, user_id, obj.settings.mail_domain, request_id=request_id),
-            now=utcnow(),
-        )
-    send(build_broker(obj.settings), SEND_NOW, job.payload())
+    job = send_now_request.request(
+        obj.sessions(),
+        build_broker(obj.settings),
+        obj.settings,
+        user_id,
+        period,
+        now=utcnow(),
+        include_inactive=include_inactive,
+        allow_untriggered=allow_untriggered,
+    )
     click.echo(f"Queued send-now request {job.request_id}: user {user_id}, period {period}, critical queue.")
     click.echo(f"Its email goes to {backend.destination(obj.settings)} once a critical-queue worker sends it.")
     click.echo(

@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import functools
 import signal
 import threading
 from types import FrameType
 
 import click
-import redis
 from prometheus_client import start_http_server
 from prometheus_client.registry import CollectorRegistry
 
 from reports.cli.app import Obj, cli, pass_obj
-from reports.delivery.breaker import mail_breaker_name
 from reports.errors import BadInput
-from reports.jobs import BULK_QUEUE, CRITICAL_QUEUE, DEFAULT_QUEUE
-from reports.ops.metrics import CachedCollector, ReportsCollector
-from reports.worker import rabbitmq
+from reports.ops.metrics import fleet_collector
 
 
 @cli.command()
@@ -36,17 +31,7 @@ def exporter(obj: Obj, host: str | None, port: int) -> None:
         raise BadInput(f"Cannot listen on {host}:{port}: {e.strerror or e}.") from None
     # After the bind, so that bad input is named as such before a missing database is; the
     # registry is read only when scraped.
-    collector = ReportsCollector(
-        redis.Redis.from_url(settings.shared_redis_url),
-        namespace=settings.broker_namespace,
-        sessions=obj.sessions(),
-        queues=(CRITICAL_QUEUE, DEFAULT_QUEUE, BULK_QUEUE),
-        breaker_name=mail_breaker_name(settings.broker_namespace),
-        rabbitmq_depths=functools.partial(rabbitmq.ready_counts_at, settings.broker_url)
-        if settings.broker_is_rabbitmq
-        else None,
-    )
-    registry.register(CachedCollector(collector, max_age_seconds=settings.exporter_cache_seconds))
+    registry.register(fleet_collector(settings, obj.sessions()))
     click.echo(f"Serving metrics on http://{host}:{port}/metrics", err=True)
     stop = threading.Event()
 

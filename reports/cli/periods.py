@@ -31,22 +31,7 @@ def trigger(obj: Obj, period: Period) -> None:
         template_version=obj.settings.template_version,
         now=utcnow(),
     )
-    click.echo(describe_trigger(triggered))
-
-
-def describe_trigger(triggered: runs.Triggered) -> str:
-    run = triggered.run
-    if triggered.resumed:
-        return (
-            f"{run.period} resumed: pending reports re-enqueued"
-            + ("" if run.planned else ", and the coordinator")
-            + "."
-        )
-    if triggered.created:
-        return f"Triggered {run.period}: coordinator enqueued (template {run.template_version})."
-    if triggered.needs_coordinator:
-        return f"{run.period} was already triggered; coordinator enqueued to resume after user {run.cursor}."
-    return f"{run.period} is already planned; nothing enqueued."
+    click.echo(triggered.describe())
 
 
 @cli.command("progress")

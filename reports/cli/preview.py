@@ -5,74 +5,25 @@ send, claim and record nothing. The way to check a new template before the first
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 
 import click
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from reports import tokens
 from reports.cli.app import Obj, cli, pass_obj, period_argument
 from reports.clock import utcnow
-from reports.content.activity import load_summary
-from reports.content.render import RenderedReport, render
-from reports.delivery.mail.compose import compose, message_id, recipient
 from reports.errors import BadInput, PermanentError
-from reports.jobs import MAX_USER_ID, is_version_name
-from reports.look import ReportLook
-from reports.models import PeriodRun, User
+from reports.jobs import MAX_USER_ID
+from reports.models import User
+from reports.ops import preview as preview_build
 from reports.periods import Period
-from reports.settings import Settings
 
 #: Users one preview renders at most: it is a look at a template, not a run.
 MAX_SAMPLE = 1_000
 
 #: Users rendered when neither ``--user`` nor ``--sample`` is given.
 DEFAULT_SAMPLE = 5
-
-
-@dataclass(frozen=True)
-class Preview:
-    #: The message's bytes, as they would go on the wire.
-    email: bytes
-    rendered: RenderedReport
-
-
-def build(
-    session: Session, settings: Settings, user: User, period: Period, template_version: str, now: datetime
-) -> Preview:
-    """The email the pipeline would send ``user`` for ``period`` now, built by the pipeline's own
-    read path (activity, render, compose) and nothing else: the one place a change of it lands here."""
-    unsubscribe_url = tokens.links(settings).url(user.id)
-    rendered = render(
-        settings.templates_dir,
-        template_version,
-        name=user.name,
-        summary=load_summary(session, user.id, period),
-        look=ReportLook.from_settings(settings),
-        unsubscribe_url=unsubscribe_url,
-    )
-    email = compose(
-        rendered,
-        to=recipient(user.email, user.name),
-        mail_from=settings.mail_from,
-        period=period,
-        user_id=user.id,
-        date=now,
-        message_id=message_id(period, user.id, settings.mail_domain),
-        unsubscribe_url=unsubscribe_url,
-    )
-    return Preview(email=email, rendered=rendered)
-
-
-def template_version_for(session: Session, settings: Settings, period: Period, named: str | None) -> str:
-    """The version named, else the one the period's run pinned, else the one a trigger would pin now."""
-    if named is not None:
-        return named
-    pinned = session.scalar(select(PeriodRun.template_version).where(PeriodRun.period == str(period)))
-    return pinned or settings.template_version
 
 
 def _users(session: Session, user_ids: tuple[int, ...], sample: int | None) -> list[User]:
@@ -99,11 +50,6 @@ def _writable(out: Path) -> Path:
     return out
 
 
-def _check_version(settings: Settings, version: str) -> None:
-    if not is_version_name(version) or not (settings.templates_dir / version).is_dir():
-        raise BadInput(f"Template version {version!r} does not exist in {settings.templates_dir}.")
-
-
 @cli.command()
 @period_argument(closed=False)
 @click.option(
@@ -128,19 +74,19 @@ def preview(
         raise BadInput("Choose --user or --sample, not both.")
     settings = obj.settings
     if template_version is not None:
-        _check_version(settings, template_version)
+        preview_build.check_version(settings, template_version)
     now = utcnow()
     # A session never committed: whatever happens, nothing is written to the database.
     with obj.sessions()() as session:
-        version = template_version_for(session, settings, period, template_version)
-        _check_version(settings, version)
+        version = preview_build.template_version_for(session, settings, period, template_version)
+        preview_build.check_version(settings, version)
         users = _users(session, user_ids, sample)
         session.expunge_all()
         session.rollback()
         _writable(out)
         for user in users:
             try:
-                built = build(session, settings, user, period, version, now)
+                built = preview_build.build(session, settings, user, period, version, now)
             except PermanentError as e:
                 click.echo(f"user {user.id}: would be a dead letter: {e}", err=True)
                 continue

@@ -11,9 +11,9 @@ from reports import suppressions
 from reports.cli.app import Obj, cli, pass_obj
 from reports.clock import utcnow
 from reports.errors import BadInput
-from reports.feedback import store
 from reports.jobs import MAX_USER_ID
-from reports.models import SuppressionReason, User
+from reports.models import SuppressionReason
+from reports.ops import suppressing
 
 #: Longest listing printed.
 MAX_LIST_LIMIT = 1_000_000
@@ -36,13 +36,10 @@ def add(obj: Obj, user_id: int, reason: str | None) -> None:
         # Checked here: click's own message for a missing choice spans several lines.
         raise BadInput(f"--reason is required: one of {', '.join(r.value for r in SuppressionReason)}.")
     with obj.session() as session:
-        if session.get(User, user_id) is None:
-            raise BadInput(f"No user with id {user_id}.")
-        existing = suppressions.get(session, user_id)
-        if existing is not None:
-            click.echo(f"User {user_id} was already suppressed ({existing.reason}); nothing changed.")
-            return
-        suppressions.add(session, user_id, SuppressionReason(reason), now=utcnow(), source="cli")
+        existing = suppressing.suppress(session, user_id, SuppressionReason(reason), now=utcnow(), source="cli")
+    if existing is not None:
+        click.echo(f"User {user_id} was already suppressed ({existing}); nothing changed.")
+        return
     click.echo(f"User {user_id} suppressed ({reason}).")
 
 
@@ -56,14 +53,13 @@ def remove(obj: Obj, user_id: int) -> None:
     is dismissed with it: it no longer counts toward soft bounces or the period's rates.
     """
     with obj.session() as session:
-        removed = suppressions.remove(session, user_id)
-        dismissed = store.dismiss(session, user_id, now=utcnow()) if removed else 0
-    if not removed:
+        lifted = suppressing.lift(session, user_id, now=utcnow())
+    if not lifted.removed:
         click.echo(f"User {user_id} was not suppressed; nothing changed.")
         return
     click.echo(
         f"User {user_id} is no longer suppressed"
-        + (f"; {dismissed} provider feedback event(s) dismissed." if dismissed else ".")
+        + (f"; {lifted.dismissed} provider feedback event(s) dismissed." if lifted.dismissed else ".")
     )
 
 

@@ -1,5 +1,5 @@
-"""``reports web``: the unsubscribe pages, the provider webhooks and the health check, served by
-uvicorn. Stops on SIGTERM."""
+"""``reports web``: the unsubscribe pages, the provider webhooks, the console and the health check,
+served by uvicorn. Stops on SIGTERM."""
 
 from __future__ import annotations
 
@@ -18,8 +18,9 @@ from reports.errors import BadInput
 @click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
 @pass_obj
 def web(obj: Obj, host: str, port: int) -> None:
-    """Serve the one-click unsubscribe endpoint, its pages, the provider webhooks, and /healthz."""
+    """Serve the one-click unsubscribe endpoint, its pages, the provider webhooks, the console, and /healthz."""
     # Imported here: only the web process needs the web stack.
+    from reports.console import site as console_app
     from reports.feedback import web as feedback_web
     from reports.unsubscribe.web import HEALTH_PATH, build_app
     from reports.web import guards, server
@@ -27,8 +28,15 @@ def web(obj: Obj, host: str, port: int) -> None:
     settings = obj.settings
     sessions = obj.sessions()
     hooks = feedback_web.routes(settings, sessions)
+    console = console_app.routes(settings, sessions)
     app = guards.guard(
-        build_app(sessions, tokens.links(settings).signer, product_name=settings.report_product_name, mounted=hooks),
+        build_app(
+            sessions,
+            tokens.links(settings).signer,
+            product_name=settings.report_product_name,
+            default_locale=settings.report_locale,
+            mounted=[*hooks, *console],
+        ),
         public_base_url=settings.public_base_url,
         read_timeout_seconds=settings.web_read_timeout_seconds,
         any_host_paths=(HEALTH_PATH,),
@@ -46,6 +54,12 @@ def web(obj: Obj, host: str, port: int) -> None:
         )
     click.echo(f"Serving unsubscribe pages on http://{host}:{port} for {settings.public_base_url}", err=True)
     click.echo(f"Provider webhooks: {', '.join(feedback_web.served(hooks)) or 'none configured'}", err=True)
+    click.echo(
+        f"Console: {settings.public_base_url}{console_app.PREFIX}/"
+        if console
+        else "Console: off (CONSOLE_USERS is unset)",
+        err=True,
+    )
     if settings.sns_test_ca_file is not None:
         click.echo("note: SNS_TEST_CA_FILE is set: SNS is trusted through a test CA (tests only).", err=True)
     # uvicorn drains on SIGTERM, then raises the signal again under the handler it found: this

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import jinja2
 
-from reports.content import formats, inline_css, view
+from reports.content import formats, inline_css, language, view
 from reports.content.activity import Summary
 from reports.errors import UnknownTemplateVersion
 from reports.look import ReportLook
@@ -50,9 +50,10 @@ class _Templates:
     styled: bool
 
 
-@lru_cache(maxsize=16)
-def _templates(templates_dir: Path, version: str, look: ReportLook) -> _Templates:
-    """The version's three parts, compiled once per look; a styled version's HTML with its CSS inlined.
+@lru_cache(maxsize=64)
+def _templates(templates_dir: Path, version: str, look: ReportLook, catalog: str) -> _Templates:
+    """The version's three parts in one language, compiled once per look; a styled version's HTML
+    with its CSS inlined.
 
     Kept as compiled templates so that a render does no file system check (Jinja's loader looks
     at the file's mtime on every ``get_template``).
@@ -74,7 +75,10 @@ def _templates(templates_dir: Path, version: str, look: ReportLook) -> _Template
         autoescape=jinja2.select_autoescape(enabled_extensions=("html.j2",), default_for_string=False),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
+        extensions=["jinja2.ext.i18n"],
     )
+    # The words come from the version's own catalogs, so a version pins its wording as it pins its layout.
+    environment.install_gettext_translations(language.translations(folder / "locale", catalog), newstyle=True)  # type: ignore[attr-defined]
     environment.filters["money"] = money
     environment.filters["signed_money"] = signed_money
     if styled:
@@ -90,21 +94,30 @@ def render(
     name: str | None,
     summary: Summary,
     look: ReportLook | None = None,
+    locale: str | None = None,
     unsubscribe_url: str | None = None,
 ) -> RenderedReport:
     """Render one report.
 
     :param look: branding, locale and currency (:meth:`ReportLook.from_settings`, built once per
         process); ``None`` is :data:`DEFAULT_LOOK`. Version ``v1`` ignores it.
+    :param locale: the user's own locale as stored (BCP 47); ``None``, or one no catalog writes, is
+        the look's (a fallback is counted). Version ``v1`` is English only.
     :param unsubscribe_url: the user's one-click unsubscribe link for the footer; ``None`` makes the
         footer say how to stop the reports without a link. Version ``v1`` shows no footer.
     """
     look = DEFAULT_LOOK if look is None else look
-    templates = _templates(templates_dir, version, look)
+    lang = language.for_user(locale, look.locale)
+    templates = _templates(templates_dir, version, look, lang.catalog)
     context: dict[str, object] = {"name": name or "there", "period": summary.period, "summary": summary}
     if templates.styled:
         context["view"] = view.build(
-            summary, name=name, formats=formats.for_locale(look.locale, look.currency), unsubscribe_url=unsubscribe_url
+            summary,
+            name=name,
+            formats=formats.for_locale(lang.locale, look.currency),
+            words=language.translations(templates_dir / version / "locale", lang.catalog),
+            lang=lang.tag,
+            unsubscribe_url=unsubscribe_url,
         )
     subject = templates.subject.render(context)
     return RenderedReport(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
+from gettext import NullTranslations
 from typing import Literal
 
 from reports.content.activity import CategoryTotal, Summary
@@ -54,7 +55,12 @@ class Change:
 
 @dataclass(frozen=True)
 class ReportView:
-    name: str
+    #: The BCP 47 tag of the language the report is written in, for the HTML part's ``lang``.
+    lang: str
+    #: ``None`` when the user has no name: the greeting then has none.
+    name: str | None
+    #: The HTML part's title (a title holds text only, so it is worded here rather than in the template).
+    title: str
     month: str
     previous_month: str
     total: str
@@ -68,6 +74,8 @@ class ReportView:
     #: True when the month had no activity: the short, friendly variant.
     empty: bool
     preheader: str
+    #: The text part's total, count and change, one line each, the figures aligned.
+    figures_table: tuple[str, ...]
     #: The category table and chart of the text part, one line each, aligned for a monospace font.
     text_table: tuple[str, ...]
     unsubscribe_url: str | None
@@ -77,21 +85,36 @@ def is_empty(summary: Summary) -> bool:
     return summary.count == 0 and not summary.by_category
 
 
-def build(summary: Summary, *, name: str | None, formats: Formats, unsubscribe_url: str | None = None) -> ReportView:
-    """Everything a v2 report shows, formatted for ``formats``' locale and currency."""
+def build(
+    summary: Summary,
+    *,
+    name: str | None,
+    formats: Formats,
+    words: NullTranslations | None = None,
+    lang: str = "en",
+    unsubscribe_url: str | None = None,
+) -> ReportView:
+    """Everything a v2 report shows, in ``words``' language and ``formats``' numbers and months."""
+    words = NullTranslations() if words is None else words
     month, previous = formats.month(summary.period), formats.month(summary.period.previous())
     categories = sorted(summary.by_category, key=lambda c: (-c.total_cents, c.category))
-    bars = chart(categories, formats)
-    rows = table(categories, formats)
-    total, change = formats.money(summary.total_cents), describe_change(summary, formats, previous)
+    bars = chart(categories, formats, words)
+    rows = table(categories, formats, words)
+    total, change = formats.money(summary.total_cents), describe_change(summary, formats, previous, words)
     count = formats.count(summary.count)
     if is_empty(summary):
-        preheader = f"No activity was recorded in {month}."
+        preheader = words.gettext("No activity was recorded in %(month)s.") % {"month": month}
     else:
-        activities = "activity" if summary.count == 1 else "activities"
-        preheader = f"{total} across {count} {activities} in {month}; {change.text[:1].lower()}{change.text[1:]}."
+        spent = words.ngettext(
+            "%(total)s across %(count)s activity in %(month)s.",
+            "%(total)s across %(count)s activities in %(month)s.",
+            summary.count,
+        ) % {"total": total, "count": count, "month": month}
+        preheader = f"{spent} {change.text}."
     return ReportView(
-        name=shorten(name or "there"),
+        lang=lang,
+        name=shorten(name) if name else None,
+        title=words.gettext("Your %(month)s report") % {"month": month},
         month=month,
         previous_month=previous,
         total=total,
@@ -103,30 +126,42 @@ def build(summary: Summary, *, name: str | None, formats: Formats, unsubscribe_u
         rows=rows,
         empty=is_empty(summary),
         preheader=preheader,
-        text_table=text_table(rows, bars, formats),
+        figures_table=figures_table((total, count, change.text), words),
+        text_table=text_table(rows, bars, words),
         unsubscribe_url=_link(unsubscribe_url),
     )
 
 
-def describe_change(summary: Summary, formats: Formats, previous_month: str) -> Change:
+def describe_change(
+    summary: Summary, formats: Formats, previous_month: str, words: NullTranslations | None = None
+) -> Change:
     """The change against the previous month in words, with its direction and percent."""
+    words = NullTranslations() if words is None else words
+    month = {"month": previous_month}
     if summary.previous_total_cents == 0:
         if summary.total_cents == 0:
-            return Change("same", f"Nothing in {previous_month} either")
-        return Change("new", f"New this month: nothing was recorded in {previous_month}")
+            return Change("same", words.gettext("Nothing in %(month)s either") % month)
+        return Change("new", words.gettext("New this month: nothing was recorded in %(month)s") % month)
     amount = formats.money(abs(summary.change_cents))
     # Rounded half away from zero in integers: float percentages print 0.05 steps inconsistently.
     tenths, rest = divmod(abs(summary.change_cents) * 1000, abs(summary.previous_total_cents))
     tenths += 2 * rest >= abs(summary.previous_total_cents)
-    percent = formats.percent(tenths)
+    figures = {"amount": amount, "percent": formats.percent(tenths), **month}
     if summary.change_cents > 0:
-        return Change("up", f"Up {amount} ({percent}) on {previous_month}")
+        return Change("up", words.gettext("Up %(amount)s (%(percent)s) on %(month)s") % figures)
     if summary.change_cents < 0:
-        return Change("down", f"Down {amount} ({percent}) on {previous_month}")
-    return Change("same", f"The same as {previous_month}")
+        return Change("down", words.gettext("Down %(amount)s (%(percent)s) on %(month)s") % figures)
+    return Change("same", words.gettext("The same as %(month)s") % month)
 
 
-def chart(categories: Sequence[CategoryTotal], formats: Formats) -> tuple[Bar, ...]:
+def others_label(count: int, formats: Formats, words: NullTranslations) -> str:
+    """The label of the row or bar that sums the ``count`` smallest categories."""
+    return words.ngettext("%(count)s other category", "%(count)s other categories", count) % {
+        "count": formats.count(count)
+    }
+
+
+def chart(categories: Sequence[CategoryTotal], formats: Formats, words: NullTranslations) -> tuple[Bar, ...]:
     """The largest categories as bars, the others as one; widths in percent of the month's spending.
 
     Only spending is drawn: a category whose total is zero or negative (refunds) gets no bar. The
@@ -137,10 +172,10 @@ def chart(categories: Sequence[CategoryTotal], formats: Formats) -> tuple[Bar, .
     if not spent:
         return ()
     shown = spent[:CHART_BARS] if len(spent) <= CHART_BARS else spent[: CHART_BARS - 1]
-    others = spent[len(shown) :]
+    rest = spent[len(shown) :]
     items = [(shorten(c.category), c.total_cents) for c in shown]
-    if others:
-        items.append((f"{len(others)} other categories", sum(c.total_cents for c in others)))
+    if rest:
+        items.append((others_label(len(rest), formats, words), sum(c.total_cents for c in rest)))
     widths = shares([cents for _, cents in items])
     return tuple(
         Bar(label=label, amount=formats.money(cents), share=_share(width, cents, formats), width=width)
@@ -164,7 +199,7 @@ def shares(amounts: Sequence[int]) -> list[int]:
     return floors
 
 
-def table(categories: Sequence[CategoryTotal], formats: Formats) -> tuple[Row, ...]:
+def table(categories: Sequence[CategoryTotal], formats: Formats, words: NullTranslations) -> tuple[Row, ...]:
     """The category table's rows, largest first; past :data:`TABLE_ROWS`, the rest as one row."""
     shown = categories if len(categories) <= TABLE_ROWS else categories[: TABLE_ROWS - 1]
     rows = [Row(shorten(c.category), formats.count(c.count), formats.money(c.total_cents)) for c in shown]
@@ -172,7 +207,7 @@ def table(categories: Sequence[CategoryTotal], formats: Formats) -> tuple[Row, .
     if rest:
         rows.append(
             Row(
-                f"{len(rest)} other categories",
+                others_label(len(rest), formats, words),
                 formats.count(sum(c.count for c in rest)),
                 formats.money(sum(c.total_cents for c in rest)),
             )
@@ -180,12 +215,19 @@ def table(categories: Sequence[CategoryTotal], formats: Formats) -> tuple[Row, .
     return tuple(rows)
 
 
-def text_table(rows: Sequence[Row], bars: Sequence[Bar], formats: Formats) -> tuple[str, ...]:
+def figures_table(figures: tuple[str, str, str], words: NullTranslations) -> tuple[str, ...]:
+    """The text part's total, count and change under labels padded to one width, as a monospace font shows them."""
+    labels = (words.gettext("Total spent"), words.gettext("Activities"), words.gettext("Change"))
+    width = max(display_width(label) for label in labels) + 3
+    return tuple(f"{pad(label, width)}{figure}" for label, figure in zip(labels, figures, strict=True))
+
+
+def text_table(rows: Sequence[Row], bars: Sequence[Bar], words: NullTranslations) -> tuple[str, ...]:
     """The text part's category table, then its chart: columns padded by display width, so that
     wide characters (CJK) and combining marks keep the columns straight in a monospace font."""
     if not rows:
         return ()
-    headings = Row("Category", "Activities", "Amount")
+    headings = Row(words.gettext("Category"), words.gettext("Activities"), words.gettext("Amount"))
     label_width = max(display_width(r.label) for r in (headings, *rows))
     count_width = max(display_width(r.count) for r in (headings, *rows))
     amount_width = max(display_width(r.amount) for r in (headings, *rows))
@@ -197,7 +239,7 @@ def text_table(rows: Sequence[Row], bars: Sequence[Bar], formats: Formats) -> tu
     if bars:
         bar_label = max(display_width(b.label) for b in bars)
         share_width = max(display_width(b.share) for b in bars)
-        lines += ["", "Share of spending", ""]
+        lines += ["", words.gettext("Share of spending"), ""]
         lines += [
             f"{pad(b.label, bar_label)}  {pad(b.share, share_width, right=True)}  "
             f"{'#' * max(1 if b.width else 0, round(b.width * TEXT_BAR_CHARS / 100))}".rstrip()

@@ -328,6 +328,7 @@ def _prepare(ctx: Context, session: Executor, job: ReportJob) -> _Prepared | Out
         name=inputs.name,
         summary=inputs.summary,
         look=ctx.look,
+        locale=inputs.locale,
         unsubscribe_url=unsubscribe_url,
     )
     email = compose(
@@ -418,6 +419,7 @@ def _render_and_store(
         name=user.name,
         summary=load_summary(session, user.id, period),
         look=ctx.look,
+        locale=user.locale,
         unsubscribe_url=ctx.unsubscribe_url(user.id),
     )
     keep_report(session, period, user.id, StoredReport(template_version, rendered, now))

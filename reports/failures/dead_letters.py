@@ -111,6 +111,12 @@ class Filter:
     reason: str | None = None
     ids: tuple[int, ...] = ()
     include_replayed: bool = False
+    #: Only this actor's (``build_report``, ``send_now`` …).
+    actor: str | None = None
+    #: Only those that died for this :class:`DeadLetterReason`.
+    cause: str | None = None
+    #: Only those with an id up to this one: the letters a count was shown for, none that died since.
+    up_to_id: int | None = None
 
     def clauses(self) -> list[Any]:
         clauses: list[Any] = []
@@ -118,6 +124,12 @@ class Filter:
             clauses.append(DeadLetter.replayed_at.is_(None))
         if self.period:
             clauses.append(DeadLetter.period == self.period)
+        if self.actor:
+            clauses.append(DeadLetter.actor == self.actor)
+        if self.cause:
+            clauses.append(DeadLetter.reason == self.cause)
+        if self.up_to_id is not None:
+            clauses.append(DeadLetter.id <= self.up_to_id)
         if self.ids:
             clauses.append(DeadLetter.id.in_(self.ids))
         if self.reason:
@@ -135,6 +147,21 @@ class Filter:
 
 def find(session: Session, where: Filter, *, limit: int | None = None) -> list[DeadLetter]:
     return list(session.scalars(select(DeadLetter).where(*where.clauses()).order_by(DeadLetter.id).limit(limit)))
+
+
+def page(session: Session, where: Filter, *, before: int | None, limit: int) -> list[DeadLetter]:
+    """Up to ``limit`` matching dead letters, newest first, with an id below ``before`` when given:
+    a keyset page, as cheap at the millionth letter as at the first."""
+    statement = select(DeadLetter).where(*where.clauses())
+    if before is not None:
+        statement = statement.where(DeadLetter.id < before)
+    return list(session.scalars(statement.order_by(DeadLetter.id.desc()).limit(limit)))
+
+
+def count(session: Session, where: Filter) -> tuple[int, int]:
+    """How many dead letters match, and the highest id among them (0 when none)."""
+    n, highest = session.execute(select(func.count(), func.max(DeadLetter.id)).where(*where.clauses())).one()
+    return int(n), int(highest or 0)
 
 
 def get(session: Session, dead_letter_id: int) -> DeadLetter | None:

@@ -33,6 +33,21 @@ class Triggered:
     def needs_coordinator(self) -> bool:
         return not self.run.planned
 
+    def describe(self) -> str:
+        """What the trigger did, as one line for the operator."""
+        run = self.run
+        if self.resumed:
+            return (
+                f"{run.period} resumed: pending reports re-enqueued"
+                + ("" if run.planned else ", and the coordinator")
+                + "."
+            )
+        if self.created:
+            return f"Triggered {run.period}: coordinator enqueued (template {run.template_version})."
+        if self.needs_coordinator:
+            return f"{run.period} was already triggered; coordinator enqueued to resume after user {run.cursor}."
+        return f"{run.period} is already planned; nothing enqueued."
+
 
 def trigger(
     session: Session, period: Period, *, template_version: str, now: datetime, restart_walk: bool = False

@@ -9,6 +9,7 @@ moment happens (:func:`count`), and read here.
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
@@ -23,15 +24,16 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from reports import suppressions
-from reports.counters import DURATION_BUCKETS, SEP, counter_key
+from reports.counters import DURATION_BUCKETS, FALLBACKS_COUNTER, SEP, counter_key
 from reports.delivery import send_rate
-from reports.delivery.breaker import STATE_VALUES, State
+from reports.delivery.breaker import STATE_VALUES, State, mail_breaker_name
 from reports.fanout import progress
 from reports.feedback import store as feedback_store
 from reports.feedback.events import Kind
-from reports.jobs import BUILD_REPORT, COORDINATOR, SEND_NOW
+from reports.jobs import BUILD_REPORT, BULK_QUEUE, COORDINATOR, CRITICAL_QUEUE, DEFAULT_QUEUE, SEND_NOW
 from reports.models import DeadLetter, DeadLetterReason, ItemState, PeriodRun, RunState
-from reports.worker import held
+from reports.settings import Settings
+from reports.worker import held, rabbitmq
 
 #: Why a message of a known actor died; an undecodable message has no actor to count it under.
 DEAD_REASONS = (DeadLetterReason.PERMANENT, DeadLetterReason.RETRIES_EXHAUSTED, DeadLetterReason.BROKER)
@@ -89,6 +91,23 @@ class CachedCollector(Collector):
                 self._metrics = list(self.collector.collect())
                 self._collected_at = now
             return iter(self._metrics)
+
+
+def fleet_collector(settings: Settings, sessions: sessionmaker[Session]) -> CachedCollector:
+    """The figures of every queue, the breaker, the send rate and the periods, read from the broker,
+    the shared Redis and the database, collected at most once per EXPORTER_CACHE_SECONDS: what the
+    exporter serves and the console's fleet page shows."""
+    collector = ReportsCollector(
+        redis.Redis.from_url(settings.shared_redis_url),
+        namespace=settings.broker_namespace,
+        sessions=sessions,
+        queues=(CRITICAL_QUEUE, DEFAULT_QUEUE, BULK_QUEUE),
+        breaker_name=mail_breaker_name(settings.broker_namespace),
+        rabbitmq_depths=functools.partial(rabbitmq.ready_counts_at, settings.broker_url)
+        if settings.broker_is_rabbitmq
+        else None,
+    )
+    return CachedCollector(collector, max_age_seconds=settings.exporter_cache_seconds)
 
 
 class ReportsCollector(Collector):
@@ -232,6 +251,19 @@ class ReportsCollector(Collector):
             transitions.add_metric(labels, value)
         yield transitions
         yield self._throttled()
+        yield self._fallbacks()
+
+    def _fallbacks(self) -> Metric:
+        fallbacks = CounterMetricFamily(
+            "reports_user_fallbacks",
+            "Reports written in REPORT_LOCALE because the user's own locale is unknown or not shipped.",
+            labels=["fact"],
+        )
+        counts = {"locale": 0.0}
+        counts.update({labels[0]: value for labels, value in self._hash(FALLBACKS_COUNTER)})
+        for fact, value in sorted(counts.items()):
+            fallbacks.add_metric([fact], value)
+        return fallbacks
 
     def _throttled(self) -> Metric:
         throttled = CounterMetricFamily(

@@ -18,6 +18,8 @@ from __future__ import annotations
 import html
 import logging
 from collections.abc import Callable, Sequence
+from gettext import NullTranslations
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy.exc
@@ -31,6 +33,7 @@ from starlette.routing import BaseRoute, Route
 
 from reports import suppressions
 from reports.clock import utcnow
+from reports.content import language
 from reports.models import SuppressionReason
 from reports.tokens import Signer
 
@@ -38,6 +41,10 @@ logger = logging.getLogger(__name__)
 
 #: The form field and value of RFC 8058's one-click POST.
 ONE_CLICK = ("List-Unsubscribe", "One-Click")
+
+#: The pages' words in each shipped language: ``locale/<catalog>/LC_MESSAGES/pages.mo``.
+LOCALE_DIR = Path(__file__).resolve().parent / "locale"
+PAGES_DOMAIN = "pages"
 
 #: The health check's path: answered whatever the Host, since a platform calls it by address.
 HEALTH_PATH = "/healthz"
@@ -56,13 +63,23 @@ _STYLE = (
 
 
 def build_app(
-    sessions: sessionmaker[Session], signer: Signer, *, product_name: str, mounted: Sequence[BaseRoute] = ()
+    sessions: sessionmaker[Session],
+    signer: Signer,
+    *,
+    product_name: str,
+    default_locale: str = "en_US",
+    mounted: Sequence[BaseRoute] = (),
 ) -> Starlette:
     """The ASGI application; ``sessions`` are used from Starlette's thread pool.
 
+    :param default_locale: ``REPORT_LOCALE``: the pages' language when the browser asks for none that ships.
     :param mounted: routes of other flows served by the same process (the provider webhooks).
     """
-    pages = _Pages(product_name)
+
+    def pages(request: Request) -> _Pages:
+        # The browser's language, not the stored user's: the page then needs no database read.
+        chosen = language.from_accept_language(request.headers.get("accept-language"), default_locale)
+        return _Pages(product_name, chosen.tag, language.translations(LOCALE_DIR, chosen.catalog, PAGES_DOMAIN))
 
     def verified(request: Request) -> int | None:
         return signer.user_id(request.path_params["token"])
@@ -70,7 +87,7 @@ def build_app(
     async def show(request: Request) -> Response:
         if verified(request) is None:
             return _not_found()
-        return pages.confirm()
+        return pages(request).confirm()
 
     async def unsubscribe(request: Request) -> Response:
         user_id = verified(request)
@@ -86,7 +103,7 @@ def build_app(
             ),
         )
         logger.info("Unsubscribed by its link.", extra={"user_id": user_id})
-        return pages.done(request.path_params["token"])
+        return pages(request).done(request.path_params["token"])
 
     async def resubscribe(request: Request) -> Response:
         user_id = verified(request)
@@ -98,7 +115,7 @@ def build_app(
             return suppressions.get(session, user_id) is None
 
         lifted = await run_in_threadpool(_in_transaction, sessions, lift)
-        return pages.resubscribed(request.path_params["token"], lifted=lifted)
+        return pages(request).resubscribed(request.path_params["token"], lifted=lifted)
 
     async def healthz(_request: Request) -> Response:
         try:
@@ -145,46 +162,62 @@ def _not_found() -> Response:
 
 
 class _Pages:
-    """The three pages a person sees, each a small HTML document with at most one form."""
+    """The three pages a person sees, each a small HTML document with at most one form, in one language."""
 
-    def __init__(self, product_name: str) -> None:
+    def __init__(self, product_name: str, lang: str, words: NullTranslations) -> None:
         self.product = html.escape(product_name)
+        self.lang = lang
+        self.words = words
+
+    def _(self, text: str) -> str:
+        """``text`` in the page's language, the product named, escaped for HTML."""
+        return html.escape(self.words.gettext(text)).replace("%(product)s", self.product)
 
     def confirm(self) -> Response:
-        return self._page(
-            "Unsubscribe",
-            f"<h1>Unsubscribe from {self.product}?</h1>"
-            "<p>You will no longer receive the monthly report by email.</p>"
-            f"{_form('', 'Unsubscribe', one_click=True)}",
+        _ = self._
+        heading, text, button = (
+            _("Unsubscribe from %(product)s?"),
+            _("You will no longer receive the monthly report by email."),
+            _("Unsubscribe"),
         )
+        return self._page(_("Unsubscribe"), f"<h1>{heading}</h1><p>{text}</p>{_form('', button, one_click=True)}")
 
     def done(self, token: str) -> Response:
+        _ = self._
+        heading, text, question, button = (
+            _("You are unsubscribed"),
+            _("You will receive no more monthly reports from %(product)s."),
+            _("Changed your mind?"),
+            _("Resubscribe"),
+        )
         return self._page(
-            "Unsubscribed",
-            "<h1>You are unsubscribed</h1>"
-            f"<p>You will receive no more monthly reports from {self.product}.</p>"
-            "<p>Changed your mind?</p>"
-            f"{_form(f'{token}/resubscribe', 'Resubscribe')}",
+            _("Unsubscribed"),
+            f"<h1>{heading}</h1><p>{text}</p><p>{question}</p>{_form(f'{token}/resubscribe', button)}",
         )
 
     def resubscribed(self, token: str, *, lifted: bool) -> Response:
+        _ = self._
         if not lifted:
-            return self._page(
-                "Still paused",
-                "<h1>Your reports stay paused</h1>"
-                "<p>Your mail provider refused our reports, or a complaint was recorded. "
-                "Please contact us to have them restored.</p>",
+            heading, text = (
+                _("Your reports stay paused"),
+                _(
+                    "Your mail provider refused our reports, or a complaint was recorded."
+                    " Please contact us to have them restored."
+                ),
             )
+            return self._page(_("Still paused"), f"<h1>{heading}</h1><p>{text}</p>")
+        heading, text, button = (
+            _("You are subscribed again"),
+            _("You will receive the monthly report from %(product)s again."),
+            _("Unsubscribe"),
+        )
         return self._page(
-            "Subscribed again",
-            "<h1>You are subscribed again</h1>"
-            f"<p>You will receive the monthly report from {self.product} again.</p>"
-            f"{_form(f'../{token}', 'Unsubscribe', one_click=True)}",
+            _("Subscribed again"), f"<h1>{heading}</h1><p>{text}</p>{_form(f'../{token}', button, one_click=True)}"
         )
 
     def _page(self, title: str, body: str) -> Response:
         document = (
-            f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
+            f'<!doctype html><html lang="{self.lang}"><head><meta charset="utf-8">'
             f'<meta name="viewport" content="width=device-width,initial-scale=1">'
             f"<title>{title} · {self.product}</title><style>{_STYLE}</style></head>"
             f"<body><main>{body}</main></body></html>"

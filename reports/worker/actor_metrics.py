@@ -20,7 +20,8 @@ import redis
 from dramatiq.broker import MessageProxy
 from dramatiq.middleware import CurrentMessage, Middleware
 
-from reports.counters import DURATION_BUCKETS, SEP, counter_key
+from reports.content import language
+from reports.counters import DURATION_BUCKETS, FALLBACKS_COUNTER, SEP, counter_key
 from reports.outcome import Kind
 from reports.worker.retries import OUTCOME_OPTION
 
@@ -140,6 +141,8 @@ class ActorMetrics(Middleware):
     def flush(self) -> bool:
         """Write the counts added since the last flush in one round trip; False if Redis was unreachable
         (they are kept for the next flush)."""
+        fallbacks = counter_key(self.namespace, FALLBACKS_COUNTER)
+        self._tally.add((((fallbacks, fact), n) for fact, n in language.FALLBACKS.drain().items()), ())
         counts, sums = self._tally.take()
         if not counts and not sums:
             return True

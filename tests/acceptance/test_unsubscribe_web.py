@@ -3,8 +3,6 @@ sees (in headless Chromium), forged tokens, the health check, and a clean stop o
 
 from __future__ import annotations
 
-import os
-import shutil
 from dataclasses import replace
 
 import pytest
@@ -18,15 +16,14 @@ from reports.models import SuppressionReason
 from reports.periods import Period
 from reports.tokens import Signer
 from tests.integration.conftest import PERIOD, RecordingQueue, walk_everything
+from tests.support.browser import chromium_path, launch
 from tests.support.databases import load_users
-from tests.support.environment import missing
 from tests.support.processes import run_cli
 from tests.support.web import ONE_CLICK, SECRET, request, suppressed
 
 pytestmark = pytest.mark.acceptance
 
 OLD_SECRET = "test-old-unsubscribe-secret-98765"
-CHROMIUM = "/usr/bin/chromium"
 
 
 def test_the_one_click_post_of_a_received_email_unsubscribes_and_the_next_period_skips_the_user(
@@ -75,6 +72,28 @@ def test_opening_the_link_shows_a_confirm_button_and_changes_nothing(sessions, s
         assert '<form method="post"' in page and "<button" in page
         assert headers["cache-control"] == "no-store" and headers["referrer-policy"] == "no-referrer"
     assert suppressed(sessions) == {}
+
+
+@pytest.mark.parametrize(
+    ("accept_language", "lang", "heading"),
+    [
+        ("tr-TR,tr;q=0.9,en;q=0.8", "tr", "Monthly Reports aboneliğinden çıkılsın mı?"),
+        ("fr-FR, uz-Latn;q=0.7, de;q=0.5", "uz-Latn", "Monthly Reports obunasini bekor qilasizmi?"),
+        ("en;q=0.2, de-CH", "de", "Monthly Reports abbestellen?"),
+        ("ja, *;q=0.1", "en", "Unsubscribe from Monthly Reports?"),
+        (None, "en", "Unsubscribe from Monthly Reports?"),
+    ],
+)
+def test_the_pages_speak_the_shipped_language_the_browser_prefers(sessions, start_web, accept_language, lang, heading):
+    web = start_web()
+    load_users(sessions, count=1)
+    extra = {"Accept-Language": accept_language} if accept_language else {}
+    status, page, _ = request(web.url(1), extra=extra)
+    assert status == 200
+    assert f'<html lang="{lang}">' in page and f"<h1>{heading}</h1>" in page
+    status, done, _ = request(web.url(1), body=ONE_CLICK, extra=extra)
+    assert status == 200 and f'<html lang="{lang}">' in done
+    assert suppressed(sessions) == {1: "unsubscribed"}
 
 
 def test_a_post_without_the_one_click_body_changes_nothing(sessions, start_web):
@@ -149,25 +168,13 @@ def test_reports_web_rejects_a_port_in_use_in_one_line(settings, start_web):
 
 
 def test_a_person_confirms_in_a_browser_sees_it_done_and_resubscribes(sessions, start_web):
-    if not os.path.exists(CHROMIUM) and shutil.which("chromium") is None:
-        missing("Chromium is not installed (Debian package chromium; scripts/system-packages installs it)")
+    chromium_path()
     from playwright.sync_api import sync_playwright
 
     web = start_web()
     load_users(sessions, count=2)
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium"),
-            args=[
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--no-first-run",
-                "--disable-quic",
-            ],
-        )
+        browser = launch(playwright)
         try:
             page = browser.new_page()
             page.goto(web.url(1))

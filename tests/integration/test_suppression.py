@@ -17,7 +17,7 @@ from reports.errors import MailRejected
 from reports.fanout import progress
 from reports.jobs import ReportJob
 from reports.models import ItemState, ReportItem, SuppressionReason
-from tests.integration.conftest import PERIOD, RecordingSender, walk_everything
+from tests.integration.conftest import PERIOD, RecordingQueue, walk_everything
 from tests.support.databases import load_users
 
 
@@ -43,12 +43,12 @@ def test_the_coordinator_does_not_plan_suppressed_users(settings, sessions):
     population = load_users(sessions, count=20)  # page size 7: suppressed users on several pages
     for user_id in (1, 7, 8, 13):
         suppress(sessions, user_id, SuppressionReason.COMPLAINED if user_id == 13 else SuppressionReason.UNSUBSCRIBED)
-    sender = RecordingSender()
+    queue = RecordingQueue()
 
-    walk_everything(sessions, settings, sender=sender)
+    walk_everything(sessions, settings, queue=queue)
 
     expected = sorted(set(population.active) - {1, 7, 8, 13})
-    assert sorted(sender.user_ids) == expected
+    assert sorted(queue.user_ids) == expected
     assert sorted(item_states(sessions)) == expected
 
 

@@ -57,10 +57,15 @@ class WebProcess:
 
 
 def request(
-    url: str, *, body: bytes | None = None, content_type: str = "application/x-www-form-urlencoded"
+    url: str,
+    *,
+    body: bytes | None = None,
+    content_type: str = "application/x-www-form-urlencoded",
+    extra: dict[str, str] | None = None,
 ) -> tuple[int, str, dict[str, str]]:
-    """(status, body, headers) of a GET, or of a POST when ``body`` is given; (0, '', {}) if refused."""
-    headers = {"Content-Type": content_type} if body is not None else {}
+    """(status, body, headers) of a GET, or of a POST when ``body`` is given, with ``extra`` request
+    headers; (0, '', {}) if refused."""
+    headers = ({"Content-Type": content_type} if body is not None else {}) | (extra or {})
     try:
         with urllib.request.urlopen(urllib.request.Request(url, data=body, headers=headers), timeout=10) as response:
             return response.status, response.read().decode(), {k.lower(): v for k, v in response.headers.items()}

@@ -112,7 +112,9 @@ def test_the_layout_is_tables_600_pixels_wide_with_lang_and_a_preheader() -> Non
     assert container.attrs["width"] == "600" and "max-width:600px" in container.attrs["style"].replace(" ", "")
     [preheader] = document.all("div", "preheader")
     assert "display:none" in preheader.attrs["style"].replace(" ", "")
-    assert preheader.content().startswith("$1,234.56 across 3 activities in October 2026; up $234.56 (23.5%)")
+    assert preheader.content().startswith(
+        "$1,234.56 across 3 activities in October 2026. Up $234.56 (23.5%) on September 2026."
+    )
     assert any(m.attrs.get("name") == "viewport" for m in document.all("meta"))
 
 
@@ -226,17 +228,29 @@ def test_an_empty_month_gets_a_short_friendly_report() -> None:
 
 
 @pytest.mark.parametrize(
-    ("locale", "currency", "total", "month"),
-    [("en_US", "USD", "$1,234.56", "October 2026"), ("de_DE", "EUR", "1.234,56\xa0€", "Oktober 2026")],
+    ("locale", "currency", "total", "month", "subject_line", "total_line"),
+    [
+        ("en_US", "USD", "$1,234.56", "October 2026", "Your October 2026 report: {} spent", "Total spent   {}"),
+        (
+            "de_DE",
+            "EUR",
+            "1.234,56\xa0€",
+            "Oktober 2026",
+            "Ihr Bericht für Oktober 2026: {} ausgegeben",
+            "Ausgaben gesamt   {}",
+        ),
+    ],
 )
-def test_money_and_months_follow_the_locale(locale: str, currency: str, total: str, month: str) -> None:
+def test_money_and_months_follow_the_locale(
+    locale: str, currency: str, total: str, month: str, subject_line: str, total_line: str
+) -> None:
     subject, text, html = v2(look=ReportLook(locale=locale, currency=currency))
     document = parse(html)
     assert document.all("p", "kpi-total")[0].content() == total
     assert document.all("td", "header-month")[0].content() == month
     # A subject is one line of plain spaces.
-    assert subject == f"Your {month} report: {total.replace(chr(0xA0), ' ')} spent"
-    assert f"Total spent   {total}" in text
+    assert subject == subject_line.format(total.replace(chr(0xA0), " "))
+    assert total_line.format(total) in text
 
 
 def test_the_footer_says_why_and_links_the_unsubscribe_page_or_says_how_to_stop() -> None:

@@ -40,6 +40,8 @@ class Inputs:
     name: str | None
     active: bool
     summary: Summary
+    #: The user's own locale as stored (BCP 47), unchecked; ``None`` when they have none.
+    locale: str | None = None
     #: Whether there is a report to mail (:func:`sendable`): the claim is taken only then.
     mailable: bool = False
     #: Why the user is on the suppression list; ``None`` when they are not.

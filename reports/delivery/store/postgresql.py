@@ -53,7 +53,7 @@ WITH item AS (
 )
 SELECT (SELECT state FROM item), r.state, r.planned, r.cursor, u.email, u.name, u.active,
        a.in_period, a.category, a.n, a.total, s.reason,
-       extract(epoch FROM (SELECT lock_wait FROM sendable)), (SELECT count(*) FROM claimed)
+       extract(epoch FROM (SELECT lock_wait FROM sendable)), (SELECT count(*) FROM claimed), u.locale
 FROM (SELECT 1) AS one
 LEFT JOIN period_runs r ON r.period = :period
 LEFT JOIN users u ON u.id = :user_id
@@ -79,6 +79,7 @@ LEFT JOIN LATERAL (
     "reason",
     "lock_wait",
     "taken",
+    "locale",
 )
 
 # The item is locked before the claim, as reading locks it before it takes the claim: the claim's
@@ -150,6 +151,7 @@ class PostgresStore:
             summary=summarize(period, ((bool(r[7]), r[8], r[9], r[10]) for r in rows if r[8] is not None)),
             mailable=lock_wait is not None,
             suppressed=first[11],
+            locale=first[14],
         )
         if lock_wait is None:
             return inputs

@@ -61,7 +61,7 @@ class SqliteStore:
             select(PeriodRun.state, PeriodRun.planned, PeriodRun.cursor).where(PeriodRun.period == str(period))
         ).one_or_none()
         user = db.execute(
-            select(User.email, User.name, User.active, Suppression.reason)
+            select(User.email, User.name, User.active, User.locale, Suppression.reason)
             .outerjoin(Suppression, Suppression.user_id == User.id)
             .where(User.id == user_id)
         ).one_or_none()
@@ -76,6 +76,7 @@ class SqliteStore:
             summary=load_summary(db, user_id, period),
             mailable=bool(mailable),
             suppressed=user.reason if user else None,
+            locale=user.locale if user else None,
         )
         if not inputs.mailable:
             return inputs

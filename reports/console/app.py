@@ -1,0 +1,355 @@
+"""The console's ASGI application, mounted at ``/console`` by the web process: logins, sessions,
+CSRF, roles and the headers every console answer carries. The pages are in :mod:`views`, the
+actions in :mod:`actions`.
+
+* Sessions are Starlette's signed cookies (itsdangerous): ``HttpOnly``, ``SameSite=Strict``,
+  ``Secure`` unless PUBLIC_BASE_URL is loopback, scoped to ``/console``. A session ends
+  CONSOLE_SESSION_SECONDS after its login, whatever is done with it, and when its user leaves
+  CONSOLE_USERS (the role is read from CONSOLE_USERS at each request, never from the cookie).
+* Every POST carries the session's CSRF token; a missing or wrong one is answered 403.
+* A ``viewer`` reads every page; its POSTs are answered 403 and change nothing.
+* Logins are throttled per user name and per address (:mod:`throttle`), fleet-wide.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+from urllib.parse import urlsplit
+
+import jinja2
+import redis
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import MutableHeaders
+from starlette.middleware import Middleware
+from starlette.middleware.sessions import SessionMiddleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from reports import console_settings
+from reports.clock import utcnow
+from reports.console import audit, passwords
+from reports.console.pace import Sampler
+from reports.console.throttle import LoginThrottle
+from reports.console_settings import ConsoleUser, Role
+from reports.endpoints import is_loopback
+from reports.ops.metrics import fleet_collector
+from reports.queue import Queue
+from reports.settings import Settings
+from reports.worker.broker import Broker, build_broker
+from reports.worker.queues import queue_for
+
+logger = logging.getLogger(__name__)
+
+#: Where the console is served.
+PREFIX = "/console"
+
+#: Sent with every console answer: nothing loads from elsewhere, no inline script or style runs,
+#: forms post only here, frames show only the console's own preview, and nobody frames the console.
+CONSOLE_POLICY = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
+    "frame-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
+)
+
+#: The session cookie's name.
+COOKIE = "console_session"
+
+#: Longest user name read from the login form, in characters (CONSOLE_USERS allows 64).
+MAX_NAME_CHARS = 64
+
+#: Longest password read from the login form, in characters.
+MAX_PASSWORD_CHARS = 1024
+
+_HERE = Path(__file__).resolve().parent
+
+#: A page handler: the request, the user, and the console; returns the answer.
+Page = Callable[[Request, ConsoleUser, "Console"], Response]
+#: An action handler: as a page, plus the posted form's fields.
+Action = Callable[[Request, ConsoleUser, "Console", dict[str, str]], Response]
+
+
+@dataclass
+class Console:
+    """What the console's handlers share; the broker is built at the first action that needs one."""
+
+    settings: Settings
+    sessions: sessionmaker[Session]
+    users: dict[str, ConsoleUser]
+    throttle: LoginThrottle
+    templates: jinja2.Environment
+    #: Unix time, in seconds.
+    clock: Callable[[], float] = time.time
+    sampler: Sampler = field(default_factory=Sampler)
+    _broker: Broker | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.fleet = fleet_collector(self.settings, self.sessions)
+        self.decoy = passwords.decoy(self.users.values())
+
+    @property
+    def broker(self) -> Broker:
+        with self._lock:
+            if self._broker is None:
+                self._broker = build_broker(self.settings)
+            return self._broker
+
+    @property
+    def queue(self) -> Queue:
+        """The queue port on :attr:`broker`, as the commands use it."""
+        return queue_for(self.broker)
+
+    def render(self, request: Request, template: str, status: int = 200, **context: Any) -> Response:
+        user = _signed_in(request, self)
+        flash = request.session.pop("flash", None)
+        context.setdefault("error", None)
+        html = self.templates.get_template(template).render(
+            user=user,
+            csrf=csrf_token(request),
+            flash=flash,
+            prefix=PREFIX,
+            product=self.settings.report_product_name,
+            **context,
+        )
+        return HTMLResponse(html, status_code=status)
+
+
+#: What adds a part of the console (its pages, its actions) to the application.
+Part = Callable[["Console"], list[BaseRoute]]
+
+
+def routes(
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    *,
+    parts: Sequence[Part],
+    redis_client: redis.Redis | None = None,
+    clock: Callable[[], float] = time.time,
+) -> list[BaseRoute]:
+    """``Mount("/console", …)`` with ``parts``; none while CONSOLE_USERS is unset (the console
+    then answers 404)."""
+    users = console_settings.users(settings)
+    if not users:
+        return []
+    client = redis_client or redis.Redis.from_url(settings.shared_redis_url)
+    console = Console(
+        settings=settings,
+        sessions=sessions,
+        users=users,
+        throttle=LoginThrottle(client, settings.broker_namespace),
+        templates=_templates(),
+        clock=clock,
+    )
+    app = Starlette(
+        routes=[
+            Route("/", _home(console), methods=["GET"]),
+            Route("/login", _login_page(console), methods=["GET"]),
+            Route("/login", _login(console), methods=["POST"]),
+            Route("/logout", _logout, methods=["POST"]),
+            *(route for part in parts for route in part(console)),
+            Mount("/static", app=StaticFiles(directory=_HERE / "static"), name="static"),
+        ],
+        middleware=[
+            Middleware(_Headers),
+            Middleware(
+                SessionMiddleware,
+                secret_key=_session_key(settings, client),
+                session_cookie=COOKIE,
+                max_age=int(settings.console_session_seconds),
+                path=PREFIX,
+                same_site="strict",
+                https_only=not is_loopback(urlsplit(settings.public_base_url).hostname or ""),
+            ),
+        ],
+    )
+    app.router.redirect_slashes = False
+    return [Mount(PREFIX, app=app)]
+
+
+def _templates() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(_HERE / "templates"),
+        autoescape=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+
+
+def _session_key(settings: Settings, client: redis.Redis) -> str:
+    """CONSOLE_SECRET, else one random key for every web process, made by the first that starts."""
+    if settings.console_secret:
+        return settings.console_secret
+    key = f"{settings.broker_namespace}:console:session_key"
+    client.set(key, secrets.token_urlsafe(32), nx=True)
+    return cast(bytes, client.get(key)).decode()
+
+
+# --- who is signed in -------------------------------------------------------------------------
+
+
+def _signed_in(request: Request, console: Console) -> ConsoleUser | None:
+    """The session's user while the session is younger than CONSOLE_SESSION_SECONDS and the user is
+    still in CONSOLE_USERS; an expired session is cleared (and noted for the login page)."""
+    name, since = request.session.get("user"), request.session.get("since")
+    if not isinstance(name, str) or not isinstance(since, int | float):
+        return None
+    user = console.users.get(name)
+    if user is None or console.clock() - since >= console.settings.console_session_seconds:
+        request.session.clear()
+        request.session["flash"] = "Your session expired; log in again."
+        return None
+    return user
+
+
+def csrf_token(request: Request) -> str:
+    """The session's CSRF token, made on first use."""
+    token = request.session.get("csrf")
+    if not isinstance(token, str):
+        token = request.session["csrf"] = secrets.token_urlsafe(32)
+    return token
+
+
+def _csrf_ok(request: Request, form: dict[str, str]) -> bool:
+    expected = request.session.get("csrf")
+    sent = form.get("csrf", "")
+    return isinstance(expected, str) and hmac.compare_digest(expected.encode(), sent.encode())
+
+
+def viewing(console: Console, page: Page) -> Callable[[Request], Awaitable[Response]]:
+    """``page`` for any signed-in user; anyone else is sent to the login page."""
+
+    async def endpoint(request: Request) -> Response:
+        user = _signed_in(request, console)
+        if user is None:
+            return _to_login()
+        return await run_in_threadpool(page, request, user, console)
+
+    return endpoint
+
+
+def acting(console: Console, action: Action) -> Callable[[Request], Awaitable[Response]]:
+    """``action`` for a signed-in admin whose form carries the session's CSRF token; 403 otherwise."""
+
+    async def endpoint(request: Request) -> Response:
+        user = _signed_in(request, console)
+        form = await _form(request)
+        if user is None:
+            return _refused("Log in first.")
+        if not _csrf_ok(request, form):
+            logger.warning("Console: refused a POST without a valid CSRF token.", extra={"console_user": user.name})
+            return _refused("The form is stale or forged: reload the page and try again.")
+        if user.role != Role.ADMIN:
+            logger.warning("Console: refused a viewer's action.", extra={"console_user": user.name})
+            return _refused("Viewers can look but not act.")
+        return await run_in_threadpool(action, request, user, console, form)
+
+    return endpoint
+
+
+async def _form(request: Request) -> dict[str, str]:
+    async with request.form(max_files=0, max_fields=32) as form:
+        return {key: value for key, value in form.items() if isinstance(value, str)}
+
+
+def _refused(message: str) -> Response:
+    return PlainTextResponse(message, status_code=403)
+
+
+def _to_login() -> Response:
+    return RedirectResponse(f"{PREFIX}/login", status_code=303)
+
+
+def back(request: Request, path: str, message: str) -> Response:
+    """Post/redirect/get: ``message`` shown once on the page at ``path`` (under the console)."""
+    request.session["flash"] = message
+    return RedirectResponse(f"{PREFIX}{path}", status_code=303)
+
+
+# --- login and logout -------------------------------------------------------------------------
+
+
+def _home(console: Console) -> Callable[[Request], Awaitable[Response]]:
+    async def home(request: Request) -> Response:
+        if _signed_in(request, console) is None:
+            return _to_login()
+        return RedirectResponse(f"{PREFIX}/periods", status_code=303)
+
+    return home
+
+
+def _login_page(console: Console) -> Callable[[Request], Awaitable[Response]]:
+    async def page(request: Request) -> Response:
+        if _signed_in(request, console) is None:
+            # A fresh token each time the form is shown: the pre-login cookie that carries it lasts
+            # CONSOLE_SESSION_SECONDS from here, not from a first visit long ago.
+            request.session["csrf"] = secrets.token_urlsafe(32)
+        return console.render(request, "login.html")
+
+    return page
+
+
+def _login(console: Console) -> Callable[[Request], Awaitable[Response]]:
+    async def login(request: Request) -> Response:
+        form = await _form(request)
+        if not _csrf_ok(request, form):
+            return _refused("The form is stale or forged: reload the page and try again.")
+        name = form.get("name", "")[:MAX_NAME_CHARS]
+        password = form.get("password", "")[:MAX_PASSWORD_CHARS]
+        address = request.client.host if request.client else "unknown"
+        if await run_in_threadpool(console.throttle.refused, name, address):
+            logger.warning("Console: refused a login past the throttle.")
+            return console.render(request, "login.html", status=429, error="Too many failed logins; try later.")
+        user = console.users.get(name)
+        if not await run_in_threadpool(lambda: passwords.verify(user, password, decoy=console.decoy)) or user is None:
+            await run_in_threadpool(console.throttle.failed, name, address)
+            logger.warning("Console: a login failed.")
+            return console.render(request, "login.html", status=401, error="Wrong name or password.")
+        await run_in_threadpool(console.throttle.succeeded, name)
+        # A new session, with a new CSRF token: nothing from before the login carries over.
+        request.session.clear()
+        request.session.update(user=user.name, since=console.clock(), csrf=secrets.token_urlsafe(32))
+        await run_in_threadpool(_audit_login, console, user)
+        return RedirectResponse(f"{PREFIX}/periods", status_code=303)
+
+    return login
+
+
+def _audit_login(console: Console, user: ConsoleUser) -> None:
+    with console.sessions.begin() as session:
+        audit.record(session, actor=user.name, action="login", target=user.role.value, outcome="ok", now=utcnow())
+
+
+async def _logout(request: Request) -> Response:
+    form = await _form(request)
+    if _csrf_ok(request, form):
+        request.session.clear()
+    return _to_login()
+
+
+class _Headers:
+    """Adds :data:`CONSOLE_POLICY` to every console answer (the server adds no-store and the rest)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def send_with_policy(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                headers.setdefault("Content-Security-Policy", CONSOLE_POLICY)
+                headers.setdefault("X-Frame-Options", "DENY")
+            await send(message)
+
+        await self.app(scope, receive, send_with_policy)

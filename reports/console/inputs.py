@@ -1,0 +1,71 @@
+"""The console's query and form fields, checked: each function returns the value or raises
+:class:`BadInput` with the line the page shows. Pure, like the commands' option checks."""
+
+from __future__ import annotations
+
+from reports.errors import BadInput
+from reports.failures import dead_letters
+from reports.jobs import MAX_USER_ID
+from reports.models import DeadLetterReason, SuppressionReason
+from reports.periods import Period
+
+#: Longest text a search or filter field takes, in characters.
+MAX_TEXT = 200
+
+#: ``dead_letters.id`` is a 32-bit integer.
+MAX_DEAD_LETTER_ID = 2**31 - 1
+
+
+def period(text: str | None) -> Period | None:
+    return Period.parse(text.strip()) if text and text.strip() else None
+
+
+def user_id(text: str | None) -> int:
+    return _whole(text, "user id", MAX_USER_ID)
+
+
+def dead_letter_id(text: str | None) -> int:
+    return _whole(text, "dead letter id", MAX_DEAD_LETTER_ID)
+
+
+def cursor(text: str | None) -> int | None:
+    """A keyset page's ``before``/``after`` id; ``None`` for the first page."""
+    return _whole(text, "page", MAX_DEAD_LETTER_ID) if text else None
+
+
+def search_text(text: str | None) -> str | None:
+    if not text or not text.strip():
+        return None
+    if len(text) > MAX_TEXT:
+        raise BadInput(f"The search text is longer than {MAX_TEXT} characters.")
+    return text.strip()
+
+
+def suppression_reason(text: str | None) -> SuppressionReason:
+    try:
+        return SuppressionReason(text or "")
+    except ValueError:
+        raise BadInput(f"Choose a reason: {', '.join(r.value for r in SuppressionReason)}.") from None
+
+
+def dead_letter_filter(fields: dict[str, str]) -> dead_letters.Filter:
+    """The dead-letter list's filter: period, reason (exactly), actor (exactly) and text (anywhere
+    in the reason or the error), replayed ones shown only when asked."""
+    cause = fields.get("reason") or None
+    if cause is not None and cause not in {r.value for r in DeadLetterReason}:
+        raise BadInput(f"Unknown reason {cause[:40]!r}.")
+    found = period(fields.get("period"))
+    return dead_letters.Filter(
+        period=str(found) if found else None,
+        cause=cause,
+        actor=search_text(fields.get("actor")),
+        reason=search_text(fields.get("text")),
+        include_replayed=fields.get("replayed") == "1",
+    )
+
+
+def _whole(text: str | None, what: str, high: int) -> int:
+    value = (text or "").strip()
+    if not (value.isascii() and value.isdigit()) or not 1 <= int(value) <= high:
+        raise BadInput(f"The {what} must be a whole number from 1 to {high}.")
+    return int(value)

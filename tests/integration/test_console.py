@@ -1,0 +1,341 @@
+"""The operator console in-process, on SQLite and PostgreSQL with the real Redis: who gets in, what a
+viewer and an admin may do, CSRF, the login throttle, session expiry, and the audit trail."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+import pytest
+import redis
+from dramatiq import Message
+from sqlalchemy import func, select
+from starlette.testclient import TestClient
+
+from reports import suppressions
+from reports.clock import utcnow
+from reports.console import throttle
+from reports.failures import dead_letters
+from reports.models import ConsoleAudit, DeadLetter, PeriodRun, RunState, SuppressionReason
+from tests.integration.conftest import PERIOD, queued_user_ids, trigger
+from tests.integration.test_dead_letters import report_dead
+from tests.support.console import ADMIN_PASSWORD, VIEWER_ONLY, VIEWER_PASSWORD, Clock, client, console_settings
+from tests.support.databases import load_users
+from tests.support.web import SECRET, suppressed
+
+
+@pytest.fixture
+def console(settings, sessions):
+    load_users(sessions, count=5)
+    return client(console_settings(settings), sessions)
+
+
+def queued_actors(settings, queue: str) -> list[str]:
+    client = redis.Redis.from_url(settings.broker_url)
+    stored = client.hgetall(f"{settings.broker_namespace}:{queue}.msgs")
+    return [Message.decode(raw).actor_name for raw in stored.values()]
+
+
+def audit_trail(sessions) -> list[tuple[str, str, str]]:
+    with sessions() as session:
+        return [(e.actor, e.action, e.target) for e in session.scalars(select(ConsoleAudit).order_by(ConsoleAudit.id))]
+
+
+def test_the_console_answers_404_while_console_users_is_unset(settings, sessions):
+    bare = client(replace(console_settings(settings), console_users=""), sessions)
+    for path in ("/console/", "/console/login", "/console/periods"):
+        assert bare.http.get(path).status_code == 404
+    assert bare.http.post("/console/login", data={"name": "ada"}).status_code == 404
+
+
+def test_without_a_login_every_page_leads_to_the_login_form_and_shows_nothing(console):
+    for path in ("/console/", "/console/periods", "/console/dead-letters", "/console/fleet", "/console/audit"):
+        answer = console.http.get(path, follow_redirects=False)
+        assert answer.status_code == 303 and answer.headers["location"] == "/console/login", path
+    page = console.http.get("/console/periods")
+    assert page.url.path == "/console/login" and "Log in" in page.text and "Periods</h1>" not in page.text
+
+
+def test_an_admin_logs_in_with_a_cookie_that_is_httponly_strict_and_scoped(console):
+    csrf = console.csrf()
+    answer = console.http.post(
+        "/console/login", data={"name": "ada", "password": ADMIN_PASSWORD, "csrf": csrf}, follow_redirects=False
+    )
+    assert answer.status_code == 303 and answer.headers["location"] == "/console/periods"
+    cookie = answer.headers["set-cookie"].lower()
+    assert "httponly" in cookie and "samesite=strict" in cookie and "path=/console" in cookie
+    # Loopback PUBLIC_BASE_URL (plain http): no Secure flag, or the browser would never send it back.
+    assert "secure" not in cookie
+    page = console.http.get("/console/periods")
+    assert "<h1>Periods</h1>" in page.text and "ada (admin)" in page.text
+
+
+def test_the_cookie_is_secure_when_public_base_url_is_https(settings, sessions):
+    secure = client(
+        console_settings(settings, public_base_url="https://reports.example.com", unsubscribe_secret=SECRET), sessions
+    )
+    secure.http = TestClient(secure.http.app, base_url="https://reports.example.com")
+    assert "secure" in secure.http.get("/console/login").headers["set-cookie"].lower()
+
+
+def test_pages_send_a_strict_content_policy_and_are_never_framed(console):
+    answer = console.http.get("/console/login")
+    policy = answer.headers["content-security-policy"]
+    assert "frame-ancestors 'none'" in policy and "default-src 'none'" in policy and "script-src 'self'" in policy
+    assert "unsafe-inline" not in policy
+
+
+def test_a_wrong_password_or_an_unknown_name_is_refused(console):
+    assert console.login("ada", "not the password") == 401
+    assert console.login("nobody", ADMIN_PASSWORD) == 401
+    assert console.http.get("/console/periods").url.path == "/console/login"
+
+
+def test_logins_are_throttled_per_user_even_with_the_right_password(console, sessions):
+    for _ in range(throttle.MAX_FAILURES_PER_USER):
+        assert console.login("ada", "wrong password") == 401
+    assert console.login("ada", ADMIN_PASSWORD) == 429
+    # Another user from the same address is not locked out by ada's failures.
+    assert console.login("vic", VIEWER_PASSWORD) == 200
+    assert [a for _, a, _ in audit_trail(sessions)] == ["login"]
+
+
+def test_logins_are_throttled_per_address_across_user_names(settings, sessions):
+    load_users(sessions, count=1)
+    console = client(console_settings(settings), sessions)
+    for n in range(throttle.MAX_FAILURES_PER_ADDRESS):
+        assert console.login(f"guess{n}", "wrong password") == 401
+    assert console.login("ada", ADMIN_PASSWORD) == 429
+    elsewhere = client(console_settings(settings), sessions)
+    elsewhere.http = TestClient(elsewhere.http.app, base_url="http://127.0.0.1:8000", client=("10.0.0.9", 1))
+    assert elsewhere.login("ada", ADMIN_PASSWORD) == 200
+
+
+def test_a_post_with_a_forged_or_missing_csrf_token_is_refused_and_changes_nothing(console, sessions, settings):
+    assert console.login() == 200
+    for token in ("forged-token", ""):
+        status, _ = console.post("/console/suppressions", {"user": "2", "reason": "complained"}, csrf=token)
+        assert status == 403
+    answer = console.http.post("/console/suppressions", data={"user": "2", "reason": "complained"})
+    assert answer.status_code == 403
+    assert suppressed(sessions) == {}
+    # A token from another session does not pass either.
+    other = client(console_settings(settings), sessions)
+    assert other.login() == 200
+    theirs = other.csrf("/console/periods")
+    assert console.post("/console/suppressions", {"user": "2", "reason": "complained"}, csrf=theirs)[0] == 403
+    assert suppressed(sessions) == {}
+
+
+def test_a_login_form_without_the_csrf_token_is_refused(console):
+    answer = console.http.post("/console/login", data={"name": "ada", "password": ADMIN_PASSWORD})
+    assert answer.status_code == 403
+
+
+def test_a_viewer_sees_every_page_and_every_post_gets_403_and_changes_nothing(console, sessions, settings):
+    trigger(sessions, settings)
+    assert console.login("vic", VIEWER_PASSWORD) == 200
+    for path in (
+        "/console/periods",
+        f"/console/periods/{PERIOD}",
+        "/console/dead-letters",
+        "/console/suppressions",
+        "/console/fleet",
+        "/console/preview?period=2026-10&user=1",
+        "/console/audit",
+    ):
+        page = console.http.get(path)
+        assert page.status_code == 200, path
+        assert ">Trigger</button>" not in page.text and "Replay all" not in page.text and ">Suppress<" not in page.text
+    posts = [
+        ("/console/periods", {"period": "2026-09"}),
+        (f"/console/periods/{PERIOD}/cancel", {}),
+        ("/console/suppressions", {"user": "1", "reason": "complained"}),
+        ("/console/send-now", {"user": "1", "period": str(PERIOD)}),
+        ("/console/dead-letters/replay", {"confirm": "1", "up_to": "1"}),
+    ]
+    for path, data in posts:
+        assert console.post(path, data)[0] == 403, path
+    with sessions() as session:
+        assert session.scalar(select(func.count()).select_from(PeriodRun)) == 1
+        assert session.get(PeriodRun, str(PERIOD)).state == RunState.ACTIVE
+    assert suppressed(sessions) == {}
+    assert [a for _, a, _ in audit_trail(sessions)] == ["login"]
+
+
+def test_a_session_expires_after_console_session_seconds(settings, sessions):
+    load_users(sessions, count=2)
+    clock = Clock()
+    console = client(console_settings(settings, console_session_seconds=600), sessions, clock)
+    assert console.login() == 200
+    csrf = console.csrf("/console/periods")
+    clock.now += 599
+    assert console.http.get("/console/periods").url.path == "/console/periods"
+    clock.now += 2
+    page = console.http.get("/console/periods")
+    assert page.url.path == "/console/login" and "session expired" in page.text
+    assert console.post("/console/suppressions", {"user": "1", "reason": "complained"}, csrf=csrf)[0] == 403
+    assert suppressed(sessions) == {}
+
+
+def test_a_user_removed_from_console_users_is_signed_out(settings, sessions):
+    console = client(console_settings(settings), sessions)
+    assert console.login() == 200
+    without_ada = client(console_settings(settings, console_users=VIEWER_ONLY), sessions)
+    without_ada.http.cookies = console.http.cookies
+    assert without_ada.http.get("/console/periods").url.path == "/console/login"
+
+
+def test_admin_actions_go_through_and_are_audited_with_who_did_them(console, sessions, settings):
+    assert console.login() == 200
+    assert console.post("/console/periods", {"period": str(PERIOD)})[0] == 200
+    with sessions() as session:
+        assert session.get(PeriodRun, str(PERIOD)) is not None
+    page = console.http.get(f"/console/periods/{PERIOD}")
+    assert "Period 2026-10" in page.text
+    assert console.post(f"/console/periods/{PERIOD}/cancel")[0] == 200
+    with sessions() as session:
+        assert session.get(PeriodRun, str(PERIOD)).state == RunState.CANCELLED
+    assert console.post("/console/periods", {"period": str(PERIOD)})[0] == 200
+    with sessions() as session:
+        assert session.get(PeriodRun, str(PERIOD)).state == RunState.ACTIVE
+
+    status, page = console.post("/console/suppressions", {"user": "3", "reason": "complained"})
+    assert status == 200 and "User 3 suppressed (complained)." in page
+    assert suppressed(sessions) == {3: "complained"}
+    with sessions() as session:
+        assert suppressions.get(session, 3).source == "console ada"
+    assert "User 3 is no longer suppressed" in console.post("/console/suppressions/3/remove")[1]
+    assert suppressed(sessions) == {}
+    # Bad input is one line on the page, changes nothing, and is audited as refused.
+    assert "No user with id 99." in console.post("/console/suppressions", {"user": "99", "reason": "bounced"})[1]
+    assert "has not ended yet" in console.post("/console/periods", {"period": "2999-01"})[1]
+
+    assert audit_trail(sessions) == [
+        ("ada", "login", "admin"),
+        ("ada", "trigger", "period 2026-10"),
+        ("ada", "cancel", "period 2026-10"),
+        ("ada", "trigger", "period 2026-10"),
+        ("ada", "suppress", "user 3"),
+        ("ada", "unsuppress", "user 3"),
+        ("ada", "suppress", "user 99"),
+        ("ada", "trigger", "period 2999-01"),
+    ]
+    audit_page = console.http.get("/console/audit").text
+    assert audit_page.index("period 2999-01") < audit_page.index("Triggered 2026-10")
+    assert "refused: No user with id 99." in audit_page
+
+
+def test_send_now_from_the_preview_queues_the_commands_request(console, sessions, settings):
+    trigger(sessions, settings)
+    assert console.login() == 200
+    status, page = console.post("/console/send-now", {"user": "2", "period": str(PERIOD)})
+    assert status == 200 and "Queued send-now request" in page
+    assert queued_actors(settings, "critical") == ["send_report_now"]
+
+
+def test_the_preview_frame_is_the_users_report_sandboxed_and_sends_nothing(console, sessions, settings):
+    assert console.login() == 200
+    page = console.http.get(f"/console/preview?period={PERIOD}&user=2")
+    assert 'sandbox=""' in page.text and "/console/preview/frame?period=2026-10&amp;user=2" in page.text
+    frame = console.http.get(f"/console/preview/frame?period={PERIOD}&user=2")
+    assert frame.status_code == 200 and "<html" in frame.text.lower()
+    assert frame.headers["content-security-policy"].startswith("sandbox;")
+    assert "frame-ancestors 'self'" in frame.headers["content-security-policy"]
+    assert console.http.get(f"/console/preview/frame?period={PERIOD}&user=77").status_code == 404
+    with sessions() as session:
+        assert session.scalar(select(func.count()).select_from(PeriodRun)) == 0
+    assert queued_actors(settings, "critical") == []
+
+
+def test_dead_letters_filter_by_period_reason_actor_and_text_and_page_by_keyset(console, sessions, monkeypatch):
+    from reports.console import views
+
+    monkeypatch.setattr(views, "PAGE_SIZE", 2)
+    with sessions.begin() as session:
+        for user_id in range(1, 6):
+            dead_letters.record(
+                session, report_dead(user_id, reason="permanent" if user_id % 2 else "retries_exhausted")
+            )
+        dead_letters.record(session, report_dead(1, period="2026-09", message_id="other-period"))
+    assert console.login() == 200
+    ids = lambda page: [int(i) for i in re.findall(r'/console/dead-letters/(\d+)">', page)]  # noqa: E731
+    first = console.http.get("/console/dead-letters?period=2026-10&reason=permanent").text
+    assert ids(first) == [5, 3] and "before=3" in first
+    second = console.http.get("/console/dead-letters?period=2026-10&reason=permanent&before=3").text
+    assert ids(second) == [1] and "Older" not in second
+    assert ids(console.http.get("/console/dead-letters?actor=send_report_now").text) == []
+    assert ids(console.http.get("/console/dead-letters?text=5.1.1&period=2026-09").text) == [6]
+    bad = console.http.get("/console/dead-letters?period=2026-13")
+    assert bad.status_code == 200 and "no such month" in bad.text
+
+
+def test_replaying_by_filter_shows_the_count_and_replays_only_what_was_counted(console, sessions, settings):
+    trigger(sessions, settings)
+    with sessions.begin() as session:
+        for user_id in (1, 2, 3):
+            dead_letters.record(session, report_dead(user_id))
+    assert console.login() == 200
+    status, confirm = console.post("/console/dead-letters/replay", {"period": str(PERIOD), "reason": "permanent"})
+    assert status == 200 and 'data-field="count">3<' in confirm
+    up_to = re.search(r'name="up_to" value="(\d+)"', confirm)[1]
+    # A letter that dies after the count was shown is not replayed by this confirmation.
+    with sessions.begin() as session:
+        dead_letters.record(session, report_dead(4))
+    status, page = console.post(
+        "/console/dead-letters/replay", {"period": str(PERIOD), "reason": "permanent", "up_to": up_to, "confirm": "1"}
+    )
+    assert "Replayed 3 dead letter(s)" in page
+    assert queued_user_ids(settings) == {1: 1, 2: 1, 3: 1}
+    with sessions() as session:
+        waiting = session.scalars(select(DeadLetter.user_id).where(DeadLetter.replayed_at.is_(None))).all()
+    assert waiting == [4]
+    assert audit_trail(sessions)[-1] == ("ada", "replay", "dead letters period=2026-10 reason=permanent")
+
+
+def test_a_replay_past_the_cap_is_refused(console, sessions, settings, monkeypatch):
+    from reports.console import actions
+
+    monkeypatch.setattr(actions, "REPLAY_CAP", 2)
+    with sessions.begin() as session:
+        for user_id in (1, 2, 3):
+            dead_letters.record(session, report_dead(user_id))
+    assert console.login() == 200
+    assert "more than 2 at once" in console.post("/console/dead-letters/replay", {})[1]
+    page = console.post("/console/dead-letters/replay", {"up_to": "999", "confirm": "1"})[1]
+    assert "narrow the filter" in page
+    assert queued_user_ids(settings) == {}
+
+
+def test_one_dead_letter_is_shown_and_replayed(console, sessions, settings):
+    with sessions.begin() as session:
+        dead_letters.record(session, report_dead(2))
+        letter_id = session.scalar(select(DeadLetter.id))
+    assert console.login() == 200
+    page = console.http.get(f"/console/dead-letters/{letter_id}").text
+    assert "MailRejected: SMTP 550: 5.1.1 No such user" in page and "Traceback" in page
+    page = console.post(f"/console/dead-letters/{letter_id}/replay")[1]
+    assert f"Replayed dead letter {letter_id}" in page
+    assert queued_user_ids(settings) == {2: 1}
+    assert "was replayed before" in console.post(f"/console/dead-letters/{letter_id}/replay")[1]
+    assert queued_user_ids(settings) == {2: 1}
+
+
+def test_suppressions_are_found_by_user_id_or_address(console, sessions):
+    with sessions.begin() as session:
+        for user_id in (2, 4):
+            suppressions.add(session, user_id, SuppressionReason.BOUNCED, now=utcnow(), source="smtp 550")
+    assert console.login() == 200
+    rows = lambda page: re.findall(r"<td>(\d+)</td><td>([^<]*)</td>", page)  # noqa: E731
+    assert [u for u, _ in rows(console.http.get("/console/suppressions").text)] == ["2", "4"]
+    assert [u for u, _ in rows(console.http.get("/console/suppressions?q=4").text)] == ["4"]
+    address = rows(console.http.get("/console/suppressions?q=2").text)[0][1]
+    assert [u for u, _ in rows(console.http.get(f"/console/suppressions?q={address.upper()}").text)] == ["2"]
+
+
+def test_the_fleet_page_shows_queue_depths_and_the_breaker(console, sessions, settings):
+    assert console.login() == 200
+    assert "coordinator enqueued" in console.post("/console/periods", {"period": str(PERIOD)})[1]
+    page = console.http.get("/console/fleet").text
+    assert re.search(r"<td>default</td><td>1</td>", page), page
+    assert 'data-field="breaker" class="state-closed">closed<' in page

@@ -1,0 +1,91 @@
+"""Which language a user's report is written in, and that its words and figures follow it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from reports.content import language
+from reports.content.render import render
+from reports.look import ReportLook
+from tests.unit.test_render_v2 import many_categories
+
+TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
+
+
+@pytest.mark.parametrize(
+    ("requested", "locale", "catalog", "fell_back"),
+    [
+        pytest.param(None, "en_US", "en", False, id="none-is-the-default-without-falling-back"),
+        pytest.param("  ", "en_US", "en", False, id="blank-is-none"),
+        pytest.param("tr", "tr", "tr", False, id="turkish"),
+        pytest.param("tr-TR", "tr_TR", "tr", False, id="a-region-keeps-its-numbers"),
+        pytest.param("uz-Latn", "uz_Latn", "uz", False, id="uzbek-latin"),
+        pytest.param("uz", "uz", "uz", False, id="uzbek-is-latin-by-default"),
+        pytest.param("uz-Cyrl", "en_US", "en", True, id="uzbek-cyrillic-is-not-shipped"),
+        pytest.param("de_AT", "de_AT", "de", False, id="underscore-too"),
+        pytest.param("en-GB", "en_GB", "en", False, id="english-of-another-region"),
+        pytest.param("fr", "en_US", "en", True, id="not-shipped"),
+        pytest.param("xx-Unknown", "en_US", "en", True, id="unknown"),
+        pytest.param("<script>", "en_US", "en", True, id="not-a-locale"),
+    ],
+)
+def test_a_users_locale_picks_a_shipped_catalog_or_falls_back_to_the_default(
+    requested: str | None, locale: str, catalog: str, fell_back: bool
+) -> None:
+    assert language.resolve(requested, "en_US") == (language.Language(locale, catalog), fell_back)
+
+
+def test_the_default_is_written_in_its_own_words_when_they_ship_and_in_english_otherwise() -> None:
+    assert language.resolve("xx", "de_DE") == (language.Language("de_DE", "de"), True)
+    assert language.resolve(None, "fr_FR") == (language.Language("fr_FR", "en"), False)
+
+
+def test_a_fallback_is_counted_once_per_report_and_drained_by_the_metrics() -> None:
+    language.FALLBACKS.drain()
+    language.for_user("xx", "en_US")
+    language.for_user("tr", "en_US")
+    language.for_user(None, "en_US")
+    language.for_user("fr", "en_US")
+    assert language.FALLBACKS.drain() == {"locale": 2}
+    assert language.FALLBACKS.drain() == {}
+
+
+@pytest.mark.parametrize(
+    ("locale", "words"),
+    [
+        ("tr", ["Merhaba Ada,", "Toplam harcama   $", "Kategoriye göre", "%", "Abonelikten çık: https://"]),
+        ("uz-Latn", ["Hurmatli Ada,", "Jami sarflangan", "Toifalar boʻyicha", "Obunani bekor qilish: https://"]),
+        ("de", ["Hallo Ada,", "Ausgaben gesamt", "Nach Kategorie", "Abbestellen: https://"]),
+    ],
+)
+def test_every_part_is_worded_in_the_users_language(locale: str, words: list[str]) -> None:
+    rendered = render(
+        TEMPLATES, "v2", name="Ada", summary=many_categories(9), locale=locale, unsubscribe_url="https://x.test/u/t/"
+    )
+    for word in words:
+        assert word in rendered.text, word
+    english = ("Hello", "Total spent", "By category", "Unsubscribe", "other categories", "Share of spending")
+    for part in (rendered.subject, rendered.text, rendered.html):
+        assert not [word for word in english if word in part], locale
+
+
+def test_turkish_numbers_and_months_are_written_the_turkish_way() -> None:
+    rendered = render(TEMPLATES, "v2", name="Ada", summary=many_categories(9), locale="tr")
+    assert rendered.subject == "Ekim 2026 raporunuz: $139,32 harcama"
+    assert "Eylül 2026 dönemine göre $860,68 (%86,1) azaldı" in rendered.text
+
+
+def test_the_html_part_says_its_language() -> None:
+    for locale, tag in (("uz-Latn", "uz-Latn"), ("tr-TR", "tr"), ("xx", "en"), (None, "en")):
+        html = render(TEMPLATES, "v2", name="Ada", summary=many_categories(3), locale=locale).html
+        assert f'<html lang="{tag}">' in html, locale
+
+
+def test_report_locale_words_the_reports_of_users_with_no_locale() -> None:
+    rendered = render(
+        TEMPLATES, "v2", name=None, summary=many_categories(3), look=ReportLook(locale="de_DE", currency="EUR")
+    )
+    assert rendered.text.splitlines()[2] == "Hallo,"
+    assert "Ihr Bericht für Oktober 2026" in rendered.subject
