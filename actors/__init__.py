@@ -14,6 +14,7 @@ import dramatiq
 from actors.process import WorkerProcess
 from reports.errors import ConfigurationError
 from reports.settings import Settings
+from reports.worker import failure_logs
 from reports.worker.actor_metrics import ActorMetrics
 from reports.worker.broker import build_broker, shared_redis
 from reports.worker.dead_letter_sink import BrokerDeadLetters
@@ -51,5 +52,7 @@ broker.add_middleware(BrokerDeadLetters(worker.record_dead, interval_seconds=_se
 broker.add_middleware(Heartbeat(interval_seconds=_settings.heartbeat_timeout_ms / 4000))
 broker.add_middleware(DrainOnce(window_seconds=REPEATED_SIGTERM_WINDOW_SECONDS))
 dramatiq.set_broker(broker)
+# Expected failures are logged once each, by the retries and the dead-letter sink, not by Dramatiq.
+failure_logs.install()
 
 from actors import coordinator, report  # noqa: E402, F401  (declared against the broker set above)

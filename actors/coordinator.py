@@ -36,7 +36,7 @@ def coordinator(*args: Any, **kwargs: Any) -> None:
         high_water=worker.settings.plan_high_water,
     )
     logger.info(
-        "Walked %d pages, enqueued %d reports for %s (cursor %d, planned=%s, chain %s%s).",
+        "Walked %d pages, enqueued %d reports for %s (cursor %s, planned=%s, chain %s%s).",
         outcome.pages,
         outcome.enqueued,
         job.period,

@@ -11,6 +11,7 @@ from reports import counters
 from reports.database import create_db_engine, session_factory
 from reports.dead_message import DeadMessage
 from reports.delivery import send_rate
+from reports.delivery.brake import Brake
 from reports.delivery.breaker import STATE_CACHE_MS, CircuitBreaker, mail_breaker_name
 from reports.delivery.mail.backend import build_mailer
 from reports.delivery.pipeline import Context
@@ -27,6 +28,7 @@ class WorkerProcess:
         self.redis = redis_client
         self._context: Context | None = None
         self._sink: DeadLetterSink | None = None
+        self._webhook: WebhookAlerts | None = None
         self._lock = threading.RLock()
 
     @property
@@ -80,23 +82,39 @@ class WorkerProcess:
                 namespace=settings.broker_namespace,
                 per_second=settings.send_rate_per_second,
                 burst=settings.send_rate_burst,
+                follow_provider=bool(settings.smtp_url),
             ),
+            brake=self._build_brake() if settings.smtp_url else None,
             look=ReportLook.from_settings(settings),
         )
 
-    def _build_sink(self) -> DeadLetterSink:
+    def _build_brake(self) -> Brake:
+        alerts = self._alerts()
+        return Brake(
+            self.redis,
+            namespace=self.settings.broker_namespace,
+            threshold=self.settings.brake_failure_threshold,
+            window_seconds=self.settings.brake_window_seconds,
+            alert=None if alerts is None else alerts.period_paused,
+        )
+
+    def _alerts(self) -> WebhookAlerts | None:
+        """The dead-letter and brake alerts, one per process (its flusher thread included)."""
         settings = self.settings
-        alerts = None
-        if settings.alert_webhook_url:
-            alerts = WebhookAlerts(
+        if settings.alert_webhook_url and self._webhook is None:
+            self._webhook = WebhookAlerts(
                 settings.alert_webhook_url,
                 self.redis,
                 namespace=settings.broker_namespace,
                 window_seconds=settings.alert_window_seconds,
             )
+        return self._webhook
+
+    def _build_sink(self) -> DeadLetterSink:
+        settings = self.settings
         return DeadLetterSink(
             self.context.sessions,
-            alerts=alerts,
+            alerts=self._alerts(),
             on_stored=lambda dead: counters.count(
                 self.redis, settings.broker_namespace, "dead_letters", dead.queue, dead.actor, dead.reason
             ),

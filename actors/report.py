@@ -22,7 +22,8 @@ def _act_on(outcome: Outcome) -> None:
     """Note ``outcome`` for the metrics; a deferral re-enqueues the message, spending no retry."""
     if outcome.is_deferred:
         wait_ms = outcome.delay_seconds * 1000
-        defer_current(broker, delay_ms=int(wait_ms + random.uniform(100, 100 + wait_ms * DEFER_JITTER)))
+        delay_ms = int(wait_ms + random.uniform(100, 100 + wait_ms * DEFER_JITTER))
+        defer_current(broker, delay_ms=delay_ms, reason=outcome.reason)
     note_outcome(outcome.kind)  # after the copy is enqueued, so the copy does not carry it
 
 

@@ -31,6 +31,7 @@ import redis
 
 from reports.counters import counter_key
 from reports.delivery import send_rate
+from reports.outcome import Outcome
 
 REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 THREADS = 8
@@ -61,7 +62,7 @@ def _process(
     def loop() -> None:
         while time.time() < until:
             deferral = send_rate.pace(limiter, time.time() * 1000, max_sleep_ms=max_sleep_ms, sleep=time.sleep)
-            if deferral is not None:
+            if isinstance(deferral, Outcome):
                 time.sleep(deferral.delay_seconds)
                 continue
             with lock:

@@ -111,6 +111,8 @@ class EndpointSettings(Protocol):
     @property
     def smtp_url(self) -> str | None: ...
     @property
+    def smtp_helo_name(self) -> str: ...
+    @property
     def alert_webhook_url(self) -> str | None: ...
     @property
     def exporter_host(self) -> str: ...
@@ -132,6 +134,11 @@ def check_endpoints(settings: EndpointSettings) -> None:
         _check_redis_url(settings.shared_redis_url, "REDIS_URL")
     if settings.smtp_url is not None:
         SmtpTarget.from_url(settings.smtp_url)
+    if settings.smtp_helo_name and not _HELO_NAME.fullmatch(settings.smtp_helo_name):
+        raise ConfigurationError(
+            "SMTP_HELO_NAME must be a host name (mail.example.com) or an address literal ([192.0.2.1]), "
+            f"got {settings.smtp_helo_name!r}."
+        )
     if settings.alert_webhook_url is not None:
         _check_webhook_url(settings.alert_webhook_url)
     if not settings.exporter_host or BLANK_OR_CONTROL.search(settings.exporter_host):
@@ -139,10 +146,35 @@ def check_endpoints(settings: EndpointSettings) -> None:
     _check_unsubscribe(settings.public_base_url, settings.unsubscribe_secret)
 
 
+#: What EHLO accepts as the client's name (RFC 5321 section 4.1.4): a domain, or an address in brackets.
+_HELO_NAME = re.compile(
+    r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*|\[[0-9A-Fa-f.:IPv6]+\]"
+)
+
+
+def default_helo_name(fqdn: str, mail_domain: str) -> str:
+    """The name to give in EHLO when SMTP_HELO_NAME is unset: the machine's fully qualified name
+    if it has a dot (a bare host name, or ``localhost``, says nothing a server can check), else
+    the sender's domain."""
+    return fqdn if "." in fqdn and fqdn != "localhost.localdomain" else mail_domain
+
+
 #: Longest PUBLIC_BASE_URL accepted: the List-Unsubscribe header stays one short line.
 MAX_PUBLIC_BASE_URL_CHARS = 200
 
 _PUBLIC_BASE_URL = re.compile(r"https?://[A-Za-z0-9.\-\[\]:]+(/[A-Za-z0-9._~!$&'()*+,;=:@%/-]*)?")
+
+
+#: What a List-Unsubscribe URL may hold: printable ASCII without space, ``<``, ``>`` or ``,``
+#: (RFC 2369 lists URLs in angle brackets, separated by commas).
+_HEADER_URL = re.compile(r"https?://[!-+\--;=?-~]+")
+
+
+def is_header_url(url: str) -> bool:
+    """Whether ``url`` can go into the List-Unsubscribe header as it is. The composer checks every
+    link with it, and the start-up check PUBLIC_BASE_URL, which every link starts with (the rest
+    of a link is its token, in URL-safe characters): a base URL that passes makes links that do."""
+    return _HEADER_URL.fullmatch(url) is not None
 
 
 def _check_unsubscribe(base_url: str, secret: str) -> None:
@@ -156,12 +188,13 @@ def _check_unsubscribe(base_url: str, secret: str) -> None:
         not host
         or len(base_url) > MAX_PUBLIC_BASE_URL_CHARS
         or not _PUBLIC_BASE_URL.fullmatch(base_url)
+        or not is_header_url(base_url)
         or parts.query
         or parts.fragment
     ):
         raise ConfigurationError(
             "PUBLIC_BASE_URL must be the https:// address reports web is reached at, such as "
-            f"https://reports.example.com (no query, at most {MAX_PUBLIC_BASE_URL_CHARS} characters), got {base_url!r}."
+            f"https://reports.example.com (no query and no comma, at most {MAX_PUBLIC_BASE_URL_CHARS} characters), got {base_url!r}."
         )
     if parts.scheme == "http" and not is_loopback(host):
         raise ConfigurationError(

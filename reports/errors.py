@@ -53,11 +53,14 @@ class UnsafeHeader(PermanentError):
 class MailRejected(PermanentError):
     """The mail provider refused the message for good (an SMTP 5xx reply)."""
 
-    def __init__(self, code: int, reply: str, *, recipient: bool = False) -> None:
+    def __init__(self, code: int, reply: str, *, recipient: bool = False, about_address: bool | None = None) -> None:
         self.code = code
-        #: The refusal was the reply to RCPT TO: the address itself is refused (a hard bounce),
-        #: which suppresses the user; a refused content is not the address's fault.
+        #: The refusal was the reply to RCPT TO and about the address itself (a hard bounce), which
+        #: suppresses the user.
         self.recipient = recipient
+        #: The refusal is about the address, at whatever stage; one that is not (content, size,
+        #: policy) would refuse every user alike, and counts towards the brake.
+        self.about_address = recipient if about_address is None else about_address
         super().__init__(f"SMTP {code}: {reply}")
 
 
@@ -71,6 +74,21 @@ class MailDeferred(TransientError):
 
 class ProviderUnavailable(TransientError):
     """The mail provider could not be reached (refused, reset or timed out)."""
+
+
+class RateLimited(ReportsError):
+    """The mail provider asked the fleet to send more slowly (a 4xx about the sending rate); the
+    pipeline cuts the fleet's rate and defers the message, spending no retry."""
+
+    def __init__(self, code: int, reply: str) -> None:
+        self.code = code
+        self.retry_after_seconds = RATE_LIMITED_RETRY_SECONDS
+        super().__init__(f"SMTP {code}: {reply}")
+
+
+#: How soon a message the provider refused for the fleet's pace comes back, in seconds: by then the
+#: fleet's rate is lower, and the rate, not this wait, spaces the sends.
+RATE_LIMITED_RETRY_SECONDS = 2.0
 
 
 class ClaimHeld(ReportsError):

@@ -24,8 +24,13 @@ CRITICAL_QUEUE = "critical"
 DEFAULT_QUEUE = "default"
 BULK_QUEUE = "bulk"
 
-#: ``users.id`` is a 32-bit integer: no user has a larger id.
+#: ``users.id`` is a 32-bit integer: no user has a smaller or a larger id. 0 and negative ids are
+#: users like any other.
+MIN_USER_ID = -(2**31)
 MAX_USER_ID = 2**31 - 1
+#: A user id written as text (in a token, a Message-ID, a header): digits, a ``-`` before a
+#: negative one, no leading zeros. The range is checked apart.
+USER_ID_PATTERN = r"(?:0|-?[1-9][0-9]{0,9})"
 
 #: A plain folder name: no separators, and not "." or "..".
 _TEMPLATE_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,31}")
@@ -77,8 +82,8 @@ def _period(value: Any) -> Period:
 
 
 def _user_id(value: Any) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_USER_ID:
-        raise InvalidPayload(f"user_id must be an integer from 1 to {MAX_USER_ID}, got {value!r}.")
+    if not isinstance(value, int) or isinstance(value, bool) or not MIN_USER_ID <= value <= MAX_USER_ID:
+        raise InvalidPayload(f"user_id must be an integer from {MIN_USER_ID} to {MAX_USER_ID}, got {value!r}.")
     return value
 
 

@@ -10,6 +10,7 @@ from babel import Locale, UnknownLocaleError
 from babel.numbers import list_currencies
 
 from reports.errors import ConfigurationError
+from reports.sender import parse_sender
 
 #: A colour the templates accept: ``#rgb`` or ``#rrggbb``. Nothing else can reach the CSS.
 _COLOUR = re.compile(r"#(?:[0-9a-fA-F]{3}){1,2}")
@@ -81,13 +82,12 @@ class ReportLook:
 
     @classmethod
     def from_settings(cls, settings: LookSettings) -> ReportLook:
-        address = settings.mail_from.rsplit("<", 1)[-1].rstrip(">").strip()
         return cls(
             product_name=settings.report_product_name,
             brand_colour=settings.report_brand_color,
             accent_colour=settings.report_accent_color,
             logo_url=settings.report_logo_url,
-            sender_email=address,
+            sender_email=parse_sender(settings.mail_from).shown_address,
             postal_address=settings.report_postal_address,
             locale=settings.report_locale,
             currency=settings.report_currency,

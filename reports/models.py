@@ -51,7 +51,8 @@ class User(Base):
     #: BCP 47 locale (``tr``, ``uz-Latn``); ``None`` or one no catalog writes is ``REPORT_LOCALE``.
     locale: Mapped[str | None] = mapped_column(Text)
 
-    # The coordinator's keyset walk: `WHERE active AND id > :cursor ORDER BY id LIMIT :n`.
+    # The coordinator's keyset walk: `WHERE active AND id > :cursor ORDER BY id LIMIT :n` (no
+    # `id >` on the first page).
     __table_args__ = (
         Index("ix_users_active_id", "id", postgresql_where=text("active"), sqlite_where=text("active")),
         # A provider's bounce or complaint names the address: found case-insensitively.
@@ -86,8 +87,9 @@ class PeriodRun(Base):
     period: Mapped[PeriodKey] = mapped_column(primary_key=True)
     state: Mapped[str] = mapped_column(String(16), default=RunState.ACTIVE)
     template_version: Mapped[str] = mapped_column(String(32))
-    #: The last user id whose item is recorded and enqueued; the walk resumes after it.
-    cursor: Mapped[int] = mapped_column(BigInteger, default=0)
+    #: The last user id whose item is recorded and enqueued; the walk resumes after it. Unset until
+    #: the first page is recorded: the walk then starts before any id, 0 and negative ones too.
+    cursor: Mapped[int | None] = mapped_column(BigInteger)
     planned: Mapped[bool] = mapped_column(Boolean, default=False)
     triggered_at: Mapped[Timestamp]
     planned_at: Mapped[datetime | None] = mapped_column(DateTime())
@@ -188,8 +190,10 @@ class _ClaimColumns:
     #: Random per claim, so only the holder can complete it.
     claim_token: Mapped[str] = mapped_column(String(36))
     lease_expires_at: Mapped[Timestamp]
-    #: How many times a claim was taken: more than one means a takeover happened.
-    claims: Mapped[int] = mapped_column(Integer, default=1)
+    #: How many times the claim was taken: the first take, then each take after it was released
+    #: (a deferral, a refused or failed send, a replay) or after its lease ran out (a takeover).
+    #: More than one is routine; only ``lease_expires_at`` passing while claimed tells a takeover.
+    times_taken: Mapped[int] = mapped_column(Integer, default=1)
     claimed_at: Mapped[Timestamp]
     sent_at: Mapped[datetime | None] = mapped_column(DateTime())
 

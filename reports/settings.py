@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import math
 import os
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 from reports.console_settings import check_console
-from reports.endpoints import check_endpoints, redact_url, redact_webhook_url
+from reports.endpoints import check_endpoints, default_helo_name, redact_url, redact_webhook_url
 from reports.errors import ConfigurationError
 from reports.feedback_settings import check_feedback
 from reports.jobs import is_version_name
+from reports.sender import parse_sender
 
 #: Longest duration any setting accepts: ten years, in seconds.
 MAX_SECONDS = 10 * 366 * 86_400
@@ -95,8 +97,12 @@ class Settings:
     broker_namespace: str = "dramatiq"
     #: ``smtp://`` or ``smtps://`` URL; ``None`` writes mail to a Maildir under ``var_dir``.
     smtp_url: str | None = None
-    #: The sender of every report; its domain is the one stable Message-IDs are minted under.
+    #: The sender of every report: one address, ASCII before the ``@``; an internationalised domain
+    #: is sent in its IDNA form (``xn--…``). Its domain is the one stable Message-IDs are minted under.
     mail_from: str = "Monthly Reports <reports@localhost>"
+    #: The name the workers give in EHLO; empty: the machine's FQDN if it has a dot, else
+    #: ``mail_from``'s domain.
+    smtp_helo_name: str = ""
     #: Longest one whole send may take (connect, greeting, TLS, login, the transaction), in seconds.
     smtp_timeout_seconds: float = 10.0
     #: Where the versioned templates are: one folder per version (``v1/``, ``v2/``).
@@ -137,11 +143,13 @@ class Settings:
     heartbeat_timeout_ms: int = 10_000
     #: Chance, in millionths, that a broker call runs the dead-worker sweep. Every call: the sweep
     #: is one ZRANGEBYSCORE on the heartbeats when nobody died, and a dead worker's messages then
-    #: come back within a poll of its heartbeat going stale.
+    #: come back within a poll of its heartbeat going stale. 0: never, and only reconcile finds
+    #: what a dead worker held.
     maintenance_chance: int = 1_000_000
     #: Retries of a transient failure. With the backoffs below, fully jittered, the expected wait
     #: before a message is given up is about 7 hours: greylisting, a provider's bad hour or a
     #: database failover must not dead-letter deliverable mail (mail servers keep trying for days).
+    #: 0: a transient failure is dead-lettered at once.
     max_retries: int = 25
     #: Shortest backoff between retries, in milliseconds.
     min_backoff_ms: int = 1_000
@@ -206,6 +214,11 @@ class Settings:
     postmark_webhook_auth: str = ""
     #: Mailgun's webhook signing key, the HMAC key of ``/hooks/mailgun``; empty: 404.
     mailgun_webhook_signing_key: str = ""
+    #: Permanent failures not about the address (size, content, policy), of this many different
+    #: users within ``brake_window_seconds``, pause the period as ``reports cancel`` does.
+    brake_failure_threshold: int = 10
+    #: The window ``brake_failure_threshold`` counts failures in, in seconds.
+    brake_window_seconds: float = 300.0
     #: Soft bounces of one user within ``soft_bounce_window_days`` that suppress the user.
     soft_bounce_limit: int = 3
     soft_bounce_window_days: int = 30
@@ -262,15 +275,19 @@ class Settings:
         return self.redis_url or self.broker_url
 
     @property
+    def helo_name(self) -> str:
+        """The name given in EHLO: SMTP_HELO_NAME, or its default (read from the host once asked)."""
+        return self.smtp_helo_name or default_helo_name(socket.getfqdn(), self.mail_domain)
+
+    @property
     def outbox_dir(self) -> Path:
         return self.var_dir / "outbox"
 
     @property
     def mail_domain(self) -> str:
-        """The sender's domain, which stable Message-IDs are minted under."""
-        address = self.mail_from.rsplit("<", 1)[-1].rstrip(">").strip()
-        _local, at, domain = address.rpartition("@")
-        return domain if at and domain and " " not in domain else "localhost"
+        """The sender's domain (ASCII, IDNA for an internationalised one), which stable
+        Message-IDs are minted under."""
+        return parse_sender(self.mail_from).domain
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -299,20 +316,20 @@ class Settings:
 
 @dataclass(frozen=True)
 class _Range:
-    """The values a numeric setting accepts: from ``low`` (or above it, if ``above``) to ``high``."""
+    """The values a numeric setting accepts: from ``low`` to ``high``, and 0 too when ``zero``
+    says what 0 means there (the comment on the setting says the same)."""
 
     low: float
     high: float
     unit: str
-    above: bool = False
+    zero: str | None = None
 
     def admits(self, value: float) -> bool:
-        return math.isfinite(value) and (value > self.low if self.above else value >= self.low) and value <= self.high
+        return math.isfinite(value) and (self.low <= value <= self.high or (self.zero is not None and value == 0))
 
     def describe(self) -> str:
-        if self.above:
-            return f"{self.unit} above {_number(self.low)} and at most {_number(self.high)}"
-        return f"{self.unit} from {_number(self.low)} to {_number(self.high)}"
+        span = f"{self.unit} from {_number(self.low)} to {_number(self.high)}"
+        return f"0 ({self.zero}) or {span}" if self.zero is not None else span
 
 
 def _number(value: float) -> str:
@@ -322,7 +339,22 @@ def _number(value: float) -> str:
 _MS = MAX_SECONDS * 1000
 #: Longest backoff: a retry waits in the broker's delay queue, which Dramatiq keeps under 7 days.
 MAX_BACKOFF_MS = 6 * 86_400_000
-#: Every numeric setting and its range, checked in one place so a bad value stops start-up.
+#: Longest wait a setting may turn into a delayed message (a pause, a deferral), in seconds.
+MAX_DELAY_SECONDS = MAX_BACKOFF_MS // 1000
+#: Shortest duration a setting that the code turns into milliseconds accepts, in seconds: less
+#: rounds down to 0 ms, which Redis refuses as an expiry and which means no time at all.
+MIN_MS_SECONDS = 0.001
+#: Longest one message runs before Dramatiq's time limit (the ``TimeLimit`` middleware) kills it,
+#: in milliseconds: every actor runs under it.
+ACTOR_TIME_LIMIT_MS = 600_000
+#: Longest a setting may make one message work (a whole send, a coordinator's slice), in
+#: seconds: half the time limit, the rest for what the message does before and after.
+MAX_IN_MESSAGE_SECONDS = ACTOR_TIME_LIMIT_MS // 2000
+#: Shortest period of a timer that calls Redis or the database each time it fires, in seconds.
+MIN_TIMER_SECONDS = 1.0
+#: Every numeric setting and its range, checked in one place so a bad value stops start-up; the
+#: settings reference shows each. Read against each setting's use: what the code does with the
+#: lowest and the highest value.
 _RANGES = {
     "plan_page_size": _Range(1, MAX_PLAN_PAGE_SIZE, "a whole number"),
     "plan_high_water": _Range(1, MAX_COUNT, "a whole number"),
@@ -333,39 +365,42 @@ _RANGES = {
     "max_backoff_ms": _Range(1, MAX_BACKOFF_MS, "a number of milliseconds"),
     "breaker_failure_threshold": _Range(1, MAX_COUNT, "a whole number"),
     "schedule_lookback_months": _Range(1, MAX_LOOKBACK_MONTHS, "a number of months"),
-    "send_rate_per_second": _Range(0, MAX_SEND_RATE, "a number of emails per second", above=True),
+    # The rate's interval between sends becomes a deferral's delay when a send must wait.
+    "send_rate_per_second": _Range(MIN_MS_SECONDS, MAX_SEND_RATE, "a number of emails per second"),
     "send_rate_burst": _Range(1, MAX_COUNT, "a whole number"),
     "retention_months": _Range(1, MAX_RETENTION_MONTHS, "a number of months"),
     "web_max_connections": _Range(1, MAX_COUNT, "a whole number"),
     "soft_bounce_limit": _Range(1, MAX_COUNT, "a whole number"),
+    "brake_failure_threshold": _Range(1, MAX_COUNT, "a whole number"),
     "soft_bounce_window_days": _Range(1, MAX_SECONDS // 86_400, "a number of days"),
     # Zero would mean no time at all: an SMTP timeout that fails every send, a lease that
-    # protects nothing, a breaker that is open for no time, a coordinator slice that walks no page,
-    # a dead-letter sweep that never pauses, a web process that cuts off every client.
-    **{
-        name: _Range(0, MAX_SECONDS, "a number of seconds", above=True)
-        for name in (
-            "claim_lease_seconds",
-            "smtp_timeout_seconds",
-            "breaker_cooldown_seconds",
-            "plan_slice_seconds",
-            "dead_letter_sweep_seconds",
-            "web_read_timeout_seconds",
-            "console_session_seconds",
-        )
-    },
-    # Zero is meaningful here: re-enqueue at once, do not pause, no window, reconcile never.
-    **{
-        name: _Range(0, MAX_SECONDS, "a number of seconds")
-        for name in (
-            "reconcile_stuck_after_seconds",
-            "plan_pause_seconds",
-            "alert_window_seconds",
-            "breaker_window_seconds",
-            "schedule_reconcile_interval_seconds",
-            "exporter_cache_seconds",
-        )
-    },
+    # protects nothing, a coordinator slice that walks no page, a web process that cuts off every
+    # client, a failure window that forgets each failure as it counts it (a breaker that never
+    # opens). The SMTP timeout (the probe's slot) and the breaker's window reach Redis in ms.
+    # The send and the slice run inside one message, which the time limit would kill.
+    "smtp_timeout_seconds": _Range(MIN_MS_SECONDS, MAX_IN_MESSAGE_SECONDS, "a number of seconds"),
+    "plan_slice_seconds": _Range(MIN_MS_SECONDS, MAX_IN_MESSAGE_SECONDS, "a number of seconds"),
+    # At least the shortest send's deadline plus the margin: the check below compares the two.
+    "claim_lease_seconds": _Range(MIN_MS_SECONDS + CLAIM_LEASE_MARGIN_SECONDS, MAX_SECONDS, "a number of seconds"),
+    "web_read_timeout_seconds": _Range(MIN_MS_SECONDS, MAX_SECONDS, "a number of seconds"),
+    "breaker_window_seconds": _Range(MIN_MS_SECONDS, MAX_SECONDS, "a number of seconds"),
+    "brake_window_seconds": _Range(MIN_MS_SECONDS, MAX_SECONDS, "a number of seconds"),
+    # A breaker open for no time; its cool-down is also how long a report waits, as a delayed message.
+    "breaker_cooldown_seconds": _Range(MIN_MS_SECONDS, MAX_DELAY_SECONDS, "a number of seconds"),
+    # Timers: each firing reads Redis or the database, and the alert gate's expiry (SET PX) must
+    # be above 0 ms. Below a second they would only load both.
+    "dead_letter_sweep_seconds": _Range(MIN_TIMER_SECONDS, MAX_SECONDS, "a number of seconds"),
+    "alert_window_seconds": _Range(MIN_TIMER_SECONDS, MAX_SECONDS, "a number of seconds"),
+    "schedule_reconcile_interval_seconds": _Range(
+        MIN_TIMER_SECONDS, MAX_SECONDS, "a number of seconds", zero="reconcile never"
+    ),
+    # The session cookie's max-age is whole seconds: below one it would expire as it is set.
+    "console_session_seconds": _Range(1, MAX_SECONDS, "a number of seconds"),
+    # Zero is meaningful here: re-enqueue at once, walk on without a pause, collect at every scrape.
+    "reconcile_stuck_after_seconds": _Range(0, MAX_SECONDS, "a number of seconds"),
+    # The pause is a delayed message.
+    "plan_pause_seconds": _Range(0, MAX_DELAY_SECONDS, "a number of seconds"),
+    "exporter_cache_seconds": _Range(0, MAX_SECONDS, "a number of seconds"),
 }
 
 #: What ``REPORT_EMPTY_MONTH`` accepts.
@@ -409,6 +444,7 @@ def _check_names(settings: Settings) -> None:
 
     check_locale(settings.report_locale, settings.report_currency)
     ReportLook.from_settings(settings)
+    parse_sender(settings.mail_from)
     if settings.log_level.upper() not in LOG_LEVELS:
         raise ConfigurationError(f"LOG_LEVEL must be one of {', '.join(LOG_LEVELS)}, got {settings.log_level!r}.")
 
@@ -422,6 +458,7 @@ ENVIRONMENT = {
     "broker_namespace": "BROKER_NAMESPACE",
     "smtp_url": "SMTP_URL",
     "mail_from": "MAIL_FROM",
+    "smtp_helo_name": "SMTP_HELO_NAME",
     "smtp_timeout_seconds": "SMTP_TIMEOUT_SECONDS",
     "templates_dir": "TEMPLATES_DIR",
     "template_version": "REPORT_TEMPLATE_VERSION",
@@ -468,6 +505,8 @@ ENVIRONMENT = {
     "sendgrid_webhook_public_key": "SENDGRID_WEBHOOK_PUBLIC_KEY",
     "postmark_webhook_auth": "POSTMARK_WEBHOOK_AUTH",
     "mailgun_webhook_signing_key": "MAILGUN_WEBHOOK_SIGNING_KEY",
+    "brake_failure_threshold": "BRAKE_FAILURE_THRESHOLD",
+    "brake_window_seconds": "BRAKE_WINDOW_SECONDS",
     "soft_bounce_limit": "SOFT_BOUNCE_LIMIT",
     "soft_bounce_window_days": "SOFT_BOUNCE_WINDOW_DAYS",
     "sns_test_ca_file": "SNS_TEST_CA_FILE",

@@ -16,11 +16,13 @@ from sqlalchemy import (
     TableClause,
     func,
     literal,
+    true,
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import QueryableAttribute, Session
 from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.elements import SQLCoreOperations
 from sqlalchemy.sql.functions import FunctionElement
 
 #: The dialects' own INSERT, each with ``on_conflict_do_nothing`` and ``on_conflict_do_update``.
@@ -29,6 +31,12 @@ DialectInsert = postgresql.Insert | sqlite.Insert
 #: What a statement runs on: an ORM session, or a bare connection where the session's bookkeeping
 #: would cost more than the statement (the per-report path on PostgreSQL).
 Executor = Session | Connection
+
+
+def after(column: SQLCoreOperations[int], cursor: int | None) -> ColumnElement[bool]:
+    """A keyset walk's condition: ``column > cursor``, and no condition while ``cursor`` is ``None``,
+    so that the first page starts before any id (0 and negative ids are ids too)."""
+    return true() if cursor is None else column > cursor
 
 
 #: The PostgreSQL server's clock as the naive UTC timestamp the schema stores. ``clock_timestamp()``,

@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 
 from reports.endpoints import DEV_SECRET, parse_secrets
+from reports.jobs import MAX_USER_ID, MIN_USER_ID, USER_ID_PATTERN
 from reports.settings import Settings
 
 #: Characters of the base64url signature kept: 132 bits, beyond any guessing over HTTP.
@@ -26,10 +27,7 @@ KEY_ID_CHARS = 4
 #: The path every link starts with, below PUBLIC_BASE_URL.
 PATH_PREFIX = "/u/"
 
-#: Largest user id a token may name (the column is 32-bit); longer digit strings are refused unread.
-_MAX_USER_ID = 2_147_483_647
-
-_TOKEN = re.compile(rf"([1-9][0-9]{{0,9}})\.([A-Za-z0-9_-]{{{KEY_ID_CHARS}}})\.([A-Za-z0-9_-]{{{SIGNATURE_CHARS}}})")
+_TOKEN = re.compile(rf"({USER_ID_PATTERN})\.([A-Za-z0-9_-]{{{KEY_ID_CHARS}}})\.([A-Za-z0-9_-]{{{SIGNATURE_CHARS}}})")
 
 
 def _b64(data: bytes) -> str:
@@ -64,7 +62,8 @@ class Signer:
         if match is None:
             return None
         user_id = int(match.group(1))
-        if user_id > _MAX_USER_ID:
+        # The column is 32-bit: a longer id is refused before its signature is computed.
+        if not MIN_USER_ID <= user_id <= MAX_USER_ID:
             return None
         given = match.group(3).encode("ascii")
         valid = False

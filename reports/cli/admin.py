@@ -10,7 +10,7 @@ from reports.cli.app import Obj, cli, pass_obj, period_argument
 from reports.clock import utcnow
 from reports.delivery.mail import backend
 from reports.fanout import progress, runs
-from reports.jobs import MAX_USER_ID
+from reports.jobs import MAX_USER_ID, MIN_USER_ID
 from reports.ops import send_now as send_now_request
 from reports.periods import Period
 from reports.worker.broker import build_broker
@@ -46,7 +46,7 @@ def cancel(obj: Obj, period: Period) -> None:
 
 
 @cli.command("send-now")
-@click.argument("user_id", type=click.IntRange(min=1, max=MAX_USER_ID))
+@click.argument("user_id", type=click.IntRange(min=MIN_USER_ID, max=MAX_USER_ID))
 @period_argument(closed=True)
 @click.option("--include-inactive", is_flag=True, help="Send even though the user is deactivated.")
 @click.option("--allow-untriggered", is_flag=True, help="Send even though PERIOD has never been triggered.")

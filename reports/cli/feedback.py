@@ -9,7 +9,7 @@ import click
 from reports.cli.app import Obj, cli, iso_utc, pass_obj, period_option
 from reports.feedback import store
 from reports.feedback.events import Kind, Provider
-from reports.jobs import MAX_USER_ID
+from reports.jobs import MAX_USER_ID, MIN_USER_ID
 
 #: Most events one ``list`` prints.
 MAX_LIST_LIMIT = 1_000_000
@@ -24,7 +24,7 @@ def feedback() -> None:
 @click.option("--provider", type=click.Choice([p.value for p in Provider]), help="Only this provider's events.")
 @click.option("--kind", type=click.Choice([k.value for k in Kind]), help="Only this kind.")
 @click.option("--period", callback=period_option, help="Only events about this period's email (YYYY-MM).")
-@click.option("--user", "user_id", type=click.IntRange(1, MAX_USER_ID), help="Only events about this user.")
+@click.option("--user", "user_id", type=click.IntRange(MIN_USER_ID, MAX_USER_ID), help="Only events about this user.")
 @click.option("--limit", type=click.IntRange(1, MAX_LIST_LIMIT), default=100, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON array.")
 @pass_obj

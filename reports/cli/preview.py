@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from reports.cli.app import Obj, cli, pass_obj, period_argument
 from reports.clock import utcnow
 from reports.errors import BadInput, PermanentError
-from reports.jobs import MAX_USER_ID
+from reports.jobs import MAX_USER_ID, MIN_USER_ID
 from reports.models import User
 from reports.ops import preview as preview_build
 from reports.periods import Period
@@ -53,7 +53,11 @@ def _writable(out: Path) -> Path:
 @cli.command()
 @period_argument(closed=False)
 @click.option(
-    "--user", "user_ids", type=click.IntRange(1, MAX_USER_ID), multiple=True, help="A user to render (repeatable)."
+    "--user",
+    "user_ids",
+    type=click.IntRange(MIN_USER_ID, MAX_USER_ID),
+    multiple=True,
+    help="A user to render (repeatable).",
 )
 @click.option(
     "--sample",

@@ -11,7 +11,7 @@ from reports import suppressions
 from reports.cli.app import Obj, cli, pass_obj
 from reports.clock import utcnow
 from reports.errors import BadInput
-from reports.jobs import MAX_USER_ID
+from reports.jobs import MAX_USER_ID, MIN_USER_ID
 from reports.models import SuppressionReason
 from reports.ops import suppressing
 
@@ -27,7 +27,7 @@ def suppress() -> None:
 
 
 @suppress.command("add")
-@click.argument("user_id", type=click.IntRange(min=1, max=MAX_USER_ID))
+@click.argument("user_id", type=click.IntRange(min=MIN_USER_ID, max=MAX_USER_ID))
 @click.option("--reason", type=_REASON, help="Why the user gets no more reports (required).")
 @pass_obj
 def add(obj: Obj, user_id: int, reason: str | None) -> None:
@@ -44,7 +44,7 @@ def add(obj: Obj, user_id: int, reason: str | None) -> None:
 
 
 @suppress.command("remove")
-@click.argument("user_id", type=click.IntRange(min=1, max=MAX_USER_ID))
+@click.argument("user_id", type=click.IntRange(min=MIN_USER_ID, max=MAX_USER_ID))
 @pass_obj
 def remove(obj: Obj, user_id: int) -> None:
     """Lift USER_ID's suppression, whatever its reason: the next period mails them again.

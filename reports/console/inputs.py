@@ -3,14 +3,18 @@
 
 from __future__ import annotations
 
+import re
+
 from reports.errors import BadInput
 from reports.failures import dead_letters
-from reports.jobs import MAX_USER_ID
+from reports.jobs import MAX_USER_ID, MIN_USER_ID, USER_ID_PATTERN
 from reports.models import DeadLetterReason, SuppressionReason
 from reports.periods import Period
 
 #: Longest text a search or filter field takes, in characters.
 MAX_TEXT = 200
+
+_USER_ID = re.compile(USER_ID_PATTERN)
 
 #: ``dead_letters.id`` is a 32-bit integer.
 MAX_DEAD_LETTER_ID = 2**31 - 1
@@ -21,7 +25,11 @@ def period(text: str | None) -> Period | None:
 
 
 def user_id(text: str | None) -> int:
-    return _whole(text, "user id", MAX_USER_ID)
+    """Any 32-bit id: 0 and negative ids are users too."""
+    value = (text or "").strip()
+    if not _USER_ID.fullmatch(value) or not MIN_USER_ID <= int(value) <= MAX_USER_ID:
+        raise BadInput(f"The user id must be a whole number from {MIN_USER_ID} to {MAX_USER_ID}.")
+    return int(value)
 
 
 def dead_letter_id(text: str | None) -> int:

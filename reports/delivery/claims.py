@@ -81,7 +81,7 @@ def record_send_now_request(
             claim_token="",
             # Ended: the first copy of the message takes it at once.
             lease_expires_at=server_now(),
-            claims=0,
+            times_taken=0,
             claimed_at=server_now(),
         )
     )
@@ -137,7 +137,7 @@ def _take(
                 message_id=message_id,
                 claim_token=claim.token,
                 lease_expires_at=lease_expires_at,
-                claims=1,
+                times_taken=1,
                 claimed_at=server_now(),
             )
             .returning(model.__table__.c.user_id)
@@ -155,7 +155,7 @@ def _take(
                         state=DeliveryState.CLAIMED,
                         claim_token=claim.token,
                         lease_expires_at=lease_expires_at,
-                        claims=model.claims + 1,
+                        times_taken=model.times_taken + 1,
                         claimed_at=server_now(),
                         **(touched or {}),
                     )

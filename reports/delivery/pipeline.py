@@ -1,16 +1,14 @@
-"""One user's report for one period: read at run time, render, store, claim, send, record.
+"""One user's report for one period: read at run time, render, claim, send, record.
 
 Three short steps, so no transaction stays open while talking to the mail provider:
-1. In one transaction: read the item, the user and their activity; render and store the
-   report; take the delivery claim.
-2. Wait for a slot of the send rate, ask the breaker, and then, last, check that the claim's
-   lease outlasts the whole send, and hand the email to the mail backend.
-3. In one transaction: mark the claim sent and the item delivered. Nothing but this commit
-   follows the provider's acceptance, and it is tried until the lease is nearly spent: only a
-   crash in between can make a later copy send again.
+1. One transaction (the store's read and claim): read the item, the user and their activity,
+   and take the delivery claim; then render.
+2. Wait for a slot of the send rate, ask the breaker and, last, check that the claim's lease
+   outlasts the whole send; hand the email to the mail backend.
+3. One transaction: mark the claim sent and the item delivered, tried until the lease is nearly
+   spent: only a crash in between can make a later copy send again.
 
-Every step may run more than once or concurrently (at-least-once delivery); the item's final
-states and the delivery claim make repeats send nothing.
+Why each step is safe to repeat: docs/explanation/guarantees.md, "The claim".
 """
 
 from __future__ import annotations
@@ -32,13 +30,14 @@ from reports import items, suppressions, tokens
 from reports.clock import utcnow
 from reports.content.activity import load_summary
 from reports.content.render import RenderedReport, render
-from reports.delivery import claims
+from reports.delivery import brake, claims, send_rate
+from reports.delivery.brake import Brake
 from reports.delivery.breaker import CircuitBreaker, Permit, State
 from reports.delivery.mail.backend import Mailer
 from reports.delivery.mail.compose import compose, message_id, recipient
 from reports.delivery.send_rate import SendRate, pace
 from reports.delivery.store import Inputs, ReadAndClaim, Store, StoredReport, Transaction, keep_report, open_store
-from reports.errors import ClaimHeld, MailRejected, PermanentError, is_provider_failure
+from reports.errors import ClaimHeld, MailRejected, PermanentError, RateLimited, is_provider_failure
 from reports.jobs import ReportJob, SendNowJob
 from reports.look import ReportLook
 from reports.models import FINAL_STATES, ItemState, PeriodRun, ReportItem, RunState, SuppressionReason, User
@@ -56,6 +55,9 @@ RECORD_SENT_PAUSE_CAP_SECONDS = 1.0
 #: Of the lease's margin over a whole send (CLAIM_LEASE_MARGIN_SECONDS), what must still be left
 #: when the send starts, to record it; the rest absorbs the prepare step's commit.
 RECORD_TIME_SECONDS = CLAIM_LEASE_MARGIN_SECONDS / 2
+
+#: Longest a send waits in all for its slot of the send rate before it is deferred, in seconds.
+PACE_PATIENCE_SECONDS = 5.0
 
 #: How soon a message whose item may still be on its way from the coordinator looks again, in seconds.
 ITEM_NOT_YET_RECORDED_RETRY_SECONDS = 2.0
@@ -78,8 +80,11 @@ class Context:
     mailer: Mailer
     #: Shared circuit breaker for the mail provider; ``None`` when there is no remote provider.
     breaker: CircuitBreaker | None = None
-    #: The fleet's send rate; ``None`` when SEND_RATE_PER_SECOND is unset.
+    #: The fleet's send rate; ``None`` when SEND_RATE_PER_SECOND is unset and there is no
+    #: provider's pace to follow.
     send_rate: SendRate | None = None
+    #: The brake on a month-wide rejection; ``None``: none (no remote provider).
+    brake: Brake | None = None
     #: Branding, locale and currency of the report, built once from the settings.
     look: ReportLook | None = None
     clock: Callable[[], datetime] = utcnow
@@ -130,22 +135,35 @@ def _deliver(
     # Asked only now, so a message that turns out done, skipped or cancelled never holds the
     # half-open probe's one slot for the probe timeout.
     try:
-        permit = _may_send(ctx, prepared)
+        go = _may_send(ctx, prepared)
     except redis.RedisError:
         _release(ctx, prepared, transaction)
         raise
-    if isinstance(permit, Outcome):
+    if isinstance(go, Outcome):
         _release(ctx, prepared, transaction)
-        return permit
-    return _send(ctx, prepared, permit, transaction)
+        return go
+    permit, slot = go
+    outcome = _send(ctx, prepared, permit, transaction)
+    if slot is not None and slot.adapting and outcome is Outcome.DELIVERED:
+        _speed_up(ctx, slot)
+    return outcome
 
 
-def _may_send(ctx: Context, prepared: _Prepared) -> Permit | None | Outcome:
-    """The breaker's permit (``None``: no breaker) when the send may go now; the deferral otherwise."""
+def _may_send(ctx: Context, prepared: _Prepared) -> tuple[Permit | None, send_rate.Permit | None] | Outcome:
+    """The breaker's permit (``None``: no breaker) and the send rate's slot (``None``: no limiter)
+    when the send may go now; the deferral otherwise."""
     # First: a sleep for a slot must not hold the probe's slot.
-    throttled = pace(ctx.send_rate, _millis(ctx.clock()), sleep=time.sleep)
-    if throttled is not None:
-        return throttled
+    slot = pace(
+        ctx.send_rate,
+        _millis(ctx.clock()),
+        # Whatever the lease leaves beyond a whole send and its record, up to a few seconds: a
+        # worker asked to stop waits for its running messages.
+        patience_ms=1000
+        * min(prepared.lease_left() - ctx.settings.smtp_timeout_seconds - RECORD_TIME_SECONDS, PACE_PATIENCE_SECONDS),
+        sleep=time.sleep,
+    )
+    if isinstance(slot, Outcome):
+        return slot
     permit = _ask_breaker(ctx)
     if isinstance(permit, Outcome):
         return permit
@@ -154,7 +172,7 @@ def _may_send(ctx: Context, prepared: _Prepared) -> Permit | None | Outcome:
     # A probe turned back here keeps its slot until the probe timeout, as one that died would.
     if prepared.lease_left() < ctx.settings.smtp_timeout_seconds + RECORD_TIME_SECONDS:
         return Outcome.deferred(0.0, "too little of the claim's lease left for a whole send")
-    return permit
+    return permit, slot
 
 
 def _send(
@@ -171,6 +189,12 @@ def _send(
         if _opens_breaker(ctx, permit, error):
             # The provider is down: wait out the cool-down instead of spending a retry.
             return Outcome.deferred(ctx.breaker.cooldown_ms / 1000, "mail breaker opened")  # type: ignore[union-attr]
+        if isinstance(error, RateLimited):
+            # About the fleet's pace, not this message: slower for everyone, and this one later.
+            _slow_down(ctx, error)
+            return Outcome.deferred(error.retry_after_seconds, f"the provider asked for a slower pace ({error})")
+        if isinstance(error, MailRejected) and not error.about_address:
+            _brake(ctx, prepared, error)
         raise
     _record_sent(ctx, prepared, transaction)
     if permit is not None and permit.probe:
@@ -213,6 +237,66 @@ def _ask_breaker(ctx: Context) -> Permit | None | Outcome:
     if not permit.allowed:
         return Outcome.deferred(permit.wait_ms / 1000, "mail breaker open")
     return permit
+
+
+def _slow_down(ctx: Context, refused: RateLimited) -> None:
+    """The provider asked for a slower pace: cut the fleet's rate (once per overload)."""
+    if ctx.send_rate is None:
+        return
+    try:
+        cut = ctx.send_rate.slow_down(_millis(ctx.clock()))
+    except redis.RedisError:
+        logger.warning("Could not lower the send rate after a refusal about the pace: Redis unreachable.")
+        return
+    if cut is not None:
+        logger.info(
+            "The provider refused a send for the pace (SMTP %d): the fleet's send rate is now %.2f/s.",
+            refused.code,
+            cut.per_second,
+        )
+
+
+def _speed_up(ctx: Context, slot: send_rate.Permit) -> None:
+    try:
+        ctx.send_rate.sped(slot.at_ms)  # type: ignore[union-attr]  # a slot comes from a limiter
+    except redis.RedisError:
+        logger.warning("Could not raise the send rate after a send: Redis unreachable.")
+
+
+def _brake(ctx: Context, prepared: _Prepared, error: MailRejected) -> None:
+    """Count a monthly email refused for what would refuse every user; past the threshold, pause
+    the period (its items stay pending) and raise the alert, once per trip."""
+    first = prepared.claims[0]
+    if ctx.brake is None or first.request_id is not None:
+        return
+    try:
+        tripped = ctx.brake.note(first.period, first.user_id, str(error), now_ms=_millis(ctx.clock()))
+    except redis.RedisError:
+        logger.warning("Could not count a refusal for the brake: Redis unreachable.")
+        return
+    if tripped is None:
+        return
+    try:
+        with ctx.sessions.begin() as session:
+            paused = brake.pause(session, first.period, now=ctx.clock())
+    except sqlalchemy.exc.SQLAlchemyError:
+        logger.warning("The brake could not pause period %s: database unreachable.", first.period)
+        return
+    if not paused:
+        return  # cancelled already, by an operator
+    logger.error(
+        "Period %s paused: %d different users refused within %gs for a reason not about their address "
+        "(last: %s). Fix the cause, then `reports trigger %s` resumes it and `reports dlq replay` sends the "
+        "dead letters.",
+        first.period,
+        tripped.failures,
+        tripped.window_seconds,
+        tripped.reply,
+        first.period,
+        extra={"period": str(first.period), "failures": tripped.failures},
+    )
+    if ctx.brake.alert is not None:
+        ctx.brake.alert(tripped)
 
 
 def _opens_breaker(ctx: Context, permit: Permit | None, error: Exception) -> bool:

@@ -2,7 +2,8 @@
 
 Each dead letter adds to a shared count. At most one post goes out per window, fleet-wide:
 whichever process wins the window's gate (``SET NX PX``) takes the count and posts a summary.
-10,000 dead letters in a minute are a handful of posts, not 10,000.
+10,000 dead letters in a minute are a handful of posts, not 10,000. A period paused by the brake
+(:mod:`reports.delivery.brake`) is posted at once: the brake trips once per pause.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from urllib.parse import urlsplit
 import redis
 
 from reports.dead_message import DeadMessage
+from reports.delivery.brake import Tripped
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +90,19 @@ class WebhookAlerts:
         self._ensure_flusher()
         self._wake.set()
 
+    def period_paused(self, tripped: Tripped) -> None:
+        """Post that the brake paused a period: what refused it, and how to resume."""
+        body = {
+            "text": f"Period {tripped.period} paused: {tripped.failures} users refused within "
+            f"{tripped.window_seconds:g}s for a reason not about their address ({tripped.reply}). "
+            f"Fix the cause, then `reports trigger {tripped.period}` resumes it.",
+            "period": str(tripped.period),
+            "failures": tripped.failures,
+            "window_seconds": tripped.window_seconds,
+            "reply": tripped.reply,
+        }
+        self._send(body, "Brake alert")
+
     def flush(self) -> bool:
         """Post what is pending if this window's post has not gone out yet; returns whether it posted."""
         if not self.client.set(self._gate, "1", nx=True, px=int(self.window_seconds * 1000)):
@@ -107,14 +122,17 @@ class WebhookAlerts:
             "sample_message_ids": [m.decode() for m in sample],
             "window_seconds": self.window_seconds,
         }
+        self._send(body, "Dead-letter alert")
+        return True
+
+    def _send(self, body: dict[str, Any], what: str) -> None:
         try:
             self._post(self.url, body)
         except (OSError, ValueError, http.client.HTTPException) as e:
             # Refused, timed out, a redirect (HTTPError), garbage for an answer (BadStatusLine), a URL
             # http.client cannot use (InvalidURL)… Webhook URLs carry their secret in the path, and
             # some errors' text quotes it: log the host and the error's class only.
-            logger.warning("Dead-letter alert to %s failed: %s", _host(self.url), type(e).__name__)
-        return True
+            logger.warning("%s to %s failed: %s", what, _host(self.url), type(e).__name__)
 
     def _ensure_flusher(self) -> None:
         # Woken by each dead letter, and on a timer: dead letters that arrive after a window's

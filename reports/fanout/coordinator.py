@@ -21,7 +21,7 @@ from reports.jobs import BUILD_REPORT, ReportJob
 from reports.models import ItemState, PeriodRun, ReportItem, RunState, Suppression, User
 from reports.periods import Period
 from reports.queue import Queue
-from reports.sql import insert_on_conflict
+from reports.sql import after, insert_on_conflict
 
 #: An item recorded this long ago and still not handed out was left by a crash, not by a copy
 #: of the coordinator that is handing its page out right now.
@@ -36,7 +36,8 @@ class UnknownRun(PermanentError):
 class SliceOutcome:
     pages: int = 0
     enqueued: int = 0
-    cursor: int = 0
+    #: The last user id recorded; ``None`` before the first page.
+    cursor: int | None = None
     planned: bool = False
     #: The period was cancelled: the walk stopped, and is not to be continued until resumed.
     cancelled: bool = False
@@ -134,7 +135,7 @@ def _record_page(
             return None
         if run.planned:
             return _Page([], run.template_version, planned=True)
-        page = select(User.id).where(User.active, User.id > run.cursor).order_by(User.id).limit(page_size)
+        page = select(User.id).where(User.active, after(User.id, run.cursor)).order_by(User.id).limit(page_size)
         last = session.scalar(select(func.max(page.subquery().c.id)))
         now = utcnow()
         run.updated_at, run.paused_at = now, None
@@ -159,7 +160,7 @@ def _record_page(
                 *[literal(now, DateTime())] * 2,
             ).where(
                 User.active,
-                User.id > run.cursor,
+                after(User.id, run.cursor),
                 User.id <= last,
                 # Suppressed users get no item: inside this statement, so no statement is added.
                 ~exists().where(Suppression.user_id == User.id),

@@ -20,7 +20,7 @@ from reports.jobs import BUILD_REPORT, SEND_NOW, CoordinatorJob, ReportJob, Send
 from reports.models import Delivery, DeliveryState, ItemState, PeriodRun, ReportItem, SendNowRequest, Suppression, User
 from reports.periods import Period
 from reports.queue import Queue
-from reports.sql import server_now
+from reports.sql import after, server_now
 
 #: Stuck items re-enqueued per transaction.
 CHUNK = 1000
@@ -150,7 +150,7 @@ def _requeue(
     send: Callable[[list[int]], int],
 ) -> int:
     """Stamp and send the items matching ``where``, a chunk per transaction, each once."""
-    requeued = after = 0
+    requeued, last = 0, None
     while True:
         with sessions.begin() as session:
             user_ids = session.scalars(
@@ -159,7 +159,7 @@ def _requeue(
                     *where,
                     ReportItem.user_id.in_(
                         select(ReportItem.user_id)
-                        .where(*where, ReportItem.user_id > after)
+                        .where(*where, after(ReportItem.user_id, last))
                         .order_by(ReportItem.user_id)
                         .limit(CHUNK)
                         .scalar_subquery()
@@ -172,7 +172,7 @@ def _requeue(
             if not user_ids:
                 return requeued
             requeued += send(sorted(user_ids))
-            after = max(user_ids)
+            last = max(user_ids)
 
 
 def _lost(period: Period, untouched_since: datetime, *, handed_out_too: bool) -> list[Any]:

@@ -28,6 +28,8 @@ class Triggered:
     created: bool
     #: True when the period had been cancelled and this trigger made it active again.
     resumed: bool = False
+    #: The period's counts when the trigger found its walk over and so did nothing.
+    counts: progress.Progress | None = None
 
     @property
     def needs_coordinator(self) -> bool:
@@ -45,7 +47,14 @@ class Triggered:
         if self.created:
             return f"Triggered {run.period}: coordinator enqueued (template {run.template_version})."
         if self.needs_coordinator:
-            return f"{run.period} was already triggered; coordinator enqueued to resume after user {run.cursor}."
+            where = "from the first user" if run.cursor is None else f"after user {run.cursor}"
+            return f"{run.period} was already triggered; coordinator enqueued to resume {where}."
+        if self.counts is not None and self.counts.complete:
+            counts = self.counts
+            return (
+                f"{run.period} is already complete ({counts.delivered:,} delivered, {counts.skipped:,} skipped, "
+                f"{counts.dead:,} dead); nothing enqueued, nothing sent."
+            )
         return f"{run.period} is already planned; nothing enqueued."
 
 
@@ -66,7 +75,7 @@ def trigger(
             period=str(period),
             state=RunState.ACTIVE,
             template_version=template_version,
-            cursor=0,
+            cursor=None,
             planned=False,
             triggered_at=now,
             updated_at=now,
@@ -80,7 +89,9 @@ def trigger(
         run.state, run.updated_at = RunState.ACTIVE, now
     elif not run.planned and (inserted is not None or restart_walk):
         run.walker = str(uuid.uuid4())
-    return Triggered(run=run, created=inserted is not None, resumed=resumed)
+    done = inserted is None and not resumed and run.planned
+    counts = progress.count(session, period) if done else None
+    return Triggered(run=run, created=inserted is not None, resumed=resumed, counts=counts)
 
 
 def cancel(session: Session, period: Period, *, now: datetime) -> bool:

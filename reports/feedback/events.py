@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from typing import TypeVar
 
 from reports.errors import ReportsError
+from reports.jobs import USER_ID_PATTERN
 
 _T = TypeVar("_T", dict, list)  # type: ignore[type-arg]
 
@@ -89,9 +90,9 @@ class Reference:
 
 
 #: The Message-ID :func:`reports.delivery.mail.compose.message_id` mints: ``<report.PERIOD.USER[.REQUEST]@domain>``.
-_MESSAGE_ID = re.compile(r"<?report\.(\d{4}-(?:0[1-9]|1[0-2]))\.([1-9]\d{0,9})(?:\.[0-9A-Za-z-]+)?@[^>\s]+>?")
+_MESSAGE_ID = re.compile(rf"<?report\.(\d{{4}}-(?:0[1-9]|1[0-2]))\.({USER_ID_PATTERN})(?:\.[0-9A-Za-z-]+)?@[^>\s]+>?")
 _PERIOD = re.compile(r"\d{4}-(?:0[1-9]|1[0-2])")
-_USER_ID = re.compile(r"[1-9]\d{0,9}")
+_USER_ID = re.compile(USER_ID_PATTERN)
 
 
 def reference(header: Callable[[str], str | None]) -> Reference:

@@ -189,7 +189,6 @@ def _run_period(
     triggered = runs.trigger_and_enqueue(
         sessions, queue_for(build_broker(settings)), period, template_version=settings.template_version, now=utcnow()
     )
-    console.print(f"Period {period}: " + ("new run." if triggered.created else "resuming the existing run."))
 
     def read() -> progress.Progress:
         if workers.poll() is not None:
@@ -197,6 +196,11 @@ def _run_period(
         with sessions.begin() as session:
             return progress.count(session, period)
 
+    if triggered.counts is not None and triggered.counts.complete:
+        # A bar over nothing to do would only draw 0.0/s.
+        console.print(f"Period {period}: already complete; nothing was sent.")
+        return triggered.counts
+    console.print(f"Period {period}: " + ("new run." if triggered.created else "resuming the existing run."))
     return watch(read, interval_seconds=0.5, console=console)
 
 

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from reports.fanout import runs
 from reports.models import DeadLetter, Delivery, DeliveryState, ItemCount, Report, ReportItem, SendNowRequest
 from reports.periods import Period
-from reports.sql import rowcount
+from reports.sql import after, rowcount
 
 #: Rows deleted per transaction: each holds its locks only briefly (docs/benchmarks.md, "Pruning beside a running month").
 BATCH_SIZE = 5_000
@@ -180,7 +180,7 @@ def _delete_in_batches(
 ) -> Iterator[int | None]:
     """Delete the period's rows of ``table`` by ranges of user ids, one short transaction each,
     while the period is still finished; ``None``, and nothing more, once it is not."""
-    after = 0
+    last: int | None = None
     while True:
         with sessions.begin() as session:
             if not _still_finished(session, period):
@@ -188,7 +188,7 @@ def _delete_in_batches(
                 return
             page = (
                 select(table.c.user_id)
-                .where(table.c.period == period, table.c.user_id > after)
+                .where(table.c.period == period, after(table.c.user_id, last))
                 .order_by(table.c.user_id)
                 .limit(batch_size)
                 .subquery()
@@ -200,13 +200,13 @@ def _delete_in_batches(
                 session.execute(
                     delete(table).where(
                         table.c.period == period,
-                        table.c.user_id > after,
+                        after(table.c.user_id, last),
                         table.c.user_id <= upto,
                         ~_unreplayed_letter(table),
                     )
                 )
             )
-        after = upto
+        last = upto
         yield deleted
 
 

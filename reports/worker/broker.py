@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 import dramatiq
@@ -13,7 +14,7 @@ from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import CurrentMessage, TimeLimit
 
 from reports.jobs import ActorSpec
-from reports.settings import Settings
+from reports.settings import ACTOR_TIME_LIMIT_MS, Settings
 from reports.worker.consumer import ReportsBroker
 from reports.worker.rabbitmq_consumer import ReportsRabbitmqBroker
 
@@ -42,7 +43,7 @@ def build_broker(settings: Settings) -> Broker:
     # shutdown notifications, and every middleware is called at each of a message's signals.
     # Retries are reports.worker.retries.JitteredRetries, added by the workers (it needs the
     # dead-letter store).
-    middleware = [TimeLimit(), CurrentMessage()]
+    middleware = [TimeLimit(time_limit=ACTOR_TIME_LIMIT_MS), CurrentMessage()]
     if settings.broker_is_rabbitmq:
         # Confirms on every enqueue: a retry's or a deferral's copy is enqueued before its original
         # is acked, so a copy RabbitMQ never took would be a lost message.
@@ -122,9 +123,23 @@ def enqueue_until_sent(
             pause = min(pause * 2, ENQUEUE_RETRY_PAUSE_CAP_SECONDS)
 
 
-def defer_current(broker: dramatiq.Broker, *, delay_ms: int) -> None:
-    """Run the message being processed again after ``delay_ms``, without spending a retry."""
+def attempt_time(epoch_ms: float) -> str:
+    """An attempt's time as a log line gives it: ISO 8601 in UTC, to the second."""
+    return datetime.fromtimestamp(epoch_ms / 1000, UTC).isoformat(timespec="seconds")
+
+
+def defer_current(broker: dramatiq.Broker, *, delay_ms: int, reason: str) -> None:
+    """Run the message being processed again after ``delay_ms``, without spending a retry, and
+    say so in one line (``reason``: why, with ids only)."""
     message = CurrentMessage.get_current_message()
     if message is None:
         raise RuntimeError("defer_current needs the CurrentMessage middleware and a running message.")
     enqueue_until_sent(broker, message.copy(), delay_ms=delay_ms)
+    logger.info(
+        "Deferred message %s (%s) to %s: %s",
+        message.message_id,
+        message.actor_name,
+        attempt_time(time.time() * 1000 + delay_ms),
+        reason,
+        extra={"message_id": message.message_id, "actor": message.actor_name},
+    )

@@ -20,11 +20,11 @@ from dramatiq.broker import MessageProxy
 from dramatiq.middleware import Middleware
 
 from reports.dead_message import DeadMessage
-from reports.errors import PermanentError
+from reports.errors import PermanentError, ReportsError
 from reports.models import DeadLetterReason
 from reports.outcome import Kind
 from reports.worker.backoff import full_jitter_ms
-from reports.worker.broker import enqueue_until_sent
+from reports.worker.broker import attempt_time, enqueue_until_sent
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +34,14 @@ OUTCOME_OPTION = "reports_outcome"
 
 def is_permanent(exception: BaseException) -> bool:
     return isinstance(exception, PermanentError)
+
+
+def reason(exception: BaseException) -> str:
+    """What a log line says about a failure: our errors' own text (ids and the provider's reply,
+    addresses masked), and only the class of anything else, whose text may quote personal data."""
+    if isinstance(exception, ReportsError):
+        return f"{type(exception).__name__}: {exception}"
+    return type(exception).__name__
 
 
 class JitteredRetries(Middleware):
@@ -90,12 +98,15 @@ class JitteredRetries(Middleware):
             cap_ms=self._option(broker, message, "max_backoff", self.max_backoff_ms),
             rng=self.rng,
         )
-        logger.info(
-            "Retrying message %s (%s) in %d ms after %s.",
+        logger.warning(
+            "Retrying message %s (%s) at %s, retry %d of %d: %s.",
             message.message_id,
             message.actor_name,
-            delay,
-            type(exception).__name__,
+            attempt_time(now_ms + delay),
+            retries + 1,
+            max_retries,
+            reason(exception),
+            extra={"message_id": message.message_id, "actor": message.actor_name, "retries": retries + 1},
         )
         # Dramatiq's own Retries enqueues the proxy the same way: it copies what it enqueues.
         # Dramatiq swallows an error raised here and acks the message, so the retry must not fail.

@@ -18,7 +18,19 @@ from tests.support.environment import REPO
 
 pytestmark = pytest.mark.acceptance
 
-BAD_VALUES = [("MAX_RETRIES", "-1"), ("CLAIM_LEASE_SECONDS", "0"), ("REPORT_TEMPLATE_VERSION", "../secrets")]
+BAD_VALUES = [
+    ("MAX_RETRIES", "-1"),
+    ("CLAIM_LEASE_SECONDS", "0"),
+    ("REPORT_TEMPLATE_VERSION", "../secrets"),
+    # Redis refuses SET … PX 0: the alert thread would spin on the error and never alert.
+    ("ALERT_WINDOW_SECONDS", "0"),
+    # A window that forgets each failure as it counts it: a breaker that never opens.
+    ("BREAKER_WINDOW_SECONDS", "0"),
+    # Every email would fail: SMTP carries no such address without SMTPUTF8.
+    ("MAIL_FROM", "Reports <rapport-mensuel-é@example.com>"),
+    # Every email would fail the header check: List-Unsubscribe separates URLs with commas.
+    ("PUBLIC_BASE_URL", "https://reports.example.com/a,b"),
+]
 
 
 def start(command: list[str], tmp_path: Path, variable: str, value: str) -> subprocess.CompletedProcess[str]:
@@ -52,6 +64,13 @@ def test_dramatiq_actors_exits_at_start_with_one_line_naming_the_variable(tmp_pa
 @pytest.mark.parametrize(("variable", "value"), BAD_VALUES)
 def test_the_scheduler_exits_at_start_with_one_line_naming_the_variable(tmp_path, variable, value):
     result = start([sys.executable, "-m", "scheduler"], tmp_path, variable, value)
+    assert_one_error_line(result, variable)
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+
+
+@pytest.mark.parametrize(("variable", "value"), BAD_VALUES)
+def test_a_reports_command_exits_at_start_with_one_line_naming_the_variable(tmp_path, variable, value):
+    result = start([sys.executable, "-m", "reports", "trigger", "2026-10"], tmp_path, variable, value)
     assert_one_error_line(result, variable)
     assert len(result.stderr.splitlines()) == 1, result.stderr
 

@@ -12,6 +12,7 @@ import email
 import email.policy
 import fcntl
 import os
+import re
 import signal
 import socket
 import sqlite3
@@ -170,6 +171,9 @@ def test_the_demo_mails_every_active_user_once_and_a_second_run_sends_nothing_ag
     assert_no_process_left(demo_dir)
     assert active_user_ids(var / "reports.db") == active
     assert outbox_user_ids(outbox) == mailed
+    # It says so, and draws no progress bar over nothing to do.
+    assert "already complete; nothing was sent" in second.stdout, second.stdout
+    assert "resuming" not in second.stdout and not re.search(r"[0-9…]/s\b", second.stdout), second.stdout
 
     # Last, so that the checks above run even if this fails: the operator is told where the mail is,
     # as a path that can be copied (not folded or cut short by the console's width).

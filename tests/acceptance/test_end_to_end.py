@@ -63,7 +63,10 @@ def test_every_active_user_gets_exactly_one_correct_email(settings, sessions, sm
 
     again = run_cli(settings, "trigger", PERIOD)
     assert again.returncode == 0, again.stderr
-    assert "already planned; nothing enqueued" in again.stdout
+    assert again.stdout == (
+        f"{PERIOD} is already complete ({len(population.active)} delivered, 0 skipped, 0 dead); "
+        "nothing enqueued, nothing sent.\n"
+    )
     time.sleep(2)
     assert len(smtp_server.messages) == len(population.active)
     assert progress_json(settings) == final

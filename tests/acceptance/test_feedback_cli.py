@@ -84,7 +84,7 @@ def test_an_operator_sees_the_events_and_the_suppressions_they_made_and_undoes_a
         ("--provider", "yahoo"),
         ("--kind", "bounce"),
         ("--period", "2026-13"),
-        ("--user", "0"),
+        ("--user", "2147483648"),  # past the 32-bit ids (0 and negative ids are users)
         ("--user", "x"),
         ("--limit", "0"),
     ],

@@ -278,3 +278,30 @@ def test_items_an_earlier_release_recorded_but_never_sent_are_sent_once(settings
     assert Counter(sender.user_ids) == Counter([deactivated, *above])
     assert queued_user_ids(settings) == Counter([deactivated, *above])
     assert count_items(sessions, ReportItem.enqueued_at.is_(None)) == 0
+
+
+def test_users_with_a_zero_or_negative_id_are_walked_once_each_page_by_page(settings, sessions, broker):
+    """The walk once began at ``id > 0``: users -5 and 0 never got an item, and nothing said so."""
+    population = load_users(sessions, count=0, ids=[-(2**31), -5, 0, 1])
+    trigger(sessions, settings)
+    assert run_row(sessions).cursor is None
+    sender = RecordingQueue(broker)
+
+    outcome = walk_slice(sessions, PERIOD, sender, page_size=1, budget_seconds=60)
+
+    assert outcome.planned and outcome.cursor == 1
+    assert sorted(sender.user_ids) == population.active == [-(2**31), -5, 0, 1]
+    assert item_user_ids(sessions) == Counter(population.active)
+
+
+def test_reconcile_re_enqueues_lost_items_of_zero_and_negative_ids(settings, sessions, broker):
+    population = load_users(sessions, count=0, ids=[-5, 0, 1])
+    trigger(sessions, settings)
+    walk(sessions, settings, RecordingQueue(broker))
+    with sessions.begin() as session:  # the last hand-out crashed: none of them went out
+        session.execute(update(ReportItem).values(enqueued_at=None))
+    again = RecordingQueue(broker)
+
+    found = reconcile(sessions, PERIOD, again, stuck_after=timedelta(minutes=10), now=utcnow() + timedelta(minutes=11))
+
+    assert found.requeued == 3 and sorted(again.user_ids) == population.active

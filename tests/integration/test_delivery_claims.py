@@ -111,7 +111,7 @@ def test_after_the_lease_expires_a_second_take_takes_over_and_the_first_cannot_c
     assert complete(sessions, second, T0 + timedelta(seconds=LEASE + 3)) is True
     row = stored(sessions)
     assert row.state == DeliveryState.SENT
-    assert row.claims == 2
+    assert row.times_taken == 2
     assert row.sent_at == T0 + timedelta(seconds=LEASE + 3)
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
 
-from reports.database import create_db_engine
+from reports.database import create_db_engine, upgrade
 from reports.models import Base
 
 CONTRACT_COLUMNS = {
@@ -57,3 +59,25 @@ def test_the_contract_columns_exist_with_their_meaning(settings, sessions):
     assert [(fk["constrained_columns"], fk["referred_table"], fk["referred_columns"]) for fk in foreign_keys] == [
         (["user_id"], "users", ["id"])
     ]
+
+
+def test_a_run_that_had_walked_nobody_starts_before_any_user_after_the_upgrade(settings):
+    """A walk began above id 0 before: a cursor of 0 meant nobody walked yet, and now means NULL."""
+    upgrade(settings, "0010")
+    engine = create_db_engine(settings.database_url)
+    try:
+        with engine.begin() as connection:
+            for period, cursor in (("2026-09", 0), ("2026-10", 42)):
+                connection.execute(
+                    text(
+                        "INSERT INTO period_runs (period, state, template_version, cursor, planned, triggered_at,"
+                        " updated_at) VALUES (:period, 'active', 'v2', :cursor, false, :at, :at)"
+                    ),
+                    {"period": period, "cursor": cursor, "at": datetime(2026, 11, 1)},
+                )
+        upgrade(settings)
+        with engine.connect() as connection:
+            cursors = dict(connection.execute(text("SELECT period, cursor FROM period_runs ORDER BY period")).all())
+    finally:
+        engine.dispose()
+    assert cursors == {"2026-09": None, "2026-10": 42}

@@ -213,6 +213,23 @@ def test_an_old_period_loses_its_rows_but_not_what_an_unreplayed_dead_letter_nee
         )
 
 
+def test_the_rows_of_users_with_a_zero_or_negative_id_are_pruned_too(filled) -> None:
+    with filled.begin() as session:
+        for user_id in (-5, 0):
+            session.add(User(id=user_id, email=f"u{user_id}@example.test", name=None, active=True))
+            session.add(
+                ReportItem(
+                    period=OLD, user_id=user_id, state=ItemState.DELIVERED, attempts=1, created_at=NOW, updated_at=NOW
+                )
+            )
+            session.add(sent_delivery(OLD, user_id))
+
+    retention.prune(filled, before=BEFORE, batch_size=3)
+
+    assert rows(filled, ReportItem, OLD) == [DEAD_USER]
+    assert rows(filled, Delivery, OLD) == []
+
+
 def test_unfinished_and_recent_periods_are_kept_whole(filled) -> None:
     result = retention.prune(filled, before=BEFORE)
     assert result.unfinished == [CANCELLED, UNPLANNED]

@@ -20,6 +20,7 @@ from reports.delivery import send_rate
 from reports.delivery.breaker import mail_breaker_name
 from reports.delivery.send_rate import Permit, SendRate, pace
 from reports.ops.metrics import ReportsCollector
+from reports.outcome import Outcome
 
 T0 = 1_800_000_000_000.0  # an arbitrary "now", in epoch milliseconds
 
@@ -95,7 +96,7 @@ def test_pace_sleeps_for_a_near_slot_and_defers_a_far_one_without_a_retry(
     assert slept == [pytest.approx(0.5)]
     deferral = pace(limiter, T0, max_sleep_ms=600, sleep=slept.append)
     # A deferral, which the actors re-enqueue without spending a retry, for when the slot is near.
-    assert deferral is not None and deferral.is_deferred
+    assert isinstance(deferral, Outcome) and deferral.is_deferred
     assert deferral.delay_seconds == pytest.approx(1.0)
     assert slept == [pytest.approx(0.5)]
     assert throttled(redis_url, broker_namespace) == {"waited": 1, "deferred": 1}
@@ -149,7 +150,7 @@ def _send_in_threads(
     def loop() -> None:
         while time.time() < start_at + SECONDS:
             deferral = pace(limiter, time.time() * 1000, max_sleep_ms=max_sleep_ms, sleep=time.sleep)
-            if deferral is not None:
+            if isinstance(deferral, Outcome):
                 time.sleep(deferral.delay_seconds)  # what a deferred message does
                 continue
             with lock:
@@ -196,3 +197,39 @@ def test_threads_in_two_processes_send_at_the_rate_and_no_faster(
     # No second holds more than the rate plus the burst.
     per_second = [sum(1 for t in sent if s <= t < s + 1) for s in range(int(SECONDS))]
     assert max(per_second) <= RATE + 5, per_second
+
+
+def test_a_patient_caller_naps_until_its_slot_may_be_booked_instead_of_being_deferred(
+    new_limiter: NewLimiter,
+) -> None:
+    limiter = new_limiter(per_second=10)
+    slept: list[float] = []
+    pace(limiter, T0, max_sleep_ms=150, sleep=slept.append)
+    pace(limiter, T0, max_sleep_ms=150, sleep=slept.append)
+    assert slept == [pytest.approx(0.1)]
+    # The third slot is 200 ms away, past the 150 ms that may be booked: without patience, deferred.
+    assert isinstance(pace(limiter, T0, max_sleep_ms=150, sleep=slept.append), Outcome)
+    # With it: a nap until the slot may be booked (50 ms), then the booked sleep (150 ms).
+    slept.clear()
+    permit = pace(limiter, T0, max_sleep_ms=150, patience_ms=1_000, sleep=slept.append)
+    assert isinstance(permit, Permit) and permit.reserved
+    assert slept == [pytest.approx(0.05), pytest.approx(0.15)]
+
+
+def test_a_cut_after_a_refusal_about_the_pace_slows_the_whole_fleet_and_probes_until_a_success(
+    new_limiter: NewLimiter,
+) -> None:
+    fleet_a, fleet_b = new_limiter(per_second=100), new_limiter(per_second=100)
+    for i in range(50):
+        fleet_a.acquire(T0 + i * 10)
+    cut = fleet_a.slow_down(T0 + 500)
+    assert cut is not None and cut.per_second < 100
+    # The other process, on the same Redis, sees the cut: it is adapting and probes, one at a time.
+    first = fleet_b.acquire(T0 + 600)
+    assert first.adapting and first.wait_ms == 0
+    assert fleet_b.acquire(T0 + 600, max_wait_ms=0).reserved is False
+    # A second refusal before any success since the cut is the same overload: no further cut.
+    assert fleet_b.slow_down(T0 + 700) is None
+    fleet_b.sped(T0 + 600)
+    adapted = fleet_a.adapted()
+    assert adapted is not None and adapted.fresh and adapted.per_second > cut.per_second

@@ -20,7 +20,7 @@ from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import SMTP
 
 from reports.delivery.mail.smtp import SmtpMailer
-from reports.errors import MailDeferred, MailRejected, ProviderUnavailable
+from reports.errors import MailDeferred, MailRejected, ProviderUnavailable, RateLimited
 from tests.support.processes import free_port
 from tests.support.smtp import LoopbackServer, RecordingHandler
 
@@ -153,7 +153,7 @@ FORGOTTEN = "503 5.5.1 Error: send HELO first"
 def test_a_421_that_leaves_the_connection_open_is_deferred_and_the_next_send_uses_a_new_connection(
     provider: Provider, command: str
 ) -> None:
-    provider.script.replies[command] = ["421 4.7.0 Too many messages, try again later"]
+    provider.script.replies[command] = ["421 4.3.2 Service shutting down, try again later"]
     mailer = SmtpMailer(provider.url, timeout_seconds=5, sender=SENDER)
 
     with pytest.raises(MailDeferred) as deferred:
@@ -269,6 +269,14 @@ def test_a_550_to_mail_from_is_the_providers_trouble_not_a_rejection_of_the_mess
 PERSON = "user1@example.test"
 
 
+def refuse_always(provider: Provider, command: str, reply: str) -> None:
+    """Have the provider answer ``reply`` to ``command`` (or to the content) every time."""
+    if command == "content":
+        provider.handler.fault = lambda rcpt, attempt: reply
+    else:
+        provider.script.always[command] = reply
+
+
 def dead_letter_text(error: BaseException) -> str:
     """What the dead-letter store keeps of ``error`` (reports.worker.retries): its message and traceback."""
     return f"{error}\n{''.join(traceback.format_exception(error))}"
@@ -278,7 +286,7 @@ def dead_letter_text(error: BaseException) -> str:
     ("command", "reply", "expected"),
     [
         ("RCPT", "550 5.1.1 <user1@example.test>: Recipient address rejected: User unknown", MailRejected),
-        ("RCPT", "421 4.7.0 <user1@example.test>: too many messages, try later", MailDeferred),
+        ("RCPT", "421 4.7.0 <user1@example.test>: too many messages, try later", RateLimited),
         ("RCPT", "452 4.2.2 <user1@example.test>: Mailbox full", MailDeferred),
         ("MAIL", "550 5.7.1 <reports@reports.test>: Sender rejected for user1@example.test", ProviderUnavailable),
         ("content", "554 5.7.1 Message to user1@example.test rejected as spam", MailRejected),
@@ -287,10 +295,7 @@ def dead_letter_text(error: BaseException) -> str:
 def test_addresses_in_the_providers_reply_are_kept_out_of_the_error(
     provider: Provider, command: str, reply: str, expected: type[Exception]
 ) -> None:
-    if command == "content":
-        provider.handler.fault = lambda rcpt, attempt: reply
-    else:
-        provider.script.always[command] = reply
+    refuse_always(provider, command, reply)
     mailer = SmtpMailer(provider.url, timeout_seconds=5, sender=SENDER)
 
     with pytest.raises(expected) as raised:
@@ -301,6 +306,70 @@ def test_addresses_in_the_providers_reply_are_kept_out_of_the_error(
     assert "reports@reports.test" not in text
     assert "@" not in str(raised.value)
     assert reply.split()[0] in str(raised.value), "the reply code is still there for the operator"
+    assert "<<" not in str(raised.value) and ">>" not in str(raised.value)
+
+
+def test_a_masked_address_reads_address_in_its_own_brackets(provider: Provider) -> None:
+    provider.script.always["RCPT"] = "550 5.1.1 <user1@example.test>: Recipient address rejected: User unknown"
+    mailer = SmtpMailer(provider.url, timeout_seconds=5, sender=SENDER)
+
+    with pytest.raises(MailRejected) as raised:
+        send(mailer, PERSON)
+
+    assert str(raised.value) == "SMTP 550: 5.1.1 <address>: Recipient address rejected: User unknown"
+
+
+@pytest.mark.parametrize(
+    ("command", "reply", "bounce", "about_address"),
+    [
+        ("RCPT", "550 5.1.1 <user1@example.test>: Recipient address rejected: User unknown", True, True),
+        ("RCPT", "550 User unknown", True, True),
+        ("RCPT", "554 5.7.1 <user1@example.test>: Relay access denied", False, False),
+        ("content", "550 5.1.1 No such user", False, True),
+        ("content", "552 5.3.4 Error: message file too big", False, False),
+        ("content", "554 5.7.1 Message rejected as spam", False, False),
+    ],
+)
+def test_a_refusal_is_a_hard_bounce_only_to_rcpt_and_about_the_address(
+    provider: Provider, command: str, reply: str, bounce: bool, about_address: bool
+) -> None:
+    refuse_always(provider, command, reply)
+    mailer = SmtpMailer(provider.url, timeout_seconds=5, sender=SENDER)
+
+    with pytest.raises(MailRejected) as raised:
+        send(mailer, PERSON)
+
+    assert (raised.value.recipient, raised.value.about_address) == (bounce, about_address)
+
+
+@pytest.mark.parametrize(
+    ("command", "reply"),
+    [
+        ("MAIL", "450 4.7.1 Error: too much mail from 127.0.0.1"),
+        ("RCPT", "421 4.7.0 Too many messages, try again later"),
+        ("RCPT", "451 Rate limit exceeded, slow down"),
+    ],
+)
+def test_a_refusal_about_the_pace_is_rate_limited_not_a_deferral_of_the_message(
+    provider: Provider, command: str, reply: str
+) -> None:
+    provider.script.replies[command] = [reply]
+    mailer = SmtpMailer(provider.url, timeout_seconds=5, sender=SENDER)
+
+    with pytest.raises(RateLimited) as raised:
+        send(mailer, "first@example.test")
+    assert raised.value.code == int(reply[:3])
+
+    send(mailer, "second@example.test")
+    assert provider.delivered_to() == ["second@example.test"]
+
+
+def test_the_mailer_gives_its_helo_name_in_ehlo(smtp_server) -> None:
+    mailer = SmtpMailer(smtp_server.url, timeout_seconds=5, sender=SENDER, helo_name="mail.reports.test")
+
+    send(mailer, "first@example.test")
+
+    assert smtp_server.handler.helo_names == {"mail.reports.test"}
 
 
 # --- One deadline for the whole send -------------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import psycopg
@@ -45,8 +45,10 @@ def load_users(
     period: str = "2026-10",
     inactive_every: int = 5,
     names: dict[int, str] | None = None,
+    ids: Sequence[int] | None = None,
 ) -> Population:
-    """Insert ``count`` users (every ``inactive_every``-th inactive) with activities, by plain SQL.
+    """Insert ``count`` users (every ``inactive_every``-th inactive) with activities, by plain SQL;
+    or, with ``ids``, one active user per id (``count`` is then ignored).
 
     Each user ``i`` has ``i % 4`` activities in the period of ``100 * i`` cents each, one in the
     month before, and one in the month after (which must not be counted).
@@ -59,8 +61,8 @@ def load_users(
     after = f"{year + month // 12}-{month % 12 + 1:02d}-01 00:00:00"
     population = Population()
     users, activities = [], []
-    for user_id in range(1, count + 1):
-        active = user_id % inactive_every != 0
+    for user_id in range(1, count + 1) if ids is None else ids:
+        active = ids is not None or user_id % inactive_every != 0
         (population.active if active else population.inactive).append(user_id)
         name = (names or {}).get(user_id, f"User {user_id}")
         users.append({"id": user_id, "email": f"user{user_id}@example.test", "name": name, "active": active})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -14,12 +15,14 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import libfaketime
 import redis
 
 from reports.settings import Settings
 from tests.support.environment import REPO
+from tests.support.waiting import wait_until
 
 
 def free_port() -> int:
@@ -135,3 +138,13 @@ def run_cli(settings: Settings, *args: str | bytes, timeout: float = 60) -> subp
         timeout=timeout,
         check=False,
     )
+
+
+def wait_for_complete(settings: Settings, period: str, *, timeout: float = 60) -> dict[str, object]:
+    """Poll ``reports progress PERIOD --json`` until the period is complete; its last answer."""
+
+    def complete() -> dict[str, object] | None:
+        answer = json.loads(run_cli(settings, "progress", period, "--json").stdout)
+        return answer if answer["complete"] else None
+
+    return cast(dict[str, object], wait_until(complete, timeout=timeout, what=f"period {period} to complete"))

@@ -8,8 +8,9 @@ import email
 import email.policy
 import socket
 import threading
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from email.message import EmailMessage
 
 from aiosmtpd.controller import Controller
@@ -19,12 +20,44 @@ from aiosmtpd.controller import Controller
 Fault = Callable[[str, int], "str | None"]
 
 
+#: What a server that limits its clients answers past the limit (Postfix's words).
+TOO_MUCH_MAIL = "450 4.7.1 Error: too much mail from {client}"
+
+
+@dataclass
+class RateLimit:
+    """At most ``messages`` per ``window_seconds`` from one client address, as Postfix's anvil
+    counts them: a window opens at the client's first message after the last one ended, and past
+    the limit every MAIL FROM is answered ``450 4.7.1 … too much mail`` until it ends."""
+
+    messages: int
+    window_seconds: float
+    clock: Callable[[], float] = time.monotonic
+    _windows: dict[str, tuple[float, int]] = field(default_factory=dict)
+
+    def admits(self, client: str) -> bool:
+        now = self.clock()
+        opened, count = self._windows.get(client, (now, 0))
+        if now - opened >= self.window_seconds:
+            opened, count = now, 0
+        if count >= self.messages:
+            return False
+        self._windows[client] = (opened, count + 1)
+        return True
+
+    def pace_seconds(self, messages: int) -> float:
+        """How long ``messages`` take at the limit's pace."""
+        return messages * self.window_seconds / self.messages
+
+
 class RecordingHandler:
     """Keeps every accepted message, parsed, with its envelope recipients; refuses what ``fault`` says."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.messages: list[tuple[list[str], EmailMessage]] = []
+        #: The envelope sender (MAIL FROM) of each accepted message, in the order of ``messages``.
+        self.senders: list[str] = []
         self.attempts: dict[str, int] = {}
         self.refused: list[tuple[str, str]] = []
         self.fault: Fault | None = None
@@ -38,6 +71,23 @@ class RecordingHandler:
         self.answering.set()
         #: Deliveries that reached RCPT TO, held or not.
         self.arrived = 0
+        #: Past it, MAIL FROM is refused for the pace (``None``: no limit).
+        self.rate_limit: RateLimit | None = None
+        #: MAIL FROMs refused for the pace.
+        self.rate_refusals = 0
+        #: The names clients gave in EHLO or HELO.
+        self.helo_names: set[str] = set()
+
+    async def handle_MAIL(self, server, session, envelope, address, mail_options):  # type: ignore[no-untyped-def]
+        client = session.peer[0]
+        with self.lock:
+            self.helo_names.add(session.host_name)
+            if self.rate_limit is not None and not self.rate_limit.admits(client):
+                self.rate_refusals += 1
+                return TOO_MUCH_MAIL.format(client=client)
+        envelope.mail_from = address
+        envelope.mail_options.extend(mail_options)
+        return "250 OK"
 
     async def handle_RCPT(self, server, session, envelope, address, rcpt_options):  # type: ignore[no-untyped-def]
         with self.lock:
@@ -61,6 +111,7 @@ class RecordingHandler:
                 return reply
             parsed = email.message_from_bytes(envelope.content, policy=email.policy.default)
             self.messages.append((list(envelope.rcpt_tos), parsed))
+            self.senders.append(envelope.mail_from)
         return "250 Message accepted for delivery"
 
 

@@ -8,10 +8,10 @@ from argon2 import PasswordHasher, extract_parameters
 from click.testing import CliRunner
 
 from reports.cli import cli
-from reports.console import passwords
+from reports.console import inputs, passwords
 from reports.console.pace import Sampler, describe_eta, pace
 from reports.console_settings import ConsoleUser, Role, users
-from reports.errors import ConfigurationError
+from reports.errors import BadInput, ConfigurationError
 from reports.settings import Settings
 
 _CHEAP = PasswordHasher(time_cost=1, memory_cost=8, parallelism=1)
@@ -111,3 +111,14 @@ def test_hash_password_rejects_bad_input_and_prints_no_hash(given, says):
     result = CliRunner().invoke(cli, ["console", "hash-password"], input=given)
     assert result.exit_code != 0 and "$argon2" not in result.output
     assert says in str(result.exception) or says in result.output
+
+
+@pytest.mark.parametrize("text", ["-5", "0", "1", "-2147483648", "2147483647", " 7 "])
+def test_the_consoles_user_field_takes_any_32_bit_id(text: str) -> None:
+    assert inputs.user_id(text) == int(text)
+
+
+@pytest.mark.parametrize("text", ["", "x", "-0", "07", "1.5", "2147483648", "-2147483649", "+3"])
+def test_the_consoles_user_field_refuses_what_is_not_a_32_bit_id(text: str) -> None:
+    with pytest.raises(BadInput, match="from -2147483648 to 2147483647"):
+        inputs.user_id(text)

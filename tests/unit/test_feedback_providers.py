@@ -198,12 +198,18 @@ def test_mailgun_failures_by_severity_and_complaints_are_read():
 
 
 def test_every_message_id_the_mailer_mints_is_read_back_as_its_user_and_period():
-    for period, user_id, request_id in [("2026-10", 1, None), ("2025-01", 4_294_967, "0f3c-aa"), ("2026-12", 9, None)]:
+    for period, user_id, request_id in [
+        ("2026-10", 1, None),
+        ("2025-01", 4_294_967, "0f3c-aa"),
+        ("2026-12", 9, None),
+        ("2026-10", 0, None),
+        ("2026-10", -5, "0f3c-aa"),
+    ]:
         minted = message_id(Period.parse(period), user_id, "reports.test", request_id=request_id)
         assert events.from_message_id(minted) == events.Reference(user_id, period)
 
 
-@pytest.mark.parametrize("value", ["<other.2026-10.5@x>", "<report.2026-13.5@x>", "<report.2026-10.0@x>", "", None])
+@pytest.mark.parametrize("value", ["<other.2026-10.5@x>", "<report.2026-13.5@x>", "<report.2026-10.05@x>", "", None])
 def test_message_ids_of_other_mail_name_nobody(value):
     assert events.from_message_id(value) == events.Reference()
 

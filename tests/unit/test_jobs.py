@@ -65,16 +65,20 @@ def test_an_empty_report_payload_is_rejected() -> None:
         pytest.param(True, id="true"),
         pytest.param(False, id="false"),
         pytest.param("42", id="numeric-string"),
-        pytest.param(0, id="zero"),
-        pytest.param(-1, id="negative"),
+        pytest.param(-(2**31) - 1, id="below-32-bits"),
         pytest.param(42.0, id="float"),
         pytest.param(None, id="none"),
         pytest.param([42], id="list"),
     ],
 )
-def test_a_user_id_that_is_not_a_positive_integer_is_rejected(user_id: object) -> None:
-    with pytest.raises(InvalidPayload, match="user_id must be an integer from 1 to"):
+def test_a_user_id_that_is_not_a_32_bit_integer_is_rejected(user_id: object) -> None:
+    with pytest.raises(InvalidPayload, match="user_id must be an integer from -2147483648 to 2147483647"):
         ReportJob.parse(report_args(user_id=user_id), {})
+
+
+@pytest.mark.parametrize("user_id", [0, -5, -(2**31)])
+def test_a_zero_or_negative_user_id_is_a_user_like_any_other(user_id: int) -> None:
+    assert ReportJob.parse(report_args(user_id=user_id), {}).user_id == user_id
 
 
 def test_positional_fields_parse_in_the_order_the_actor_spec_names() -> None:
@@ -148,7 +152,7 @@ def test_a_template_version_that_is_not_a_plain_folder_name_is_rejected(version:
 
 def test_an_invalid_payload_is_a_permanent_failure() -> None:
     with pytest.raises(PermanentError):
-        ReportJob.parse(report_args(user_id=0), {})
+        ReportJob.parse(report_args(user_id=2**31), {})
 
 
 @pytest.mark.parametrize(

@@ -13,10 +13,12 @@ from email.message import EmailMessage
 
 import pytest
 
+from reports import tokens
 from reports.content.render import RenderedReport
 from reports.delivery.mail.compose import check_header_block, compose, display_name, message_id, recipient
-from reports.errors import InvalidRecipient, PermanentError
+from reports.errors import ConfigurationError, InvalidRecipient, PermanentError
 from reports.periods import Period
+from reports.settings import Settings
 
 OCTOBER = Period(2026, 10)
 INJECTION = "Mallory\r\nBcc: evil@example.com"
@@ -493,3 +495,60 @@ def test_a_header_block_that_would_add_a_line_of_its_own_is_refused(block: bytes
 
 def test_a_folded_header_block_is_accepted() -> None:
     check_header_block(b"Subject: =?utf-8?b?QQ==?=\r\n =?utf-8?b?Qg==?=\r\nTo: ada@example.com\r\n")
+
+
+# --- the sender and the link base: the start-up check's reading is the composer's -------------
+
+
+def test_an_internationalised_sender_domain_is_written_in_its_idna_form() -> None:
+    raw = compose_for(Address("Ada", "ada", "example.com"), mail_from="Reports <reports@exämple.com>")
+    assert b"From: Reports <reports@xn--exmple-cua.com>\r\n" in raw
+    assert reparse(raw)["From"].addresses[0].domain == "xn--exmple-cua.com"
+
+
+def test_a_non_ascii_sender_name_is_encoded_and_reads_back_exactly() -> None:
+    raw = compose_for(Address("Ada", "ada", "example.com"), mail_from="Société Générale <rapports@exämple.fr>")
+    assert raw.split(b"\r\n\r\n", 1)[0].isascii()
+    sender = reparse(raw)["From"].addresses[0]
+    assert (sender.display_name, sender.addr_spec) == ("Société Générale", "rapports@xn--exmple-cua.fr")
+
+
+@pytest.mark.parametrize(
+    "mail_from",
+    ["Reports <rép@example.com>", "Reports", "a@example.com, b@example.com", "Reports <reports@exa mple.com>"],
+)
+def test_a_sender_that_start_up_refuses_is_refused_by_the_composer_in_the_same_words(mail_from: str) -> None:
+    with pytest.raises(ConfigurationError) as at_start:
+        Settings(mail_from=mail_from)
+    with pytest.raises(ConfigurationError) as composing:
+        compose_for(Address("Ada", "ada", "example.com"), mail_from=mail_from)
+    assert str(composing.value) == str(at_start.value)
+    assert str(at_start.value).startswith("MAIL_FROM must be")
+
+
+@pytest.mark.parametrize(
+    "base",
+    [
+        "https://reports.example.com",
+        "https://reports.example.com/a,b",
+        "https://reports.example.com/mail;v=1",
+        "https://reports.example.com:8443/path/~x/",
+        "https://reports.example.com/a'b(c)*",
+        "http://127.0.0.1:8000",
+    ],
+)
+def test_every_public_base_url_start_up_accepts_makes_links_the_composer_accepts(base: str) -> None:
+    """The two checks cannot disagree: a base that passes start-up never fails every email."""
+    try:
+        settings = Settings(public_base_url=base, unsubscribe_secret="s" * 32)
+    except ConfigurationError as refused:
+        assert str(refused).startswith("PUBLIC_BASE_URL must be")
+        return
+    link = tokens.links(settings).url(2_147_483_647)
+    raw = compose_for(Address("Ada", "ada", "example.com"), unsubscribe_url=link)
+    assert reparse(raw)["List-Unsubscribe"] == f"<{link}>"
+
+
+def test_a_public_base_url_with_a_comma_is_refused_at_start() -> None:
+    with pytest.raises(ConfigurationError, match="PUBLIC_BASE_URL must be .*no comma"):
+        Settings(public_base_url="https://host.example/a,b", unsubscribe_secret="s" * 32)

@@ -228,6 +228,18 @@ def test_an_empty_month_gets_a_short_friendly_report() -> None:
 
 
 @pytest.mark.parametrize(
+    "summary",
+    [summary_factory(), summary_factory(count=0, total_cents=0, by_category=(), previous_total_cents=0)],
+    ids=["a-month-with-activity", "an-empty-month"],
+)
+def test_the_text_parts_sentence_after_the_greeting_opens_with_a_capital_letter(summary: Summary) -> None:
+    _, text, _ = v2(summary)
+    paragraphs = [p.strip() for p in text.split("\n\n") if p.strip()]
+    # The greeting ends in a comma, but the next paragraph is a sentence of its own.
+    assert paragraphs[1] == "Hello Ada," and paragraphs[2].startswith("Here is "), paragraphs[:3]
+
+
+@pytest.mark.parametrize(
     ("locale", "currency", "total", "month", "subject_line", "total_line"),
     [
         ("en_US", "USD", "$1,234.56", "October 2026", "Your October 2026 report: {} spent", "Total spent   {}"),

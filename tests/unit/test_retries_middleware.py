@@ -6,7 +6,9 @@ encoding, worker threads, delay queues and acks.
 
 from __future__ import annotations
 
+import logging
 import random
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,6 +23,7 @@ from dramatiq.middleware import Middleware, Retries, default_middleware
 
 from reports.dead_message import DeadMessage
 from reports.errors import InvalidPayload, InvalidRecipient, MailDeferred, ProviderUnavailable
+from reports.worker import failure_logs
 from reports.worker.retries import JitteredRetries
 from tests.support.waiting import wait_until
 
@@ -373,3 +376,36 @@ def test_a_dead_letter_that_cannot_be_stored_stays_in_dramatiqs_dead_letter_queu
     assert kept[0].failed
     assert kept[0].args == (9,)
     assert len(calls) == (1 if max_retries == 3 else 2)
+
+
+# --- What the log says -----------------------------------------------------------------------
+
+
+def test_a_retry_is_one_warning_with_the_message_id_the_reason_and_the_next_attempts_time(
+    harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    failure_logs.install()
+    h = harness(max_retries=1)
+    calls = Calls()
+
+    @dramatiq.actor(queue_name=QUEUE)
+    def send_report(user_id: int) -> None:
+        calls(user_id)
+        if len(calls) == 1:
+            raise MailDeferred(451, "4.3.0 Temporary lookup failure")
+
+    with caplog.at_level(logging.INFO):
+        message = send_report.send(7)
+        h.start_worker()
+        h.run_until_idle()
+
+    assert len(calls) == 2
+    assert "Traceback" not in caplog.text
+    assert [r.levelno for r in caplog.records if r.levelno >= logging.ERROR] == []
+    retries = [r.getMessage() for r in caplog.records if r.name == "reports.worker.retries"]
+    assert len(retries) == 1
+    assert re.fullmatch(
+        rf"Retrying message {message.message_id} \(send_report\) at \d{{4}}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00, "
+        r"retry 1 of 1: MailDeferred: SMTP 451: 4\.3\.0 Temporary lookup failure\.",
+        retries[0],
+    )

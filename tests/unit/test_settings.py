@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from reports import tokens
-from reports.endpoints import redact_url
+from reports.endpoints import default_helo_name, redact_url
 from reports.errors import ConfigurationError
 from reports.settings import DEFAULT_TEMPLATES_DIR, ENVIRONMENT, Settings
 
@@ -289,12 +289,36 @@ def test_as_environ_leaves_out_an_unset_smtp_url() -> None:
         ("reports@mail.example.org", "mail.example.org"),
         ("<reports@example.net>", "example.net"),
         ("Reports <reports@Example.com >", "Example.com"),
-        ("reports", "localhost"),
-        ("Monthly Reports", "localhost"),
+        # SMTP and the headers carry ASCII: the domain in its IDNA form, as mail servers resolve it.
+        ("Reports <reports@exämple.com>", "xn--exmple-cua.com"),
+        ("Отчёты <reports@пример.рф>", "xn--e1afmkfd.xn--p1ai"),
     ],
 )
 def test_the_mail_domain_is_the_senders_domain(mail_from: str, domain: str) -> None:
     assert Settings(mail_from=mail_from).mail_domain == domain
+
+
+@pytest.mark.parametrize(
+    "mail_from",
+    [
+        "reports",
+        "Monthly Reports",
+        "Reports <>",
+        "Reports <rép@example.com>",
+        "Reports <reports@example..com>",
+        "Reports <reports@-example.com>",
+        "Reports <reports@example>",
+        "Reports <reports@exa_mple.com>",
+        "a@example.com, b@example.com",
+        "Reports <reports@example.com",
+        "Reports\r\nBcc: x@evil.test <reports@example.com>",
+        "Reports <reports@xn--a.com>",
+    ],
+)
+def test_a_sender_no_email_could_carry_is_refused_in_one_line(mail_from: str) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        Settings.from_env({"MAIL_FROM": mail_from})
+    assert str(caught.value).startswith("MAIL_FROM must be") and "\n" not in str(caught.value)
 
 
 @pytest.mark.parametrize(
@@ -606,3 +630,35 @@ def test_a_provider_webhook_setting_that_would_not_work_is_refused_naming_it_wit
 def test_the_tests_trust_file_is_honoured_only_with_a_loopback_public_base_url() -> None:
     settings = Settings.from_env({"SNS_TEST_CA_FILE": "/tmp/ca.pem"})
     assert settings.sns_test_ca_file == "/tmp/ca.pem"
+
+
+@pytest.mark.parametrize(
+    ("fqdn", "mail_domain", "expected"),
+    [
+        ("worker-1.eu.example.com", "example.com", "worker-1.eu.example.com"),
+        ("worker-1", "example.com", "example.com"),
+        ("localhost", "example.com", "example.com"),
+        ("localhost.localdomain", "example.com", "example.com"),
+    ],
+)
+def test_the_ehlo_name_defaults_to_a_dotted_fqdn_else_the_senders_domain(
+    fqdn: str, mail_domain: str, expected: str
+) -> None:
+    assert default_helo_name(fqdn, mail_domain) == expected
+
+
+def test_smtp_helo_name_wins_and_must_be_a_host_name_or_an_address_literal() -> None:
+    assert Settings.from_env({"SMTP_HELO_NAME": "mail.example.com"}).helo_name == "mail.example.com"
+    assert Settings.from_env({"SMTP_HELO_NAME": "[192.0.2.1]"}).helo_name == "[192.0.2.1]"
+    for bad in ("mail example.com", "mail.example.com\r\nRSET", "-bad.example.com"):
+        with pytest.raises(ConfigurationError, match="SMTP_HELO_NAME"):
+            Settings.from_env({"SMTP_HELO_NAME": bad})
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [("BRAKE_FAILURE_THRESHOLD", "0"), ("BRAKE_WINDOW_SECONDS", "0"), ("BRAKE_WINDOW_SECONDS", "1e12")],
+)
+def test_the_brakes_settings_are_held_to_their_ranges(variable: str, value: str) -> None:
+    with pytest.raises(ConfigurationError, match=variable):
+        Settings.from_env({variable: value})

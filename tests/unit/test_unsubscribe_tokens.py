@@ -20,6 +20,17 @@ def test_a_token_names_its_user_and_checks_out() -> None:
     assert signer.user_id(token) == 42
 
 
+@pytest.mark.parametrize("user_id", [0, -5, -(2**31), 2**31 - 1])
+def test_a_user_with_a_zero_or_negative_id_gets_a_token_that_checks_out(user_id: int) -> None:
+    signer = Signer.from_secrets((NEW,))
+    assert signer.user_id(signer.token(user_id)) == user_id
+
+
+def test_zero_has_one_spelling_in_a_token() -> None:
+    signer = Signer.from_secrets((NEW,))
+    assert signer.user_id("-" + signer.token(0)) is None
+
+
 def test_each_user_gets_a_different_token_and_one_cannot_be_used_for_another() -> None:
     signer = Signer.from_secrets((NEW,))
     a, b = signer.token(1), signer.token(2)
@@ -42,6 +53,8 @@ def test_a_token_signed_with_another_secret_is_refused() -> None:
         lambda t: t.replace(".", "/", 1),
         lambda t: "",
         lambda t: "99999999999." + t.split(".", 1)[1],  # past the 32-bit id range
+        lambda t: "-2147483649." + t.split(".", 1)[1],
+        lambda t: "-" + t,  # the signature is the id's, not its negation's
         lambda t: t.upper(),
         lambda t: t + "\n",
     ],

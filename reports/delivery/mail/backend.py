@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from email.utils import parseaddr
 from typing import Protocol
 
 from reports.delivery.mail.maildir import MaildirMailer
 from reports.delivery.mail.smtp import SmtpMailer
 from reports.endpoints import SmtpTarget
+from reports.sender import parse_sender
 from reports.settings import Settings
 
 
@@ -19,7 +19,10 @@ class Mailer(Protocol):
 def build_mailer(settings: Settings) -> Mailer:
     if settings.smtp_url:
         return SmtpMailer(
-            settings.smtp_url, timeout_seconds=settings.smtp_timeout_seconds, sender=parseaddr(settings.mail_from)[1]
+            settings.smtp_url,
+            timeout_seconds=settings.smtp_timeout_seconds,
+            sender=parse_sender(settings.mail_from).address,
+            helo_name=settings.helo_name,
         )
     return MaildirMailer(settings.outbox_dir)
 

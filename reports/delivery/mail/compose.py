@@ -24,8 +24,10 @@ from email.policy import SMTP
 from email.utils import format_datetime
 
 from reports.content.render import RenderedReport
+from reports.endpoints import is_header_url
 from reports.errors import InvalidRecipient, UnsafeHeader
 from reports.periods import Period
+from reports.sender import parse_sender
 
 #: C0 and C1 controls and the Unicode line and paragraph separators: anything a header may break on.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
@@ -198,15 +200,10 @@ def check_header_block(block: bytes) -> None:
             raise UnsafeHeader("A header would add a line of its own; the message was not sent.")
 
 
-#: What a List-Unsubscribe URL may hold: printable ASCII without space, ``<``, ``>`` or ``,``
-#: (RFC 2369 lists URLs in angle brackets, separated by commas).
-_HEADER_URL = re.compile(r"https?://[!-+\--;=?-~]+")
-
-
 def _unsubscribe_lines(url: str | None) -> bytes:
     if url is None:
         return b""
-    if not _HEADER_URL.fullmatch(url):
+    if not is_header_url(url):
         raise UnsafeHeader("The unsubscribe URL is not a plain http(s) URL; the message was not sent.")
     # RFC 8058: the POST a provider sends is exactly this body, to the https URL above.
     return b"".join(
@@ -223,8 +220,12 @@ def _unsubscribe_lines(url: str | None) -> bytes:
 
 @functools.lru_cache(maxsize=8)
 def _from_line(mail_from: str) -> bytes:
-    """The folded ``From`` line for the MAIL_FROM setting: the email package's folding, once."""
-    return POLICY.fold_binary("From", POLICY.header_factory("From", mail_from))
+    """The folded ``From`` line for the MAIL_FROM setting, read as the start-up check reads it
+    (:func:`reports.sender.parse_sender`: an ASCII address, the domain in IDNA form): the email
+    package's folding, once."""
+    sender = parse_sender(mail_from)
+    address = Address(display_name=sender.display_name, addr_spec=sender.address)
+    return POLICY.fold_binary("From", POLICY.header_factory("From", address))
 
 
 def _part(subtype: bytes, text: str) -> bytes:

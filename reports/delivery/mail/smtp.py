@@ -11,8 +11,9 @@ import threading
 import time
 from typing import Any
 
+from reports.delivery.mail import replies
 from reports.endpoints import SmtpTarget
-from reports.errors import SERVICE_NOT_AVAILABLE, MailDeferred, MailRejected, ProviderUnavailable
+from reports.errors import SERVICE_NOT_AVAILABLE, MailDeferred, MailRejected, ProviderUnavailable, RateLimited
 
 #: A kept connection unused for this long is checked with NOOP before the next message.
 CHECK_IDLE_AFTER_SECONDS = 5.0
@@ -33,9 +34,9 @@ class _Stage(enum.Enum):
 #: connection open, for instance, then answers "503 send HELO first" to every message.
 _SESSION_CODES = frozenset({500, 501, 503})
 
-#: Addresses in a provider's reply (``550 5.1.1 <x@y>: Recipient address rejected``): personal
-#: data, kept out of errors, dead letters and logs.
-_ADDRESS_IN_REPLY = re.compile(r"[^\s<>()\[\]\\,;:\"']+@[^\s<>()\[\]\\,;:\"']+")
+#: Addresses in a provider's reply (``550 5.1.1 <x@y>: Recipient address rejected``), with their
+#: angle brackets if they have them: personal data, kept out of errors, dead letters and logs.
+_ADDRESS_IN_REPLY = re.compile(r"<?[^\s<>()\[\]\\,;:\"']+@[^\s<>()\[\]\\,;:\"']+>?")
 
 
 class _Refused(Exception):
@@ -52,13 +53,19 @@ class _Refused(Exception):
         # Only a 5xx to RCPT TO, or to the content of a well-formed transaction, is about the message.
         return self.code >= 500 and self.stage in (_Stage.MAIL, _Stage.DATA)
 
-    def error(self) -> MailRejected | MailDeferred | ProviderUnavailable:
+    def error(self) -> MailRejected | MailDeferred | ProviderUnavailable | RateLimited:
+        if replies.is_about_rate(self.code, self.reply):
+            return RateLimited(self.code, self.reply)
         if self.code == SERVICE_NOT_AVAILABLE:
             return MailDeferred(self.code, self.reply)
         if self.breaks_session:
             return ProviderUnavailable(f"SMTP session broken: {self.code} to {self.stage.value}: {self.reply}")
         if self.code >= 500:
-            return MailRejected(self.code, self.reply, recipient=self.stage is _Stage.RCPT)
+            to_recipient = self.stage is _Stage.RCPT
+            about_address = replies.is_about_address(self.code, self.reply, to_recipient=to_recipient)
+            return MailRejected(
+                self.code, self.reply, recipient=to_recipient and about_address, about_address=about_address
+            )
         return MailDeferred(self.code, self.reply)
 
 
@@ -141,17 +148,23 @@ class SmtpMailer:
     longer than ``timeout_seconds``, so it cannot outlive the claim's lease.
     """
 
-    def __init__(self, url: str, *, timeout_seconds: float, sender: str) -> None:
+    def __init__(self, url: str, *, timeout_seconds: float, sender: str, helo_name: str | None = None) -> None:
         self.target = SmtpTarget.from_url(url)
         self.timeout_seconds = timeout_seconds
         #: The envelope sender (MAIL FROM).
         self.sender = sender
+        #: The name given in EHLO; ``None``: smtplib's (the host's FQDN, or an address literal).
+        self.helo_name = helo_name
         self._local = threading.local()
 
     def _connect(self, deadline: float) -> _DeadlineSMTP:
         target = self.target
         client: _DeadlineSMTP
-        client = _DeadlineSMTPSSL(context=ssl.create_default_context()) if target.implicit_tls else _DeadlineSMTP()
+        client = (
+            _DeadlineSMTPSSL(context=ssl.create_default_context(), local_hostname=self.helo_name)
+            if target.implicit_tls
+            else _DeadlineSMTP(local_hostname=self.helo_name)
+        )
         client.deadline = deadline
         client.timeout = max(deadline - time.monotonic(), 0.001)
         client.connect(target.host, target.port)

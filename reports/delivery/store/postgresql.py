@@ -42,11 +42,11 @@ WITH item AS (
     UPDATE report_items SET attempts = attempts + 1, updated_at = :now, enqueued_at = coalesce(enqueued_at, :now)
     WHERE period = :period AND user_id = :user_id AND EXISTS (SELECT 1 FROM sendable)
 ), claimed AS (
-    INSERT INTO deliveries (period, user_id, state, message_id, claim_token, lease_expires_at, claims, claimed_at)
+    INSERT INTO deliveries (period, user_id, state, message_id, claim_token, lease_expires_at, times_taken, claimed_at)
     SELECT :period, :user_id, 'claimed', :message_id, :token, claimed_at + :lease, 1, claimed_at
     FROM sendable
     ON CONFLICT (period, user_id) DO UPDATE SET state = 'claimed', claim_token = excluded.claim_token,
-        lease_expires_at = excluded.lease_expires_at, claims = deliveries.claims + 1,
+        lease_expires_at = excluded.lease_expires_at, times_taken = deliveries.times_taken + 1,
         claimed_at = excluded.claimed_at
     WHERE deliveries.state = 'claimed' AND deliveries.lease_expires_at <= excluded.claimed_at
     RETURNING 1
