@@ -11,7 +11,7 @@ import sys
 
 import dramatiq
 
-from actors.runtime import Runtime
+from actors.process import WorkerProcess
 from reports.errors import ConfigurationError
 from reports.settings import Settings
 from reports.worker import failure_logs
@@ -37,18 +37,18 @@ except ConfigurationError as error:
 broker = build_broker(_settings)
 queue = queue_for(broker)
 _shared_redis = shared_redis(broker, _settings)
-runtime = Runtime(_settings, redis_client=_shared_redis)
+worker = WorkerProcess(_settings, redis_client=_shared_redis)
 broker.add_middleware(
     JitteredRetries(
         max_retries=_settings.max_retries,
         min_backoff_ms=_settings.min_backoff_ms,
         max_backoff_ms=_settings.max_backoff_ms,
-        on_dead=runtime.record_dead,
+        on_dead=worker.record_dead,
     )
 )
 # Before the retries: after-hooks run in reverse, so it records the retry middleware's verdict.
 broker.add_middleware(ActorMetrics(_shared_redis, namespace=_settings.broker_namespace), before=JitteredRetries)
-broker.add_middleware(BrokerDeadLetters(runtime.record_dead, interval_seconds=_settings.dead_letter_sweep_seconds))
+broker.add_middleware(BrokerDeadLetters(worker.record_dead, interval_seconds=_settings.dead_letter_sweep_seconds))
 broker.add_middleware(Heartbeat(interval_seconds=_settings.heartbeat_timeout_ms / 4000))
 broker.add_middleware(DrainOnce(window_seconds=REPEATED_SIGTERM_WINDOW_SECONDS))
 dramatiq.set_broker(broker)

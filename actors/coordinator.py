@@ -9,7 +9,7 @@ from typing import Any
 import dramatiq
 from dramatiq.middleware import CurrentMessage
 
-from actors import queue, runtime
+from actors import queue, worker
 from reports.fanout.coordinator import walk_slice
 from reports.jobs import COORDINATOR, CoordinatorJob
 from reports.worker.broker import WALKER_OPTION
@@ -25,15 +25,15 @@ def coordinator(*args: Any, **kwargs: Any) -> None:
     # A message without a chain token (sent by an earlier release) starts a chain of its own.
     walker = (message.options.get(WALKER_OPTION) if message else None) or str(uuid.uuid4())
     outcome = walk_slice(
-        runtime.context.sessions,
+        worker.context.sessions,
         job.period,
         queue,
         walker=walker,
-        page_size=runtime.settings.plan_page_size,
-        budget_seconds=runtime.settings.plan_slice_seconds,
+        page_size=worker.settings.plan_page_size,
+        budget_seconds=worker.settings.plan_slice_seconds,
         # On SIGTERM, stop at the next page: the checkpoint and the continuation carry on.
         should_stop=draining.is_set,
-        high_water=runtime.settings.plan_high_water,
+        high_water=worker.settings.plan_high_water,
     )
     logger.info(
         "Walked %d pages, enqueued %d reports for %s (cursor %s, planned=%s, chain %s%s).",
@@ -50,7 +50,7 @@ def coordinator(*args: Any, **kwargs: Any) -> None:
     if outcome.backlogged or outcome.settling:
         # The bulk queue is full enough, or a crashed page is not yet old enough to hand out:
         # look again later (Redis holds a bounded backlog; the page gets its grace).
-        queue.send_coordinator(walker, job.payload(), delay_ms=int(runtime.settings.plan_pause_seconds * 1000))
+        queue.send_coordinator(walker, job.payload(), delay_ms=int(worker.settings.plan_pause_seconds * 1000))
     else:
         # Short slices keep the coordinator drainable on SIGTERM; the checkpoint carries the walk on.
         queue.send_coordinator(walker, job.payload())

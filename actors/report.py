@@ -7,7 +7,7 @@ from typing import Any
 
 import dramatiq
 
-from actors import broker, runtime
+from actors import broker, worker
 from reports.delivery import pipeline
 from reports.jobs import BUILD_REPORT, SEND_NOW, ReportJob, SendNowJob
 from reports.outcome import Outcome
@@ -30,10 +30,10 @@ def _act_on(outcome: Outcome) -> None:
 @dramatiq.actor(actor_name=BUILD_REPORT.name, queue_name=BUILD_REPORT.queue)
 def build_report(*args: Any, **kwargs: Any) -> None:
     job = ReportJob.parse(args, kwargs)
-    _act_on(pipeline.run(runtime.context, job))
+    _act_on(pipeline.run(worker.context, job))
 
 
 @dramatiq.actor(actor_name=SEND_NOW.name, queue_name=SEND_NOW.queue)
 def send_report_now(*args: Any, **kwargs: Any) -> None:
     job = SendNowJob.parse(args, kwargs)
-    _act_on(pipeline.send_now(runtime.context, job))
+    _act_on(pipeline.send_now(worker.context, job))

@@ -21,7 +21,7 @@ seeded by `reports.ops.seed.seed` (what `reports seed --users N` runs) for last 
    starts, the period is triggered (runs.trigger) and walked by the coordinator's own code
    (coordinator.walk_slice), which hands each page's jobs to the processes' threads through a
    multiprocessing queue (a pipe) instead of Redis; each thread runs `pipeline.run(context, job)`,
-   what the build_report actor runs, with the context actors/runtime.py builds. The clock stops
+   what the build_report actor runs, with the context actors/process.py builds. The clock stops
    when every job has returned.
 
 Each run prints its wall time, reports/s, the SMTP connections opened against the emails sent, the
@@ -230,7 +230,7 @@ def _queue_run(
 def plain_process(environ: dict[str, str], threads: int, jobs: Any, results: Any) -> None:
     """One plain process: ``threads`` threads take jobs from ``jobs`` and run them, as a worker's threads would."""
     os.environ.update(environ)
-    from actors import runtime  # builds the same per-process context as a worker (actors/runtime.py)
+    from actors import worker  # builds the same per-process context as a worker (actors/process.py)
 
     outcomes: Counter[str] = Counter()
     lock = threading.Lock()
@@ -241,18 +241,18 @@ def plain_process(environ: dict[str, str], threads: int, jobs: Any, results: Any
                 job = ReportJob.parse(
                     BUILD_REPORT.arguments(payload), {}
                 )  # what the build_report actor does with its message
-                outcome = str(pipeline.run(runtime.context, job))
+                outcome = str(pipeline.run(worker.context, job))
             except Exception as error:  # noqa: BLE001  (counted and shown, like a worker would log it)
                 outcome = f"error {type(error).__name__}: {error}"
             with lock:
                 outcomes[outcome] += 1
 
     results.put(("ready", os.getpid()))
-    workers = [threading.Thread(target=work) for _ in range(threads)]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join()
+    pool = [threading.Thread(target=work) for _ in range(threads)]
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join()
     results.put(("done", dict(outcomes)))
 
 

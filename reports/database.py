@@ -44,7 +44,7 @@ def create_db_engine(url: str, *, create: bool = True) -> Engine:
     if parsed.get_backend_name() != "sqlite":
         # Pools open connections only as threads ask for them, but keep no more than pool_size
         # idle: below a worker's thread count (8 on the bulk pool), every busy moment opened and
-        # closed connections (3,423 sessions for 40,000 reports in bench/end_to_end.py).
+        # closed connections (docs/benchmarks.md, "End to end").
         return create_engine(url, pool_pre_ping=True, pool_size=IDLE_CONNECTIONS_KEPT, hide_parameters=HIDE_PARAMETERS)
 
     if parsed.database and parsed.database != ":memory:":

@@ -5,7 +5,7 @@ that does not parse will never parse: it is a permanent failure, not something t
 
 On the wire a payload's fields travel positionally, in the order its ``ActorSpec.fields`` names
 them. The bulk queue holds up to ``PLAN_HIGH_WATER`` messages in Redis, and the field names would
-add about 40 bytes to each, enough to push every message into the allocator's next size class.
+push every message into the allocator's next size class (docs/explanation/architecture.md).
 No release ever sent named fields, so a message that carries them is malformed.
 """
 

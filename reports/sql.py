@@ -20,7 +20,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.compiler import compiles
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import QueryableAttribute, Session
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import SQLCoreOperations
 from sqlalchemy.sql.functions import FunctionElement
@@ -75,16 +75,43 @@ def _sqlite_now(element: ServerNow, compiler: SQLCompiler, **kw: Any) -> str:
     return compiler.process(func.strftime(_SQLITE_NOW_FORMAT, "now", seconds.concat(" seconds")), **kw)
 
 
-def dialect_name(executor: Executor) -> str:
+def comparable_time(timestamp: ColumnElement[datetime] | QueryableAttribute[datetime] | datetime) -> ComparableTime:
+    """A timestamp (a column, or a bound value) written so that timestamps compare in time order.
+
+    SQLite keeps timestamps as text in whatever form the writer used ('2026-10-01 00:00:00',
+    '…T…', with or without fractions), and text compares character by character: there both sides
+    go through ``datetime()``, which keeps month boundaries exact for rows loaded by plain SQL.
+    """
+    return ComparableTime(literal(timestamp, DateTime()) if isinstance(timestamp, datetime) else timestamp)
+
+
+class ComparableTime(FunctionElement[datetime]):
+    """:func:`comparable_time`, compiled for each dialect below."""
+
+    type = DateTime()
+    inherit_cache = True
+
+
+@compiles(ComparableTime)
+def _as_stored(element: ComparableTime, compiler: SQLCompiler, **kw: Any) -> str:
+    return compiler.process(element.clauses, **kw)
+
+
+@compiles(ComparableTime, "sqlite")
+def _sqlite_normalized(element: ComparableTime, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"datetime({compiler.process(element.clauses, **kw)})"
+
+
+def _dialect_name(executor: Executor) -> str:
     return executor.dialect.name if isinstance(executor, Connection) else executor.get_bind().dialect.name
 
 
-def dialect_insert(session: Executor, table: FromClause) -> DialectInsert:
+def insert_on_conflict(session: Executor, table: FromClause) -> DialectInsert:
     """The session's dialect's INSERT, the one with ``on_conflict_do_nothing`` and ``on_conflict_do_update``."""
     if not isinstance(table, TableClause):
         # A mapped class's ``__table__`` is typed as any FromClause; only a table takes an INSERT.
         raise TypeError(f"Cannot insert into {table!r}: it is not a table.")
-    dialect = dialect_name(session)
+    dialect = _dialect_name(session)
     if dialect == "postgresql":
         return postgresql.insert(table)
     if dialect == "sqlite":
@@ -94,12 +121,12 @@ def dialect_insert(session: Executor, table: FromClause) -> DialectInsert:
 
 def insert_ignoring_conflicts(session: Executor, table: FromClause) -> DialectInsert:
     """``INSERT … ON CONFLICT DO NOTHING`` for the session's dialect."""
-    return dialect_insert(session, table).on_conflict_do_nothing()
+    return insert_on_conflict(session, table).on_conflict_do_nothing()
 
 
 def upsert(session: Executor, table: FromClause, values: Mapping[str, object], *, key: list[str]) -> DialectInsert:
     """``INSERT … ON CONFLICT (key) DO UPDATE`` setting every non-key column from ``values``."""
-    statement = dialect_insert(session, table).values(values)
+    statement = insert_on_conflict(session, table).values(values)
     return statement.on_conflict_do_update(
         index_elements=key, set_={column: statement.excluded[column] for column in values if column not in key}
     )

@@ -1,26 +1,7 @@
-"""The scheduler process: an APScheduler 3.x ``BlockingScheduler`` that only triggers and reconciles.
+"""The scheduler process: an APScheduler 3.x ``BlockingScheduler`` that only triggers, reconciles and prunes.
 
-Jobs, all in UTC except the monthly one:
-
-* **catch-up** at start, on the 1st of each month at ``SCHEDULE_TIME`` in ``SCHEDULE_TIMEZONE``,
-  at the start of each UTC month, and on every reconcile tick: every due period
-  (:func:`scheduler.schedule.due_periods`) that has no run yet gets one, and its coordinator is
-  enqueued by the call that created the run, and by no other. Replicas need no coordination
-  for this: the run's primary key decides which one created it.
-* **reconcile** every ``SCHEDULE_RECONCILE_INTERVAL_SECONDS`` (0 turns it off): every triggered,
-  unfinished period goes through :func:`reports.fanout.reconcile.reconcile`. A Redis lock lets one
-  replica per interval do it.
-
-Observable state in Redis, under the broker namespace:
-
-* ``{namespace}:scheduler:last_trigger``: JSON ``{"period": "YYYY-MM", "at": <epoch seconds>}``
-  of the most recent run this fleet created (for the metrics exporter).
-* ``{namespace}:scheduler:reconcile-lock``: held by the replica reconciling this interval.
-* **prune**, when ``RETENTION_MONTHS`` is set: on the 2nd of each month at 03:00 UTC (a day
-  clear of the 1st's fan-out), one replica (a Redis lock held for a day) deletes the per-user
-  rows of the periods older than that many months (:func:`reports.ops.retention.prune`). It stops
-  at its next batch on SIGTERM; the next month, or ``reports prune``, finishes it.
-* ``{namespace}:scheduler:prune-lock``: held by the replica pruning this month.
+Its jobs (catch-up, reconcile, prune), their times and the Redis keys it keeps:
+docs/reference/processes.md.
 """
 
 from __future__ import annotations

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
 
 from sqlalchemy import case, func, select
 
 from reports.models import Activity
 from reports.periods import Period
-from reports.sql import Executor, dialect_name
+from reports.sql import Executor, comparable_time
 
 
 @dataclass(frozen=True)
@@ -64,27 +62,15 @@ def summarize(period: Period, rows: Iterable[Row]) -> Summary:
     )
 
 
-def _occurred_at(session: Executor) -> tuple[Any, Callable[[datetime], Any]]:
-    """The column to compare and how to write a bound, for the session's database.
-
-    SQLite keeps timestamps as text in whatever form the writer used ('2026-10-01 00:00:00',
-    '…T…', with or without fractions), and text compares character by character: normalizing
-    with ``datetime()`` keeps month boundaries exact for rows loaded by plain SQL.
-    """
-    if dialect_name(session) == "sqlite":
-        return func.datetime(Activity.occurred_at), lambda moment: moment.strftime("%Y-%m-%d %H:%M:%S")
-    return Activity.occurred_at, lambda moment: moment
-
-
 def load_summary(session: Executor, user_id: int, period: Period) -> Summary:
-    occurred_at, bound = _occurred_at(session)
-    in_period = case((occurred_at >= bound(period.start), True), else_=False).label("in_period")
+    occurred_at, start = comparable_time(Activity.occurred_at), comparable_time(period.start)
+    in_period = case((occurred_at >= start, True), else_=False).label("in_period")
     rows = session.execute(
         select(in_period, Activity.category, func.count(), func.coalesce(func.sum(Activity.amount_cents), 0))
         .where(
             Activity.user_id == user_id,
-            occurred_at >= bound(period.previous().start),
-            occurred_at < bound(period.end),
+            occurred_at >= comparable_time(period.previous().start),
+            occurred_at < comparable_time(period.end),
         )
         .group_by(in_period, Activity.category)
     )

@@ -1,11 +1,9 @@
 """Money, percentages and month names written the way a locale writes them, from Babel's CLDR data.
 
-Babel's ``format_currency`` takes about 40-80 µs a call (it parses the locale, the pattern and a
-``Decimal`` each time); a report with 50 categories would spend more than the whole per-report
-budget on it. So :func:`for_locale` asks Babel once per locale and currency for the parts of the
-format (the text around the number for a positive and a negative amount, the symbols, the
-grouping and the currency's digits) and writes each amount from its integer minor units with string
-operations. ``tests/unit/test_formats.py`` checks the result against ``format_currency`` itself.
+Babel's ``format_currency`` parses the locale, the pattern and a ``Decimal`` on every call, too slow
+for a report with many categories (docs/benchmarks.md, "Rendering"). So :func:`for_locale` asks
+Babel once per locale and currency for the parts of the format and writes each amount from its
+integer minor units; ``tests/unit/test_formats.py`` checks the result against ``format_currency``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Inline a stylesheet into a Jinja2 HTML template's source, once, when the template is built.
 
 Email clients drop ``<style>`` (Gmail keeps only some of it, Outlook.com rewrites it), so every
-base style must sit in a ``style`` attribute; doing that per report would cost milliseconds, so it
+base style must sit in a ``style`` attribute; doing that per report would be slow, so it
 is done to the template's source instead. css-inline parses HTML, not Jinja: before it runs, each
 statement (``{% … %}``) becomes an HTML comment, which the HTML parser keeps in place even between
 table rows, and each expression (``{{ … }}``) a token of private-use characters, which it keeps in

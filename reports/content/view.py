@@ -81,12 +81,6 @@ class ReportView:
     unsubscribe_url: str | None
 
 
-def should_send(summary: Summary, *, empty_month: str) -> bool:
-    """Whether this report is mailed: always, unless the month had no activity and
-    ``REPORT_EMPTY_MONTH=skip``."""
-    return empty_month == "send" or not is_empty(summary)
-
-
 def is_empty(summary: Summary) -> bool:
     return summary.count == 0 and not summary.by_category
 

@@ -4,30 +4,9 @@ closed ──(N provider failures within the window)──► open ──(cool-d
   ▲                                                   ▲                            │
   └──────────────── the probe succeeds ───────────────┴──── the probe fails ───────┘
 
-Transitions happen in Lua scripts, so concurrent workers agree on the state. Times are
-milliseconds passed in by the caller.
-
-Each process keeps the state it last read from Redis (with the end of the cool-down or of the
-probe's lease) for ``state_cache_ms`` (:data:`STATE_CACHE_MS`), measured from the moment the
-read was sent, so that a closed breaker costs no Redis call per send: about one call per cache
-period per process (when it goes stale, one thread asks and the others take its answer). What the
-breaker promises:
-
-* **While open, no send touches the provider**, except sends that start within one cache period
-  (at most ``state_cache_ms``) of the breaker opening in another process, in a process that read
-  "closed" just before. That process learns of the opening at once from its own first failure
-  (``record_failure`` answers "open" and refreshes its cache), so while the provider is down the
-  extra sends are also at most one per worker thread of that process. The process whose failure
-  opened the breaker asks no more of the provider after it, as before.
-* **Exactly one probe in half-open**, unchanged: the cache only ever answers "closed, go" or
-  "open, wait ``until - now``"; once a cached cool-down has passed, or the cache is stale, or the
-  state is half-open, the caller asks the Lua script, which alone hands out the probe.
-* A probe's success (closing the breaker) is seen by other processes within one cache period;
-  until then they keep waiting, which sends nothing to the provider.
-
-A cached answer is replaced only by one whose read was sent later, and never outlives its
-read's time plus the cache period, so a race between threads cannot stretch the window.
-``state_cache_ms=0`` turns the cache off: every ``allow`` asks Redis, as before.
+Transitions happen in Lua scripts, so concurrent workers agree on the state; times are
+milliseconds passed in by the caller. Each process trusts the state it last read for
+``state_cache_ms``; what that costs and promises: docs/explanation/failures.md.
 """
 
 from __future__ import annotations

@@ -1,26 +1,22 @@
-"""One user's report for one period: read at run time, render, store, claim, send, record.
+"""One user's report for one period: read at run time, render, claim, send, record.
 
 Three short steps, so no transaction stays open while talking to the mail provider:
-1. In one transaction: read the item, the user and their activity; render and store the
-   report; take the delivery claim.
-2. Wait for a slot of the send rate (which follows the provider's pace), ask the breaker, and then, last, check that the claim's
-   lease outlasts the whole send, and hand the email to the mail backend.
-3. In one transaction: mark the claim sent and the item delivered. Nothing but this commit
-   follows the provider's acceptance, and it is tried until the lease is nearly spent: only a
-   crash in between can make a later copy send again.
+1. One transaction (the store's read and claim): read the item, the user and their activity,
+   and take the delivery claim; then render.
+2. Wait for a slot of the send rate, ask the breaker and, last, check that the claim's lease
+   outlasts the whole send; hand the email to the mail backend.
+3. One transaction: mark the claim sent and the item delivered, tried until the lease is nearly
+   spent: only a crash in between can make a later copy send again.
 
-Every step may run more than once or concurrently (at-least-once delivery); the item's final
-states and the delivery claim make repeats send nothing.
+Why each step is safe to repeat: docs/explanation/guarantees.md, "The claim".
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.headerregistry import Address
@@ -28,19 +24,19 @@ from typing import Any
 
 import redis
 import sqlalchemy.exc
-from sqlalchemy import Connection, Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from reports import items, suppressions, tokens
 from reports.clock import utcnow
 from reports.content.activity import load_summary
 from reports.content.render import RenderedReport, render
-from reports.delivery import brake, claims, send_rate, statements
+from reports.delivery import brake, claims, send_rate
 from reports.delivery.brake import Brake
 from reports.delivery.breaker import CircuitBreaker, Permit, State
 from reports.delivery.mail.backend import Mailer
 from reports.delivery.mail.compose import compose, message_id, recipient
 from reports.delivery.send_rate import SendRate, pace
+from reports.delivery.store import Inputs, ReadAndClaim, Store, StoredReport, Transaction, keep_report, open_store
 from reports.errors import ClaimHeld, MailRejected, PermanentError, RateLimited, is_provider_failure
 from reports.jobs import ReportJob, SendNowJob
 from reports.look import ReportLook
@@ -94,39 +90,22 @@ class Context:
     clock: Callable[[], datetime] = utcnow
     #: Every user's unsubscribe link; ``None`` builds it from the settings, once per context.
     unsubscribe: Links | None = None
+    #: The per-report statements on this database; left out, the adapter for ``sessions``.
+    store: Store = None  # type: ignore[assignment]  # filled in by __post_init__
 
     def __post_init__(self) -> None:
         if self.unsubscribe is None:
             object.__setattr__(self, "unsubscribe", tokens.links(self.settings))
+        if self.store is None:
+            object.__setattr__(self, "store", open_store(self.sessions))
 
     def unsubscribe_url(self, user_id: int) -> str:
         return self.unsubscribe.url(user_id)  # type: ignore[union-attr]
 
-    @contextmanager
-    def monthly_transactions(self) -> Iterator[Callable[[], AbstractContextManager[Executor]]]:
-        """The transactions of one monthly message. On PostgreSQL they share one bare connection,
-        checked out (and pinged) once per message, not once per transaction; their statements
-        (reports/delivery/statements.py) need no ORM session. Between the transactions the
-        connection holds no transaction open, and one that broke meanwhile reconnects at its next
-        statement, which the record's retries absorb. On SQLite each is a session, where the path
-        goes through the general functions."""
-        engine: Engine = self.sessions.kw["bind"]
-        if engine.dialect.name != "postgresql":
-            yield self.sessions.begin
-            return
-        with engine.connect() as connection:
-            yield functools.partial(_transaction_on, connection)
-
-
-@contextmanager
-def _transaction_on(connection: Connection) -> Iterator[Connection]:
-    with connection.begin():
-        yield connection
-
 
 def run(ctx: Context, job: ReportJob) -> Outcome:
     """The monthly email for one (period, user)."""
-    with ctx.monthly_transactions() as transaction:
+    with ctx.store.transactions() as transaction:
         return _deliver(ctx, lambda db: _prepare(ctx, db, job), transaction)
 
 
@@ -144,7 +123,7 @@ def send_now(ctx: Context, job: SendNowJob) -> Outcome:
 def _deliver(
     ctx: Context,
     prepare: Callable[[Any], _Prepared | Outcome],
-    transaction: Callable[[], AbstractContextManager[Executor]],
+    transaction: Transaction,
 ) -> Outcome:
     try:
         with transaction() as db:
@@ -200,7 +179,7 @@ def _send(
     ctx: Context,
     prepared: _Prepared,
     permit: Permit | None,
-    transaction: Callable[[], AbstractContextManager[Executor]],
+    transaction: Transaction,
 ) -> Outcome:
     try:
         ctx.mailer.send(prepared.email, recipient=prepared.address)
@@ -230,7 +209,7 @@ def _send(
 def _release(
     ctx: Context,
     prepared: _Prepared,
-    transaction: Callable[[], AbstractContextManager[Executor]],
+    transaction: Transaction,
     *,
     bounced: MailRejected | None = None,
 ) -> None:
@@ -240,7 +219,7 @@ def _release(
     try:
         with transaction() as db:
             first = prepared.claims[0]
-            statements.store(db, first.period, first.user_id, prepared.report)
+            keep_report(db, first.period, first.user_id, prepared.report)
             for claim in prepared.claims:
                 claims.release(db, claim)
             if bounced is not None:
@@ -335,9 +314,7 @@ def _millis(moment: datetime) -> int:
     return int(moment.replace(tzinfo=UTC).timestamp() * 1000)
 
 
-def _record_sent(
-    ctx: Context, prepared: _Prepared, transaction: Callable[[], AbstractContextManager[Executor]]
-) -> None:
+def _record_sent(ctx: Context, prepared: _Prepared, transaction: Transaction) -> None:
     """Record a send that happened, trying until the claim's lease is nearly spent: failing here
     is what lets a later copy send the email again."""
     pause = 0.05
@@ -347,7 +324,7 @@ def _record_sent(
                 now = ctx.clock()
                 for claim in prepared.claims:
                     if claim.request_id is None:
-                        recorded = statements.record_sent(db, claim, prepared.report, now=now)
+                        recorded = ctx.store.record_sent(db, claim, prepared.report, now=now)
                     else:
                         recorded = claims.complete(db, claim, now=now)
                     if not recorded:
@@ -377,7 +354,7 @@ class _Prepared:
     #: When the claims' leases end, on this process's monotonic clock (see :func:`_lease_ends`).
     lease_ends: float
     #: What is stored in ``reports`` once the send is recorded (or has failed).
-    report: statements.StoredReport
+    report: StoredReport
 
     def lease_left(self) -> float:
         return self.lease_ends - time.monotonic()
@@ -398,14 +375,16 @@ def _prepare(ctx: Context, session: Executor, job: ReportJob) -> _Prepared | Out
     stable_id = message_id(job.period, job.user_id, ctx.settings.mail_domain)
     now, lease_ends = ctx.clock(), _lease_ends(ctx)
     # Reading locks the item: copies of this job serialize here, before they race for the claim.
-    inputs = statements.read_and_claim(
+    inputs = ctx.store.read_and_claim(
         session,
-        job.period,
-        job.user_id,
-        message_id=stable_id,
-        lease_seconds=ctx.settings.claim_lease_seconds,
-        now=now,
-        empty_month=ctx.settings.report_empty_month,
+        ReadAndClaim(
+            job.period,
+            job.user_id,
+            message_id=stable_id,
+            lease_seconds=ctx.settings.claim_lease_seconds,
+            now=now,
+            empty_month=ctx.settings.report_empty_month,
+        ),
     )
     if inputs.item_state is None:
         return _missing_item(inputs, job)
@@ -415,7 +394,7 @@ def _prepare(ctx: Context, session: Executor, job: ReportJob) -> _Prepared | Out
         # The item stays pending; `trigger` re-enqueues it when the period is resumed.
         return Outcome.CANCELLED
     # Suppressed after the coordinator planned the user (or before, by an older release): skipped.
-    if not statements.mailable(inputs, empty_month=ctx.settings.report_empty_month):
+    if not inputs.mailable:
         items.touch(session, job.period, job.user_id, now=now)
         items.finish(session, job.period, job.user_id, ItemState.SKIPPED, now=now)
         return Outcome.SKIPPED
@@ -424,7 +403,7 @@ def _prepare(ctx: Context, session: Executor, job: ReportJob) -> _Prepared | Out
         items.finish(session, job.period, job.user_id, ItemState.DELIVERED, now=now)
         return Outcome.ALREADY_DONE
 
-    assert inputs.email is not None  # mailable() says so
+    assert inputs.email is not None  # a mailable report has an address
     to = recipient(inputs.email, inputs.name)
     unsubscribe_url = ctx.unsubscribe_url(job.user_id)
     rendered = render(
@@ -451,11 +430,11 @@ def _prepare(ctx: Context, session: Executor, job: ReportJob) -> _Prepared | Out
         email=email,
         address=to.addr_spec,
         lease_ends=lease_ends + inputs.lock_wait_seconds,
-        report=statements.StoredReport(job.template_version, rendered, now),
+        report=StoredReport(job.template_version, rendered, now),
     )
 
 
-def _missing_item(inputs: statements.Inputs, job: ReportJob) -> Outcome:
+def _missing_item(inputs: Inputs, job: ReportJob) -> Outcome:
     """For a message whose item is not there: defer while the walk may still record it."""
     if inputs.run_state is not None and not inputs.planned and inputs.cursor < job.user_id:
         return Outcome.deferred(ITEM_NOT_YET_RECORDED_RETRY_SECONDS, "item not yet recorded by the walk")
@@ -509,7 +488,7 @@ def _prepare_now(ctx: Context, session: Session, job: SendNowJob) -> _Prepared |
         email=email,
         address=to.addr_spec,
         lease_ends=lease_ends,
-        report=statements.StoredReport(job.template_version, rendered, now),
+        report=StoredReport(job.template_version, rendered, now),
     )
 
 
@@ -527,5 +506,5 @@ def _render_and_store(
         locale=user.locale,
         unsubscribe_url=ctx.unsubscribe_url(user.id),
     )
-    statements.store(session, period, user.id, statements.StoredReport(template_version, rendered, now))
+    keep_report(session, period, user.id, StoredReport(template_version, rendered, now))
     return to, rendered

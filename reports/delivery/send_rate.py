@@ -1,34 +1,10 @@
 """A fleet-wide send rate: a GCRA limiter in Redis, shared by every worker on every machine.
 
-Providers cap how fast one account may send (past it they answer 421 or 454), and a new sending
-domain must be warmed at a low rate for weeks. Every send asks :meth:`SendRate.acquire` first;
-one Lua script decides, so the fleet agrees without a lock.
-
-GCRA (the generic cell rate algorithm) keeps one number, the theoretical arrival time (TAT):
-when the schedule of admitted sends is next free. A send at ``now`` is admitted at
-``max(TAT, now) + interval - burst * interval``; before that it waits.
-
-A caller that will wait *reserves* its slot in the same call (the TAT moves on), so callers that
-wait together are spaced one interval apart instead of waking together and racing again (the
-stampede of a limiter that only says "not yet"). A caller whose wait is longer than it is willing
-to sleep reserves nothing and is deferred: a deferred message is gone for seconds, and a slot
-booked for it would go unused, so a deep queue would push the achieved rate below the target.
-The booked schedule therefore never runs more than the longest sleep ahead, and a deferred caller
-comes back about that much later. (Sidekiq Enterprise's limiters raise ``OverLimit`` and
-reschedule the job; BullMQ's group limiter delays the job by the time to the next slot: the
-deferral here is theirs, the short reserved sleep is what keeps a worker thread from a round trip
-through the queue for a wait of a fraction of a second.)
-
-The rate also follows the provider (:mod:`reports.delivery.aimd`): a refusal about the pace cuts
-it for the whole fleet, successes raise it again, and ``SEND_RATE_PER_SECOND`` (when set) stays
-the ceiling. The adjusted rate lives beside the schedule in Redis; while a cut waits for a first
-success, sends go one probe at a time, spaced by an eighth of the time since the cut (from
-``PROBE_MIN_MS`` to ``PROBE_MAX_MS``): a provider that counts per window keeps refusing until its
-window ends, and a probe a second then costs few refusals and finds the end soon.
-
-Times are milliseconds passed in by the caller (``time.time() * 1000``): the fleet's clocks must
-agree (NTP), and a machine whose clock is off by ``d`` ms may send about ``d * rate / 1000``
-more or fewer emails in one go.
+Every send asks :meth:`SendRate.acquire` first; one Lua script decides, so the fleet agrees without
+a lock. A caller that will wait books its slot in the same call; one whose wait is longer than it
+will sleep books nothing and is deferred (docs/explanation/failures.md, "The send rate is
+fleet-wide"). The rate follows the provider's pace (:mod:`reports.delivery.aimd`, and
+docs/howto/throughput.md). Times are milliseconds passed in by the caller.
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
 """The coordinator: walk a period's active users in keyset pages and enqueue one job per user.
 
-A page is recorded, then handed out, then stamped:
-1. One short transaction under the run's row lock records the page's items in the database
-   itself (INSERT … SELECT under the unique (period, user) key) with no ``enqueued_at``, and
-   advances the cursor.
-2. Once that has committed, the page's messages go to the broker, so a worker that fetches one
-   always finds its item.
-3. The items are stamped ``enqueued_at``.
-A crash before 1 commits leaves nothing of the page: the next slice walks it again. A crash
-between 1 and 3 leaves items that say they were never handed out; the end of the walk (for
-items older than ``HANDOFF_GRACE``, so as not to race a page another copy is handing out) and
-reconcile send those. Two coordinators at once serialize on the row lock, and only the chain
-the run names (``walker``) walks: another stops at its next slice.
+A page is recorded (items and cursor, under the run's row lock), then handed to the broker, then
+stamped ``enqueued_at``; what a crash between the steps leaves and who sends it:
+docs/explanation/guarantees.md, "Items before messages".
 """
 
 from __future__ import annotations
@@ -30,7 +21,7 @@ from reports.jobs import BUILD_REPORT, ReportJob
 from reports.models import ItemState, PeriodRun, ReportItem, RunState, Suppression, User
 from reports.periods import Period
 from reports.queue import Queue
-from reports.sql import after, dialect_insert
+from reports.sql import after, insert_on_conflict
 
 #: An item recorded this long ago and still not handed out was left by a crash, not by a copy
 #: of the coordinator that is handing its page out right now.
@@ -159,7 +150,7 @@ def _record_page(
                 return _Page(ready, run.template_version, planned=False, settling=True)
             run.planned, run.planned_at = True, now
             return _Page(ready, run.template_version, planned=True)
-        recorded = dialect_insert(session, ReportItem.__table__).from_select(
+        recorded = insert_on_conflict(session, ReportItem.__table__).from_select(
             ["period", "user_id", "state", "attempts", "created_at", "updated_at"],
             select(
                 literal(str(period)),

@@ -1,17 +1,6 @@
 """Reconcile a period by counting: what should exist against what does, and re-send what is lost.
 
-It is the guarantee for when the broker itself loses messages (Redis flushed, failed over
-without persistence): items stay ``pending`` with nothing in flight, and only counting finds them.
-
-Lost is told from waiting by facts, not by age alone:
-* an item that was never handed out (``enqueued_at`` is NULL: a crash between a page's commit
-  and its send) has no message anywhere, so once untouched past the threshold it is lost;
-* an item that was handed out may be waiting behind a deep backlog, or be deferred by an open
-  breaker. It is lost only when untouched past the threshold, not claimed by a live sender,
-  and nothing can still be on its way: the bulk queue holds no message (ready, delayed or
-  fetched by a worker) and the breaker is closed;
-* a walk is lost when its run has not moved past the threshold; a paused walk stamps the run
-  each time it looks at the backlog, so it reads as alive.
+Lost is told from waiting by facts, not by age alone (docs/explanation/guarantees.md, "Reconcile").
 """
 
 from __future__ import annotations

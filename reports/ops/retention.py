@@ -1,24 +1,8 @@
 """Retention: delete what old periods left behind, in short batches, keeping what is still needed.
 
-Every month adds a row per user to ``report_items``, ``deliveries`` and ``reports`` (with the
-whole HTML). :func:`prune` deletes those rows of periods older than the cut-off, in batches of
-``batch_size`` rows by primary-key range, one transaction each: no lock is held for long, and a
-prune that stops (crash, SIGTERM) is resumed by running it again. It keeps:
-
-* every row of a period whose run is unfinished (its walk not done, an item pending, a send-now
-  request not finished), whatever its state: a cancelled period can be resumed; and every row
-  of a period never triggered (see :func:`reports.fanout.runs.finished`). Each batch checks
-  this again under a lock on the period's run that ``dlq replay`` and ``send-now`` also take
-  (:func:`reports.pruning.hold_off`): once a replay sets an item back to pending,
-  or a send-now is requested, nothing more of the period goes;
-* the item, report and delivery of a (period, user) that an unreplayed dead letter refers to:
-  its replay needs the item, and the delivery's ``sent`` keeps a replay from mailing twice;
-* ``period_runs``: a few bytes a month, and a period without its run looks never triggered, so
-  the scheduler's catch-up (or ``reports trigger``) would walk it again and, its deliveries gone,
-  mail everyone a second time.
-
-Replayed dead letters and finished send-now requests of pruned periods go too. The item counts
-that the triggers of migration 0004 keep follow the deleted items; their emptied rows go.
+:func:`prune` deletes the per-user rows of periods older than the cut-off, by primary-key range,
+one transaction a batch, so it can stop and be run again. What it keeps, and why:
+docs/howto/retention.md.
 """
 
 from __future__ import annotations
@@ -36,7 +20,7 @@ from reports.models import DeadLetter, Delivery, DeliveryState, ItemCount, Repor
 from reports.periods import Period
 from reports.sql import after, rowcount
 
-#: Rows deleted per transaction: a few milliseconds of locks on PostgreSQL.
+#: Rows deleted per transaction: each holds its locks only briefly (docs/benchmarks.md, "Pruning beside a running month").
 BATCH_SIZE = 5_000
 
 #: The per-user tables, in the order they are pruned, and how they are named to an operator.

@@ -1,16 +1,8 @@
 """Dramatiq middleware: each message's processing time and outcome, counted fleet-wide in Redis.
 
-Counting in Redis rather than in per-process files is what keeps the figures right under the
-``dramatiq`` CLI's many processes: no files that outlive a restart, no retry counted twice.
-``reports exporter`` reads the counts at scrape time (:mod:`reports.ops.metrics`).
-
-A message adds to counts held in its process's memory; a thread writes what was added to Redis
-once per ``flush_interval_seconds`` (:data:`FLUSH_INTERVAL_SECONDS`), all of it in one
-MULTI/EXEC round trip, and once more when the worker shuts down. So a message costs no Redis call
-of its own, and a process killed with -9 loses at most the last interval's counts. A flush that
-cannot reach Redis keeps its counts for the next one; the one that is refused for another reason
-(a key of the wrong type) drops them, since part of the transaction may have been applied and
-sending it again every second would count that part over and over.
+Counts gather in the process's memory and a thread writes them once per
+:data:`FLUSH_INTERVAL_SECONDS` in one round trip; ``reports exporter`` reads them
+(docs/explanation/architecture.md, "Inside a worker").
 """
 
 from __future__ import annotations

@@ -1,49 +1,9 @@
 """The Redis consumer the workers run: it acks and fetches in batches, hands what it holds to the
-consumer after it, and dead-letters what it cannot decode.
+consumer after it, publishes what it holds, and dead-letters what it cannot decode.
 
-**Fetches in batches.** Dramatiq's consumer fetches (one script call) whenever fewer messages are
-outstanding than its prefetch: under load every ack made room for one message, and the next
-fetch brought that one. Here it fetches again only once :data:`REFILL_BELOW` of the prefetch is
-left, so a fetch brings a quarter of the prefetch or more while the worker threads still have
-the rest queued (the end-to-end benchmark's figures are in docs/benchmarks.md).
-
-**Acks in batches.** Dramatiq acks each message with a call of its dispatch script: in a profile of
-a worker running an actor that does nothing (bench/dramatiq_overhead.py, docs/benchmarks.md) that
-round trip was a large share of Dramatiq's own CPU per message. Here an ack leaves the consumer's count of outstanding
-messages at once (so prefetching goes on as before) and reaches Redis with the others of up to
-:data:`ACK_DELAY_SECONDS`, in one script call that does what Dramatiq's ``ack`` does for each id.
-A batch Redis could not take is kept and written on a later turn, after a pause that grows to
-:data:`ACK_RETRY_PAUSE_CAP_SECONDS`; the write never raises, since Dramatiq drops a consumer that
-raises. A process killed before its batch is written leaves those messages in its ack set, so
-they run again once its heartbeat times out, as any message in flight at a kill does: the
-delivery claim makes that second run send nothing.
-
-**Handed over.** When Dramatiq's consumer thread meets a connection error (Redis restarting,
-failing over, a network blip), it drops its consumer, and with it the in-memory delay queue:
-the retries and deferrals it held until due. They stay in this live process's ack set, so
-nothing requeues them while the process lives. Here each consumer leaves to the next one of its
-queue (:class:`_Handover`) its unwritten acks, the messages it fetched and had not handed out,
-and, on a delay queue, those it handed out and that were not settled: the next consumer hands
-them out again first, without asking Redis, and they run when due.
-
-**Held.** Every message handed out is held (:mod:`reports.worker.holding`) until it is acked,
-nacked or requeued, and the process publishes what it holds as the RabbitMQ workers do
-(:class:`reports.worker.held.Publisher`): :meth:`reports.worker.queues.RedisQueue.backlog` counts that, not
-the live workers' ack sets, so a message left in an ack set that no consumer will run is not
-taken for one in flight.
-
-**Undecodable messages.** Dramatiq 2.2.1's Redis consumer decodes each fetched message in ``_RedisConsumer.__next__``. A
-``DecodeError`` there (bytes that are not UTF-8, text that is not JSON, JSON that is not a
-message) escapes to the worker's consumer thread, which logs it as critical, drops the consumer
-with the other messages it had prefetched and starts a new one after 3 s. The bad message and
-the dropped ones stay in the process's ack set, so they come back only when the worker process
-dies, and the bad one then stops the next consumer the same way.
-
-Here the consumer moves such a message to the queue's dead-letter keys with the broker's own
-``nack`` (one atomic script: out of the queue's hash and the ack set, into ``.XQ``) and carries
-on with the next message. Middleware with an ``after_undecodable_message`` hook is then told, so
-that :class:`reports.worker.dead_letter_sink.BrokerDeadLetters` stores it at once. This leans on the
-broker's private consumer class and key layout; Dramatiq is pinned.
+Why each (Dramatiq's own consumer at scale): docs/explanation/architecture.md, "Inside a worker",
+and docs/explanation/failures.md, "Poison messages are isolated". It leans on the broker's private
+consumer class and key layout; Dramatiq is pinned.
 """
 
 from __future__ import annotations

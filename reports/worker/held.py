@@ -1,30 +1,8 @@
-"""The messages a worker process holds, and their snapshots in Redis.
+"""The messages a worker process holds, and their snapshots in Redis (``{namespace}:__held__.{process}``),
+which the backlog counts instead of the brokers' own figures.
 
-RabbitMQ without its management plugin counts only the messages no consumer holds; on Redis a
-worker's ack set holds what it fetched, including messages a consumer Dramatiq dropped will never
-run. So each worker process keeps here every message its consumers handed out until it is acked
-or nacked (prefetched, processing, and delayed ones held until they are due), and publishes a
-snapshot of them: the JSON object ``{queue: [count, oldest_waiting_ms]}`` at
-``{namespace}:__held__.{process}``, with a TTL (:data:`SNAPSHOT_TTL_SECONDS` on RabbitMQ, past the
-heartbeat timeout on Redis), its process listed in the set ``{namespace}:__held__`` so that
-readers find the snapshots without a SCAN. ``oldest_waiting_ms`` is the ``message_timestamp`` of
-the oldest held message no worker thread has started (``None`` if there is none); delayed
-messages held until due do not count as waiting.
-
-A snapshot is written when one of the process's queues goes from nothing held to something
-held (so a reader sees a held message before it starts), and otherwise at most once per
-:data:`PUBLISH_INTERVAL_SECONDS` while anything is or was held: one pipelined round trip, so never
-more than one extra round trip per message however the messages arrive. The counts are therefore
-approximate, in known directions:
-
-* up to about a second (the next write) after an ack, and up to the TTL after a ``kill -9``
-  (RabbitMQ requeues the dead process's messages at once, so they count as ready and as held;
-  on Redis they count in the dead process's ack sets too once its heartbeat is stale),
-  they are counted twice;
-* a queue that already had messages held here and gains more shows them up to a second late.
-
-Counting too many is the safe direction: reconcile leaves an item a little longer, and the
-coordinator pauses at its high-water mark a little sooner.
+The snapshot's layout, when it is written and in which direction its counts are off:
+docs/explanation/architecture.md, "Inside a worker".
 """
 
 from __future__ import annotations

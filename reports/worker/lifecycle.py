@@ -1,15 +1,5 @@
-"""Dramatiq middleware for a worker process's life: a heartbeat of its own, and one drain per SIGTERM.
-
-Heartbeat. Dramatiq refreshes a worker's heartbeat only as a side effect of its broker calls;
-a process whose threads are all busy with slow messages makes none, looks dead after
-``heartbeat_timeout``, and has its messages run a second time elsewhere. A thread that writes
-the heartbeat on a timer keeps a live process alive however busy it is, so the timeout can be
-short enough that a process killed with -9 gets its messages back in seconds.
-
-SIGTERM. A PaaS such as Heroku signals every process in the container; each worker child then
-gets SIGTERM twice (from the platform and from the ``dramatiq`` master forwarding it), and
-Dramatiq takes the second as "exit now", killing messages mid-way. A repeat within a few
-seconds of the first is the same request to drain, so it is ignored.
+"""Dramatiq middleware for a worker process's life: a heartbeat of its own, and one drain per SIGTERM
+(why: docs/explanation/architecture.md, "Inside a worker").
 """
 
 from __future__ import annotations

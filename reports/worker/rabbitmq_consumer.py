@@ -1,24 +1,8 @@
-"""The RabbitMQ consumer the workers run: it tells the fleet what it holds, and dead-letters what
-it cannot decode.
+"""The RabbitMQ consumer the workers run: it tells the fleet what it holds, and stores what it
+rejects or cannot decode before acking it.
 
-**What it holds.** Every message the consumer hands out is kept in the broker's
-:class:`reports.worker.held.HeldMessages` until it is acked or nacked, or the consumer closes
-(RabbitMQ then requeues it); its consumer threads publish the snapshot to the shared Redis
-(:class:`reports.worker.held.Publisher`), where :meth:`reports.worker.queues.RedisQueue.backlog` and the
-exporter read it.
-
-**Rejected messages.** A message Dramatiq rejects (an actor no worker knows, the retry
-middleware's last resort) is stored the same way in :meth:`Consumer.nack` and acked, rather than
-left in ``.XQ`` until a sweep: Dramatiq's nack is only scheduled on the consumer's connection,
-so the sweep that follows a nack ran before RabbitMQ had moved the message.
-
-**Undecodable messages.** Dramatiq 2.2.1's ``_RabbitmqConsumer.__next__`` nacks a message it
-cannot decode into ``<queue>.XQ`` without telling any middleware, so it reached the dead-letter
-store only at the next rejection or worker boot. Here middleware with an
-``after_undecodable_message`` hook stores it first (:class:`reports.worker.dead_letter_sink.BrokerDeadLetters`),
-and it is acked once stored; if storing fails, or nothing stores it, it is nacked into ``.XQ``
-as before, for the next sweep. A store followed by a crash before the ack is redelivered and
-stored again under the same id, which the store ignores. This overrides the private consumer's
+Why: docs/explanation/failures.md, "Poison messages are isolated", and
+docs/explanation/architecture.md, "Inside a worker". This overrides the private consumer's
 ``__next__``; Dramatiq is pinned.
 """
 

@@ -1,18 +1,6 @@
 """Redis's clock for the Redis broker's heartbeats, so that one worker's wrong clock cannot make every
-other worker look dead.
-
-Dramatiq's dispatch script takes its timestamp from the caller (``current_millis()``): it stamps
-the caller's heartbeat with it, and its dead-worker sweep requeues the messages of every worker
-whose heartbeat is older than that timestamp minus ``heartbeat_timeout``. A process whose clock
-runs ahead by more than the timeout therefore takes back the messages live workers are running, and
-copies of them run side by side. Here the script reads Redis's ``TIME`` instead, and so does the
-heartbeat thread (:class:`reports.worker.lifecycle.Heartbeat`) and the backlog's count of dead
-workers (:meth:`reports.worker.queues.RedisQueue.backlog`): every heartbeat is written and compared on one
-clock. The timestamp the caller still passes is left unused; dead letters are stamped (and expired)
-on Redis's clock too.
-
-A script may write after ``TIME`` because Redis replicates a script's effects, not the script
-(the default from Redis 5, the only way from 7).
+other worker look dead: the dispatch script reads ``TIME`` instead of the caller's timestamp
+(docs/explanation/architecture.md, "Inside a worker"; docs/explanation/guarantees.md, "Clocks").
 """
 
 from __future__ import annotations

@@ -154,7 +154,7 @@ def test_the_exporter_serves_queue_depths_dead_letters_breaker_state_and_period_
     assert value(after, "reports_actor_duration_seconds_bucket", actor="build_report", le="+Inf") == runs_counted
     assert 0 < value(after, "reports_actor_duration_seconds_sum", actor="build_report") < 60
 
-    # The breaker as the workers' runtime builds it: its transitions are counted fleet-wide.
+    # The breaker as a worker process builds it: its transitions are counted fleet-wide.
     client = redis.Redis.from_url(settings.broker_url)
     breaker = CircuitBreaker(
         client,

@@ -28,7 +28,7 @@ from tests.support.smtp import SmtpServer
 
 #: Statements one monthly report sends to the database today. On PostgreSQL: lock the item, read the
 #: run, the user and the activity, count the attempt and take the claim; mark the item delivered and
-#: the claim sent and store the report (reports/delivery/statements.py). On SQLite, which has neither
+#: the claim sent and store the report (reports/delivery/store/postgresql.py). On SQLite, which has neither
 #: row locks nor data-modifying CTEs, each of those parts is a statement of its own. A change that
 #: adds one should be a deliberate one: raise this knowingly, never because it grew with the data.
 STATEMENTS_PER_REPORT = {"postgresql": 2, "sqlite": 9}

@@ -16,7 +16,7 @@ import pytest
 from reports.content.activity import CategoryTotal, Summary
 from reports.content.inline_css import TemplateBuildError, inline
 from reports.content.render import render
-from reports.content.view import display_width, should_send
+from reports.content.view import display_width
 from reports.delivery.mail.compose import compose, recipient
 from reports.look import ReportLook
 from reports.periods import Period
@@ -237,13 +237,6 @@ def test_the_text_parts_sentence_after_the_greeting_opens_with_a_capital_letter(
     paragraphs = [p.strip() for p in text.split("\n\n") if p.strip()]
     # The greeting ends in a comma, but the next paragraph is a sentence of its own.
     assert paragraphs[1] == "Hello Ada," and paragraphs[2].startswith("Here is "), paragraphs[:3]
-
-
-def test_an_empty_month_is_sent_unless_the_setting_says_skip() -> None:
-    empty = summary_factory(count=0, total_cents=0, by_category=(), previous_total_cents=0)
-    assert should_send(empty, empty_month="send")
-    assert not should_send(empty, empty_month="skip")
-    assert should_send(summary_factory(), empty_month="skip")
 
 
 @pytest.mark.parametrize(

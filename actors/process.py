@@ -1,4 +1,5 @@
-"""Per-process resources for the actors, built on first use (after the worker process starts)."""
+"""A worker process's resources: the pipeline's context and the dead-letter sink, built on first use
+(after the worker process starts)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,14 @@ from reports.delivery.brake import Brake
 from reports.delivery.breaker import STATE_CACHE_MS, CircuitBreaker, mail_breaker_name
 from reports.delivery.mail.backend import build_mailer
 from reports.delivery.pipeline import Context
+from reports.delivery.store import open_store
 from reports.failures.alerts import WebhookAlerts
 from reports.look import ReportLook
 from reports.settings import Settings
 from reports.worker.dead_letter_sink import DeadLetterSink
 
 
-class Runtime:
+class WorkerProcess:
     def __init__(self, settings: Settings, *, redis_client: redis.Redis) -> None:
         self.settings = settings
         self.redis = redis_client
@@ -67,10 +69,12 @@ class Runtime:
                     self.redis, settings.broker_namespace, "breaker_transitions", "mail", str(after)
                 ),
             )
-        engine = create_db_engine(settings.database_url)
+        sessions = session_factory(create_db_engine(settings.database_url))
         return Context(
             settings=settings,
-            sessions=session_factory(engine),
+            sessions=sessions,
+            # The one place the process picks its database's statements.
+            store=open_store(sessions),
             mailer=build_mailer(settings),
             breaker=breaker,
             send_rate=send_rate.build(
