@@ -149,7 +149,7 @@ def _deliver(
     return outcome
 
 
-def _may_send(ctx: Context, prepared: _Prepared) -> tuple[Permit | None, send_rate.Permit | None] | Outcome:
+def _may_send(ctx: Context, prepared: _Prepared) -> tuple[Permit | None, send_rate.Slot | None] | Outcome:
     """The breaker's permit (``None``: no breaker) and the send rate's slot (``None``: no limiter)
     when the send may go now; the deferral otherwise."""
     # First: a sleep for a slot must not hold the probe's slot.
@@ -256,7 +256,7 @@ def _slow_down(ctx: Context, refused: RateLimited) -> None:
         )
 
 
-def _speed_up(ctx: Context, slot: send_rate.Permit) -> None:
+def _speed_up(ctx: Context, slot: send_rate.Slot) -> None:
     try:
         ctx.send_rate.sped(slot.at_ms)  # type: ignore[union-attr]  # a slot comes from a limiter
     except redis.RedisError:

@@ -108,7 +108,7 @@ def adapted_rate_key(namespace: str) -> str:
 
 
 @dataclass(frozen=True)
-class Permit:
+class Slot:
     #: Milliseconds until this send may go: 0 means now.
     wait_ms: float
     #: Whether the slot at ``wait_ms`` is this caller's (it waits), or nobody's (it is deferred).
@@ -145,7 +145,7 @@ class SendRate:
         ]
         self._acquire = client.register_script(_ACQUIRE)
 
-    def acquire(self, now_ms: float, *, max_wait_ms: float = FOREVER_MS) -> Permit:
+    def acquire(self, now_ms: float, *, max_wait_ms: float = FOREVER_MS) -> Slot:
         """Ask for a slot at ``now_ms`` (epoch milliseconds), in one atomic call.
 
         :param max_wait_ms: longest wait this caller reserves a slot for (it will wait that
@@ -168,7 +168,7 @@ class SendRate:
                 ],
             ),
         )
-        return Permit(
+        return Slot(
             wait_ms=max(float(wait_ms), 0.0),
             reserved=bool(int(reserved)),
             adapting=bool(int(adapting)),
@@ -260,8 +260,8 @@ def pace(
     max_sleep_ms: float = MAX_SLEEP_MS,
     patience_ms: float = 0.0,
     sleep: Callable[[float], None],
-) -> Permit | Outcome | None:
-    """Hold this send to the fleet's rate: return its permit when it may go, after sleeping for
+) -> Slot | Outcome | None:
+    """Hold this send to the fleet's rate: return its slot when it may go, after sleeping for
     its slot if that is at most ``max_sleep_ms`` away, or the deferral (which spends no retry)
     when it is further. ``None`` (no limiter) returns ``None`` at once.
 
@@ -275,18 +275,18 @@ def pace(
         return None
     waited_ms = 0.0
     while True:
-        permit = limiter.acquire(now_ms + waited_ms, max_wait_ms=max_sleep_ms)
-        if permit.reserved:
+        slot = limiter.acquire(now_ms + waited_ms, max_wait_ms=max_sleep_ms)
+        if slot.reserved:
             break
         # The slot is past what may be booked: come back when it may be, if that is within patience.
-        if waited_ms + permit.wait_ms > patience_ms:
-            return Outcome.deferred(permit.wait_ms / 1000, "send rate reached")
-        nap_ms = max(permit.wait_ms - max_sleep_ms, 1.0)
+        if waited_ms + slot.wait_ms > patience_ms:
+            return Outcome.deferred(slot.wait_ms / 1000, "send rate reached")
+        nap_ms = max(slot.wait_ms - max_sleep_ms, 1.0)
         sleep(nap_ms / 1000)
         waited_ms += nap_ms
-    if permit.wait_ms > 0:
-        sleep(permit.wait_ms / 1000)
-    return permit
+    if slot.wait_ms > 0:
+        sleep(slot.wait_ms / 1000)
+    return slot
 
 
 def build(

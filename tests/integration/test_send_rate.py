@@ -18,7 +18,7 @@ import redis
 from reports.counters import counter_key
 from reports.delivery import send_rate
 from reports.delivery.breaker import mail_breaker_name
-from reports.delivery.send_rate import Permit, SendRate, pace
+from reports.delivery.send_rate import SendRate, Slot, pace
 from reports.ops.metrics import ReportsCollector
 from reports.outcome import Outcome
 
@@ -49,8 +49,8 @@ def throttled(redis_url: str, namespace: str) -> dict[str, int]:
 
 def test_sends_at_the_rate_go_at_once_and_a_faster_one_waits_for_its_slot(new_limiter: NewLimiter) -> None:
     limiter = new_limiter(per_second=10)
-    assert limiter.acquire(T0) == Permit(wait_ms=0, reserved=True)
-    assert limiter.acquire(T0 + 100) == Permit(wait_ms=0, reserved=True)
+    assert limiter.acquire(T0) == Slot(wait_ms=0, reserved=True)
+    assert limiter.acquire(T0 + 100) == Slot(wait_ms=0, reserved=True)
     # 30 ms after the last one: its slot is 70 ms away, and three callers at once are spaced.
     assert [limiter.acquire(T0 + 130).wait_ms for _ in range(3)] == pytest.approx([70, 170, 270])
 
@@ -77,11 +77,11 @@ def test_processes_share_one_schedule(new_limiter: NewLimiter) -> None:
 def test_a_wait_longer_than_the_caller_will_sleep_reserves_nothing(new_limiter: NewLimiter) -> None:
     limiter = new_limiter(per_second=10)
     limiter.acquire(T0)
-    assert limiter.acquire(T0, max_wait_ms=150) == Permit(wait_ms=100, reserved=True)
+    assert limiter.acquire(T0, max_wait_ms=150) == Slot(wait_ms=100, reserved=True)
     # 200 ms away is too far for this caller: it is told, and the slot stays free for the next one.
-    assert limiter.acquire(T0, max_wait_ms=150) == Permit(wait_ms=200, reserved=False)
-    assert limiter.acquire(T0, max_wait_ms=150) == Permit(wait_ms=200, reserved=False)
-    assert limiter.acquire(T0) == Permit(wait_ms=200, reserved=True)
+    assert limiter.acquire(T0, max_wait_ms=150) == Slot(wait_ms=200, reserved=False)
+    assert limiter.acquire(T0, max_wait_ms=150) == Slot(wait_ms=200, reserved=False)
+    assert limiter.acquire(T0) == Slot(wait_ms=200, reserved=True)
 
 
 def test_pace_sleeps_for_a_near_slot_and_defers_a_far_one_without_a_retry(
@@ -212,7 +212,7 @@ def test_a_patient_caller_naps_until_its_slot_may_be_booked_instead_of_being_def
     # With it: a nap until the slot may be booked (50 ms), then the booked sleep (150 ms).
     slept.clear()
     permit = pace(limiter, T0, max_sleep_ms=150, patience_ms=1_000, sleep=slept.append)
-    assert isinstance(permit, Permit) and permit.reserved
+    assert isinstance(permit, Slot) and permit.reserved
     assert slept == [pytest.approx(0.05), pytest.approx(0.15)]
 
 
