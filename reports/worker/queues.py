@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -27,7 +28,7 @@ def queue_for(broker: Broker) -> Queue:
     return RedisQueue(broker)
 
 
-class _BrokerQueue:
+class _BrokerQueue(ABC):
     """What both brokers do alike: single messages go through Dramatiq's own ``enqueue``."""
 
     def __init__(self, broker: Broker) -> None:
@@ -59,8 +60,9 @@ class _BrokerQueue:
     def _first_options(self) -> dict[str, Any] | None:
         return None
 
+    @abstractmethod
     def _enqueue_chunk(self, queue: str, messages: list[dramatiq.Message[Any]]) -> int:
-        raise NotImplementedError
+        """Enqueue ``messages`` on ``queue`` as this broker does it in bulk; how many went."""
 
 
 class RedisQueue(_BrokerQueue):
