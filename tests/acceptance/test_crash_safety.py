@@ -150,14 +150,15 @@ def test_the_coordinator_killed_mid_walk_resumes_from_its_checkpoint(
     coordinator_pool = start_workers(settings, processes=1, threads=1, queues=("default",))
     assert run_cli(settings, "trigger", PERIOD).returncode == 0
 
-    def cursor() -> tuple[int, bool]:
+    def cursor() -> tuple[int | None, bool]:
         with sessions.begin() as session:
             return session.execute(select(PeriodRun.cursor, PeriodRun.planned).where(PeriodRun.period == PERIOD)).one()
 
-    wait_until(lambda: cursor()[0] > 0, timeout=30, interval=0.01, what="the walk to start")
+    # The cursor is NULL until the first page is recorded.
+    wait_until(lambda: cursor()[0] is not None, timeout=30, interval=0.01, what="the walk to start")
     coordinator_pool.kill()
     at_kill, planned = cursor()
-    assert not planned, "the walk finished before the kill; the test proved nothing"
+    assert at_kill is not None and not planned, "the walk finished before the kill; the test proved nothing"
 
     start_workers(settings, processes=2, threads=4)
     wait_for_completion(sessions, timeout=180)
