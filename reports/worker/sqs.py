@@ -26,6 +26,7 @@ from dramatiq.errors import ConnectionClosed
 from dramatiq_sqs import broker as dramatiq_sqs
 
 from reports.endpoints import SqsTarget
+from reports.errors import ReportsError
 
 #: SQS's longest delay, in seconds: a longer one is reached in steps of at most this.
 MAX_DELAY_SECONDS: int = dramatiq_sqs.MAX_DELAY_SECONDS
@@ -132,15 +133,42 @@ def error_code(error: botocore.exceptions.ClientError) -> str:
     return str(error.response.get("Error", {}).get("Code", ""))
 
 
+class SqsUnreachable(ConnectionClosed, ReportsError):
+    """SQS could not be reached, or was too busy to answer: worth trying again.
+
+    A ``ConnectionClosed``, so Dramatiq's worker and :func:`reports.worker.broker.enqueue_until_sent`
+    try again; a ``ReportsError``, so a command says it in one line.
+    """
+
+    def __init__(self, error: Exception) -> None:
+        what = error_code(error) if isinstance(error, botocore.exceptions.ClientError) else type(error).__name__
+        ConnectionClosed.__init__(  # type: ignore[no-untyped-call]
+            self, f"SQS could not be reached or is busy ({what}): is BROKER_URL's region or endpoint reachable?"
+        )
+
+
+class SqsRefused(ReportsError):
+    """SQS refused a call for good: a permission, a queue's policy or its KMS key, or a bad request."""
+
+    def __init__(self, error: botocore.exceptions.ClientError) -> None:
+        super().__init__(
+            f"SQS refused {error.operation_name} ({error_code(error)}): check the IAM policy, the queue policy "
+            "and the KMS key of BROKER_URL's queues."
+        )
+        self.code = error_code(error)
+
+
 @contextlib.contextmanager
 def translated() -> Iterator[None]:
-    """Raise SQS unreachable or busy as Dramatiq's ``ConnectionClosed``, which its worker and
-    :func:`reports.worker.broker.enqueue_until_sent` try again; any other error as it is."""
+    """Raise an SQS error as :class:`SqsUnreachable` or :class:`SqsRefused`: what SQS says about
+    itself never leaves this module as a third party's error."""
     try:
         yield
     except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as error:
         if is_transient(error):
-            raise ConnectionClosed(error) from None  # type: ignore[no-untyped-call]
+            raise SqsUnreachable(error) from None
+        if isinstance(error, botocore.exceptions.ClientError):
+            raise SqsRefused(error) from None
         raise
 
 
@@ -175,7 +203,7 @@ def _send_batch(client: Any, url: str, bodies: Sequence[str]) -> None:
         pending = {f["Id"]: pending[f["Id"]] for f in failed}
         if not pending:
             return
-    raise ConnectionClosed(RuntimeError(f"SQS did not take {len(pending)} message(s)."))  # type: ignore[no-untyped-call]
+    raise SqsUnreachable(RuntimeError(f"SQS did not take {len(pending)} message(s)"))
 
 
 def show_again(client: Any, url: str, handles: Sequence[str]) -> None:
@@ -223,15 +251,24 @@ def depths_at(target: SqsTarget, queues: Sequence[str]) -> dict[str, tuple[int, 
         client.close()
 
 
+#: What SQS answers about a queue that does not exist (the JSON and the query protocols' codes).
+NO_SUCH_QUEUE = frozenset({"QueueDoesNotExist", "AWS.SimpleQueueService.NonExistentQueue"})
+
+
+def queue_url(client: Any, name: str) -> str | None:
+    """The URL of the queue ``name``, or ``None`` if it does not exist."""
+    with translated():
+        try:
+            return str(client.get_queue_url(QueueName=name)["QueueUrl"])
+        except botocore.exceptions.ClientError as error:
+            if error_code(error) in NO_SUCH_QUEUE:
+                return None
+            raise
+
+
 def _depths_by_name(client: Any, name: str) -> tuple[int, int, int]:
-    try:
-        with translated():
-            url = client.get_queue_url(QueueName=name)["QueueUrl"]
-    except botocore.exceptions.ClientError as error:
-        if error_code(error) in ("QueueDoesNotExist", "AWS.SimpleQueueService.NonExistentQueue"):
-            return 0, 0, 0
-        raise
-    return depths(client, url)
+    url = queue_url(client, name)
+    return (0, 0, 0) if url is None else depths(client, url)
 
 
 #: Dead letters read from one dead-letter queue per sweep at most.

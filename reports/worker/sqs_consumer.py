@@ -14,10 +14,9 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-import botocore.exceptions
 import dramatiq
 import redis
 from dramatiq.broker import MessageProxy
@@ -100,7 +99,7 @@ class ReportsSqsBroker(holding.SharesHeld, SQSBroker):  # type: ignore[misc]  # 
             raise dramatiq.QueueNotFound(queue_name)  # type: ignore[no-untyped-call]
         if queue_name in self.urls:
             return
-        with self._creating, sqs.translated():
+        with self._creating:
             if queue_name in self.urls:
                 return
             prefix = self.target.prefix
@@ -119,7 +118,8 @@ class ReportsSqsBroker(holding.SharesHeld, SQSBroker):  # type: ignore[misc]  # 
         """A queue's attributes when this broker creates it: SQS moves a message received
         ``max_receive_count`` times without being deleted to the queue's dead-letter queue, where
         the workers' sweep stores it as a dead letter."""
-        arn = self.client.get_queue_attributes(QueueUrl=dead_letter_url, AttributeNames=["QueueArn"])["Attributes"]
+        with sqs.translated():
+            arn = self.client.get_queue_attributes(QueueUrl=dead_letter_url, AttributeNames=["QueueArn"])["Attributes"]
         redrive = {"deadLetterTargetArn": arn["QueueArn"], "maxReceiveCount": str(self.max_receive_count)}
         return {
             "MessageRetentionPeriod": str(self.retention),
@@ -127,15 +127,14 @@ class ReportsSqsBroker(holding.SharesHeld, SQSBroker):  # type: ignore[misc]  # 
             "RedrivePolicy": json.dumps(redrive),
         }
 
-    def _get_or_create(self, name: str, attributes: Any) -> str:
+    def _get_or_create(self, name: str, attributes: Callable[[], dict[str, str]]) -> str:
         """The URL of the SQS queue ``name``; created with ``attributes()`` if it does not exist.
         An existing queue (one an operator made, with a policy or a KMS key) is left as it is."""
-        try:
-            return str(self.client.get_queue_url(QueueName=name)["QueueUrl"])
-        except botocore.exceptions.ClientError as error:
-            if sqs.error_code(error) not in ("QueueDoesNotExist", "AWS.SimpleQueueService.NonExistentQueue"):
-                raise
-        return str(self.client.create_queue(QueueName=name, Attributes=attributes())["QueueUrl"])
+        url = sqs.queue_url(self.client, name)
+        if url is not None:
+            return url
+        with sqs.translated():
+            return str(self.client.create_queue(QueueName=name, Attributes=attributes())["QueueUrl"])
 
     def enqueue(self, message: dramatiq.Message[Any], *, delay: int | None = None) -> dramatiq.Message[Any]:
         """Send ``message`` after ``delay`` ms; a delay beyond SQS's longest goes in steps
@@ -306,13 +305,13 @@ class Consumer(SQSConsumer):  # type: ignore[misc]  # dramatiq-sqs has no annota
         try:
             with sqs.translated():
                 self.broker.client.delete_message(QueueUrl=self.url, ReceiptHandle=handle)
-        except botocore.exceptions.ClientError as error:
+        except sqs.SqsRefused as refused:
             # A handle SQS no longer takes: the message came back to another worker after this one
             # stalled past its visibility timeout. That copy's claim check makes it send nothing.
             logger.warning(
                 "Could not delete an SQS message of %s (%s); it will run again and send nothing.",
                 self.queue_name,
-                sqs.error_code(error),
+                refused.code,
             )
         self.receipts.discard([handle])
 

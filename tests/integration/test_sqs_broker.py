@@ -29,7 +29,8 @@ from reports.worker.queues import queue_for
 from tests.integration.conftest import PERIOD, walk_everything
 from tests.support.databases import load_users
 from tests.support.environment import REPO
-from tests.support.sqs import purge, queue_depths
+from tests.support.processes import free_port, run_cli
+from tests.support.sqs import REGION, purge, queue_depths
 from tests.support.waiting import wait_until
 
 ON_SQLITE = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
@@ -318,3 +319,21 @@ def test_a_rejected_message_the_store_cannot_take_waits_in_the_dead_letter_queue
     assert (letter.message_id, letter.reason) == (message.message_id, DeadLetterReason.BROKER)
     assert letter.error_message != REDRIVEN
     assert queue_depths(sqs_settings.broker_url, BUILD_REPORT.queue)[3] == 0
+
+
+# --- SQS out of reach --------------------------------------------------------------------------
+
+
+@ON_SQLITE
+def test_a_command_says_in_one_line_that_sqs_cannot_be_reached(sqs_settings, sessions):
+    nothing_there = f"http://127.0.0.1:{free_port()}"
+    settings = replace(sqs_settings, broker_url=f"sqs://{REGION}/test?endpoint_url={nothing_there}")
+    load_users(sessions, count=1)
+
+    result = run_cli(settings, "send-now", "1", str(PERIOD), "--allow-untriggered")
+
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.splitlines() == [
+        "error: SQS could not be reached or is busy (EndpointConnectionError): is BROKER_URL's region or "
+        "endpoint reachable?"
+    ]

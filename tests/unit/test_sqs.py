@@ -10,7 +10,7 @@ import dramatiq
 import pytest
 
 from reports.endpoints import SqsTarget
-from reports.errors import ConfigurationError
+from reports.errors import ConfigurationError, ReportsError
 from reports.settings import Settings
 from reports.worker import sqs
 
@@ -162,11 +162,15 @@ def test_only_an_unreachable_or_busy_sqs_is_tried_again(error: Exception, transi
     assert sqs.is_transient(error) is transient
 
 
-def test_an_unreachable_sqs_is_dramatiqs_connection_error_and_a_refusal_is_itself() -> None:
-    with pytest.raises(dramatiq.errors.ConnectionClosed), sqs.translated():
+def test_an_unreachable_sqs_is_dramatiqs_connection_error_and_a_refusal_says_what_to_check() -> None:
+    unreachable = pytest.raises(dramatiq.errors.ConnectionClosed, match=r"EndpointConnectionError\): is BROKER_URL")
+    with unreachable, sqs.translated():
         raise botocore.exceptions.EndpointConnectionError(endpoint_url="https://sqs")
-    with pytest.raises(botocore.exceptions.ClientError), sqs.translated():
+    refused = pytest.raises(sqs.SqsRefused, match=r"SQS refused SendMessage \(AccessDenied\): check the IAM policy")
+    with refused, sqs.translated():
         raise _client_error("AccessDenied", 403)
+    # Both are this project's errors, which a command prints in one line.
+    assert issubclass(sqs.SqsUnreachable, ReportsError) and issubclass(sqs.SqsRefused, ReportsError)
 
 
 def test_the_queues_are_named_as_dramatiq_sqs_names_them() -> None:
