@@ -16,8 +16,6 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import botocore.exceptions
-
 from reports.worker import sqs
 
 logger = logging.getLogger(__name__)
@@ -116,8 +114,9 @@ class VisibilityKeeper:
             time.sleep(self.every)
             try:
                 self.extend_due()
-            except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as error:
-                # The messages may then come back to another worker, whose claim check makes it send nothing.
+            except Exception as error:
+                # Never the end of the thread. The messages may then come back to another worker,
+                # whose claim check makes it send nothing.
                 if not self._failing:
                     logger.warning("Could not extend the visibility of held SQS messages (%s).", type(error).__name__)
                 self._failing = True

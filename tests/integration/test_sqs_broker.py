@@ -30,7 +30,7 @@ from tests.integration.conftest import PERIOD, walk_everything
 from tests.support.databases import load_users
 from tests.support.environment import REPO
 from tests.support.processes import free_port, run_cli
-from tests.support.sqs import REGION, purge, queue_depths
+from tests.support.sqs import REGION, purge, queue_depths, take_all
 from tests.support.waiting import wait_until
 
 ON_SQLITE = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
@@ -53,16 +53,6 @@ def _payloads(first: int, last: int) -> list[dict[str, Any]]:
     return [ReportJob(PERIOD, user_id, "v1").payload() for user_id in range(first, last + 1)]
 
 
-def _take_all(broker, queue: str) -> list[dramatiq.Message[Any]]:
-    """Receive and delete every ready message of ``queue``, decoded."""
-    url, taken = broker.url_of(queue), []
-    while received := broker.client.receive_message(QueueUrl=url, MaxNumberOfMessages=10).get("Messages", []):
-        taken += [dramatiq.Message.decode(sqs.decode(raw["Body"])) for raw in received]
-        entries = [{"Id": str(i), "ReceiptHandle": raw["ReceiptHandle"]} for i, raw in enumerate(received)]
-        broker.client.delete_message_batch(QueueUrl=url, Entries=entries)
-    return taken
-
-
 # --- sending ---------------------------------------------------------------------------------
 
 
@@ -73,7 +63,7 @@ def test_send_jobs_sends_every_message_once_across_batches_and_chunks(broker, sq
 
     assert sent == 1_005
     assert queue_depths(sqs_settings.broker_url, BUILD_REPORT.queue) == (1_005, 0, 0, 0)
-    messages = _take_all(broker, BUILD_REPORT.queue)
+    messages = take_all(sqs_settings.broker_url, BUILD_REPORT.queue)
     assert Counter(ReportJob.parse(m.args, m.kwargs).user_id for m in messages) == Counter(range(1, 1_006))
     assert {m.actor_name for m in messages} == {BUILD_REPORT.name}
     assert len({m.message_id for m in messages}) == 1_005

@@ -17,6 +17,8 @@ from collections import Counter
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import dramatiq
+
 from reports.endpoints import SqsTarget
 from reports.settings import Settings
 from reports.worker import sqs
@@ -189,6 +191,18 @@ def send_raw(settings: Settings, queue: str, body: str) -> str:
     finally:
         broker.close()
     return str(answer["MessageId"])
+
+
+def take_all(broker_url: str, queue: str) -> list[dramatiq.Message[Any]]:
+    """Receive and delete every ready message of ``queue``, as consumers would; the messages, decoded."""
+    target, taken = SqsTarget.from_url(broker_url), []
+    with _client(broker_url) as client:
+        url = _url(client, sqs.sqs_name(target.prefix, queue))
+        while url and (received := client.receive_message(QueueUrl=url, MaxNumberOfMessages=10).get("Messages")):
+            taken += [dramatiq.Message.decode(sqs.decode(raw["Body"])) for raw in received]
+            entries = [{"Id": str(i), "ReceiptHandle": raw["ReceiptHandle"]} for i, raw in enumerate(received)]
+            client.delete_message_batch(QueueUrl=url, Entries=entries)
+    return taken
 
 
 def purge(broker_url: str, queue: str) -> int:
