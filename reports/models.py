@@ -98,6 +98,11 @@ class PeriodRun(Base):
     walker: Mapped[str | None] = mapped_column(String(36))
     #: When the walk last paused because the bulk queue held ``PLAN_HIGH_WATER`` messages.
     paused_at: Mapped[datetime | None] = mapped_column(DateTime())
+    #: ``HH:MM``: each report is due then on its user's clock (``SEND_AT_LOCAL_TIME`` when the run
+    #: was triggered); ``None``: every report is handed out as the walk records it.
+    send_at: Mapped[str | None] = mapped_column(String(5))
+    #: The zone of users with none or an unknown one (``DEFAULT_TIME_ZONE`` at the trigger).
+    default_time_zone: Mapped[str | None] = mapped_column(Text)
 
 
 class ItemState(enum.StrEnum):
@@ -123,6 +128,9 @@ class ReportItem(Base):
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     #: When the coordinator handed the item's message to the broker; NULL means not yet.
     enqueued_at: Mapped[datetime | None] = mapped_column(DateTime())
+    #: When the item's message is due to be handed out, in its user's morning; NULL once it has
+    #: been, or when the run sends at once. :data:`LOOK_AGAIN` when the user's zone changed.
+    due_at: Mapped[datetime | None] = mapped_column(DateTime())
     created_at: Mapped[Timestamp]
     updated_at: Mapped[Timestamp]
     finished_at: Mapped[datetime | None] = mapped_column(DateTime())
@@ -130,7 +138,30 @@ class ReportItem(Base):
 
     # Reconcile walks a period's pending items by user. The user id also makes a lookup of one
     # user's item in a given state exact here, should the planner prefer this index to the key.
-    __table_args__ = (Index("ix_report_items_period_state_user_id", "period", "state", "user_id"),)
+    # The release hands out a period's items in due order, and only items still waiting are in
+    # the two partial indexes: a released item leaves them, so a day of releases never re-reads
+    # what it handed out. A changed time zone finds its user's waiting item by the second.
+    __table_args__ = (
+        Index("ix_report_items_period_state_user_id", "period", "state", "user_id"),
+        Index(
+            "ix_report_items_period_due_at",
+            "period",
+            "due_at",
+            postgresql_where=text("due_at IS NOT NULL"),
+            sqlite_where=text("due_at IS NOT NULL"),
+        ),
+        Index(
+            "ix_report_items_waiting_user_id",
+            "user_id",
+            postgresql_where=text("due_at IS NOT NULL"),
+            sqlite_where=text("due_at IS NOT NULL"),
+        ),
+    )
+
+
+#: The due time a trigger on ``users`` gives an item still waiting when its user's time zone
+#: changes: due at once for the release, which then computes the new due time from the new zone.
+LOOK_AGAIN = datetime(1970, 1, 1)
 
 
 #: The counter an item adds to in ``item_counts`` when it is recorded, whatever its state.
