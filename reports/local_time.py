@@ -8,6 +8,7 @@ ships.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from datetime import UTC, datetime, time, timedelta, tzinfo
 from functools import cache
 from importlib import resources
@@ -76,3 +77,30 @@ def due_at(period: Period, at: time, zone: tzinfo) -> datetime:
     if due < end:
         due += timedelta(days=1)
     return due.astimezone(UTC).replace(tzinfo=None)
+
+
+@dataclass(frozen=True)
+class SendSchedule:
+    """When a run's reports are due: at ``at`` on each user's own clock (see :func:`due_at`)."""
+
+    at: time
+    #: The zone of a user with none, or with a name ``tzdata`` does not know.
+    default_zone: str
+
+    @classmethod
+    def parse(cls, at: str | None, default_zone: str | None) -> SendSchedule | None:
+        """The schedule a run keeps as text (``HH:MM`` and a zone name); ``None`` when it has no send time."""
+        if not at:
+            return None
+        return cls(parse_clock_time(at, "SEND_AT_LOCAL_TIME"), default_zone or "UTC")
+
+    @property
+    def at_text(self) -> str:
+        return self.at.strftime("%H:%M")
+
+    def due_at(self, period: Period, zone_name: str | None) -> tuple[datetime, bool]:
+        """When ``period``'s report is due for a user whose zone is ``zone_name``, and whether an
+        unknown name fell back to the default (an unset one is no fallback)."""
+        zone = zone_named(zone_name)
+        fell_back = zone is None and zone_name is not None
+        return due_at(period, self.at, zone or check_zone(self.default_zone, "DEFAULT_TIME_ZONE")), fell_back

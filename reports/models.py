@@ -23,6 +23,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from reports.local_time import SendSchedule
+
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
     "uq": "uq_%(table_name)s_%(column_0_name)s",
@@ -103,6 +105,11 @@ class PeriodRun(Base):
     send_at: Mapped[str | None] = mapped_column(String(5))
     #: The zone of users with none or an unknown one (``DEFAULT_TIME_ZONE`` at the trigger).
     default_time_zone: Mapped[str | None] = mapped_column(Text)
+
+    @property
+    def schedule(self) -> SendSchedule | None:
+        """When the run's reports are due; ``None``: as the walk records them."""
+        return SendSchedule.parse(self.send_at, self.default_time_zone)
 
 
 class ItemState(enum.StrEnum):

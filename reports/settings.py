@@ -14,7 +14,7 @@ from reports.endpoints import check_endpoints, default_helo_name, redact_url, re
 from reports.errors import ConfigurationError
 from reports.feedback_settings import check_feedback
 from reports.jobs import is_version_name
-from reports.local_time import check_zone, parse_clock_time
+from reports.local_time import SendSchedule, check_zone, parse_clock_time
 from reports.sender import parse_sender
 
 #: Longest duration any setting accepts: ten years, in seconds.
@@ -286,6 +286,11 @@ class Settings:
     def helo_name(self) -> str:
         """The name given in EHLO: SMTP_HELO_NAME, or its default (read from the host once asked)."""
         return self.smtp_helo_name or default_helo_name(socket.getfqdn(), self.mail_domain)
+
+    @property
+    def send_schedule(self) -> SendSchedule | None:
+        """When a run triggered now makes its reports due; ``None``: as soon as it starts."""
+        return SendSchedule.parse(self.send_at_local_time, self.default_time_zone)
 
     @property
     def outbox_dir(self) -> Path:

@@ -15,6 +15,7 @@ from reports.errors import BadInput
 from reports.fanout import progress
 from reports.fanout.reconcile import Reconciliation, reconcile, reconcile_requests
 from reports.jobs import SEND_NOW, CoordinatorJob
+from reports.local_time import SendSchedule
 from reports.models import DeliveryState, ItemState, PeriodRun, ReportItem, RunState, SendNowRequest
 from reports.periods import Period
 from reports.queue import Queue
@@ -45,7 +46,9 @@ class Triggered:
                 + "."
             )
         if self.created:
-            return f"Triggered {run.period}: coordinator enqueued (template {run.template_version})."
+            schedule = run.schedule
+            due = "" if schedule is None else f"; each report due at {schedule.at_text} on its user's clock"
+            return f"Triggered {run.period}: coordinator enqueued (template {run.template_version}{due})."
         if self.needs_coordinator:
             where = "from the first user" if run.cursor is None else f"after user {run.cursor}"
             return f"{run.period} was already triggered; coordinator enqueued to resume {where}."
@@ -59,9 +62,16 @@ class Triggered:
 
 
 def trigger(
-    session: Session, period: Period, *, template_version: str, now: datetime, restart_walk: bool = False
+    session: Session,
+    period: Period,
+    *,
+    template_version: str,
+    now: datetime,
+    schedule: SendSchedule | None = None,
+    restart_walk: bool = False,
 ) -> Triggered:
-    """Create the period's run if it has none; the template version is pinned by the first trigger.
+    """Create the period's run if it has none; the template version and the send ``schedule`` are
+    pinned by the first trigger.
 
     A new run names its coordinator chain (``walker``), which the caller then enqueues. With
     ``restart_walk``, an existing unfinished walk is given a new chain too, for the caller to
@@ -79,6 +89,8 @@ def trigger(
             planned=False,
             triggered_at=now,
             updated_at=now,
+            send_at=None if schedule is None else schedule.at_text,
+            default_time_zone=None if schedule is None else schedule.default_zone,
         )
         .returning(PeriodRun.__table__.c.period)
     ).first()
@@ -106,7 +118,13 @@ def cancel(session: Session, period: Period, *, now: datetime) -> bool:
 
 
 def trigger_and_enqueue(
-    sessions: sessionmaker[Session], queue: Queue, period: Period, *, template_version: str, now: datetime
+    sessions: sessionmaker[Session],
+    queue: Queue,
+    period: Period,
+    *,
+    template_version: str,
+    now: datetime,
+    schedule: SendSchedule | None = None,
 ) -> Triggered:
     """Trigger ``period`` and enqueue its coordinator unless it has walked every user already.
 
@@ -114,7 +132,9 @@ def trigger_and_enqueue(
     again is safe and enqueues it then. A cancelled period is resumed.
     """
     with sessions.begin() as session:
-        triggered = trigger(session, period, template_version=template_version, now=now, restart_walk=True)
+        triggered = trigger(
+            session, period, template_version=template_version, now=now, schedule=schedule, restart_walk=True
+        )
     if triggered.resumed:
         # Messages consumed while cancelled left their items pending: send every pending item
         # not claimed by a live sender, and the coordinator if the walk is unfinished.
