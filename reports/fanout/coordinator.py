@@ -121,13 +121,13 @@ def walk_slice(
     while True:
         if high_water is not None and queue.backlog(BUILD_REPORT.queue) >= high_water:
             outcome.backlogged = True
-            _note_pause(sessions, period, walker, outcome)
+            _note_pause(sessions, period, walker, outcome, clock())
             return outcome
         now = clock()
         page = _record_page(sessions, period, walker, page_size, outcome, now)
         if page is None:
             return outcome
-        _hand_out(sessions, period, page, queue, outcome)
+        _hand_out(sessions, period, page, queue, outcome, clock)
         outcome.planned, outcome.settling = page.planned, page.settling
         out_of_time = time.monotonic() >= deadline or should_stop()
         if page.next_due is not None:
@@ -158,12 +158,18 @@ def _locked_run(session: Session, period: Period, walker: str | None, outcome: S
     return run
 
 
-def _note_pause(sessions: sessionmaker[Session], period: Period, walker: str | None, outcome: SliceOutcome) -> None:
-    """Record that the walk is paused, so it reads as alive to reconcile rather than idle."""
+def _note_pause(
+    sessions: sessionmaker[Session], period: Period, walker: str | None, outcome: SliceOutcome, now: datetime
+) -> None:
+    """Record that the walk (or the release after it) is paused, so it reads as alive to reconcile
+    rather than idle."""
     with sessions.begin() as session:
         run = _locked_run(session, period, walker, outcome)
-        if run is not None and not run.planned:
-            run.paused_at = run.updated_at = utcnow()
+        if run is None:
+            return
+        run.updated_at = now
+        if not run.planned:
+            run.paused_at = now
 
 
 def _record_page(
@@ -334,7 +340,12 @@ def _never_handed_out(session: Session, period: Period) -> list[tuple[int, datet
 
 
 def _hand_out(
-    sessions: sessionmaker[Session], period: Period, page: _Page, queue: Queue, outcome: SliceOutcome
+    sessions: sessionmaker[Session],
+    period: Period,
+    page: _Page,
+    queue: Queue,
+    outcome: SliceOutcome,
+    clock: Callable[[], datetime],
 ) -> None:
     outcome.pages += 1
     if not page.user_ids:
@@ -345,7 +356,7 @@ def _hand_out(
     if page.stamped:
         return
     with sessions.begin() as session:
-        stamp_handed_out(session, period, page.user_ids[0], page.user_ids[-1], now=utcnow())
+        stamp_handed_out(session, period, page.user_ids[0], page.user_ids[-1], now=clock())
 
 
 def stamp_handed_out(session: Session, period: Period, first: int, last: int, *, now: datetime) -> None:
