@@ -243,3 +243,24 @@ def test_resuming_a_cancelled_period_sends_nobody_before_their_morning(sessions)
     assert set(handed_out(queue)) == due_by(zones, at)
     # The chain is back to release the rest as their mornings come.
     assert [m.actor for m in queue.messages].count(COORDINATOR.name) == 1
+
+
+def test_triggering_a_walked_month_again_restarts_its_release_and_sends_nobody_early(sessions):
+    zones = load_users_in_zones(sessions)
+    trigger_at_nine(sessions)
+    step(sessions, InMemoryQueue(), TRIGGERED)
+
+    queue = InMemoryQueue()
+    again = runs.trigger_and_enqueue(sessions, queue, PERIOD, template_version="v1", now=TRIGGERED, schedule=NINE)
+
+    assert again.releasing and not again.created
+    assert "release the reports not yet due" in again.describe()
+    assert handed_out(queue) == Counter()
+    (chain,) = queue.of(COORDINATOR)
+    # The new chain releases; the one before it stops at its next look.
+    assert walk_slice(sessions, PERIOD, InMemoryQueue(), walker="old", page_size=PAGE, budget_seconds=60).superseded
+    released = InMemoryQueue()
+    walk_slice(
+        sessions, PERIOD, released, walker=chain.walker, page_size=PAGE, budget_seconds=60, clock=lambda: DUE[None]
+    )
+    assert set(handed_out(released)) == due_by(zones, DUE[None])
