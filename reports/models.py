@@ -123,6 +123,11 @@ class ItemState(enum.StrEnum):
 FINAL_STATES = frozenset({ItemState.DELIVERED, ItemState.SKIPPED, ItemState.DEAD})
 
 
+#: An item waiting to be released, as the partial indexes on ``report_items`` select it; every query
+#: that reads them says the same (:func:`reports.items.waiting`).
+WAITING = "state = 'pending' AND due_at IS NOT NULL"
+
+
 class ReportItem(Base):
     """One user's report for one period: the unit of progress and of idempotency."""
 
@@ -145,23 +150,24 @@ class ReportItem(Base):
 
     # Reconcile walks a period's pending items by user. The user id also makes a lookup of one
     # user's item in a given state exact here, should the planner prefer this index to the key.
-    # The release hands out a period's items in due order, and only items still waiting are in
-    # the two partial indexes: a released item leaves them, so a day of releases never re-reads
-    # what it handed out. A changed time zone finds its user's waiting item by the second.
+    # The release hands out a period's items in due order, and only items still waiting (pending,
+    # with a due time) are in the two partial indexes: a released or finished item leaves them, so
+    # a day of releases never re-reads what it handed out, and counting what is scheduled reads
+    # the index alone. A changed time zone finds its user's waiting item by the second.
     __table_args__ = (
         Index("ix_report_items_period_state_user_id", "period", "state", "user_id"),
         Index(
             "ix_report_items_period_due_at",
             "period",
             "due_at",
-            postgresql_where=text("due_at IS NOT NULL"),
-            sqlite_where=text("due_at IS NOT NULL"),
+            postgresql_where=text(WAITING),
+            sqlite_where=text(WAITING),
         ),
         Index(
             "ix_report_items_waiting_user_id",
             "user_id",
-            postgresql_where=text("due_at IS NOT NULL"),
-            sqlite_where=text("due_at IS NOT NULL"),
+            postgresql_where=text(WAITING),
+            sqlite_where=text(WAITING),
         ),
     )
 

@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import ColumnElement, ColumnExpressionArgument, DateTime, case, exists, func, literal, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from reports import items
 from reports.clock import utcnow
 from reports.counters import FALLBACKS
 from reports.errors import PermanentError
@@ -223,14 +224,14 @@ def _record_page(
                 due,
             ).where(*in_page),
         )
-        items = ReportItem.__table__.c
+        columns = ReportItem.__table__.c
         rows = session.execute(
             # An item already there is handed out again only if it never was.
             recorded.on_conflict_do_update(
                 index_elements=["period", "user_id"],
                 set_={"updated_at": now},
-                where=items.enqueued_at.is_(None) & (items.state == ItemState.PENDING),
-            ).returning(items.user_id, items.due_at)
+                where=columns.enqueued_at.is_(None) & (columns.state == ItemState.PENDING),
+            ).returning(columns.user_id, columns.due_at)
         ).all()
         run.cursor = outcome.cursor = last
         # An item due later waits for the release.
@@ -278,11 +279,11 @@ def _release_page(session: Session, period: Period, run: PeriodRun, page_size: i
     two releases (a redelivered copy of the chain, reconcile) never hand the same item out; a
     crash before the send leaves it for reconcile, as a lost message.
     """
-    waiting = (ReportItem.period == str(period), ReportItem.due_at.is_not(None))
+    waiting = items.waiting(period)
     rows = session.execute(
         select(ReportItem.user_id, User.time_zone)
         .outerjoin(User, User.id == ReportItem.user_id)
-        .where(*waiting, ReportItem.due_at <= now, ReportItem.state == ItemState.PENDING)
+        .where(*waiting, ReportItem.due_at <= now)
         .order_by(ReportItem.due_at, ReportItem.user_id)
         .limit(page_size)
     ).all()
@@ -316,11 +317,7 @@ def _release_page(session: Session, period: Period, run: PeriodRun, page_size: i
 
 def _next_due(session: Session, period: Period) -> datetime | None:
     """The earliest due time of the period's items still waiting to be released."""
-    return session.scalar(
-        select(func.min(ReportItem.due_at)).where(
-            ReportItem.period == str(period), ReportItem.due_at.is_not(None), ReportItem.state == ItemState.PENDING
-        )
-    )
+    return session.scalar(select(func.min(ReportItem.due_at)).where(*items.waiting(period)))
 
 
 def _never_handed_out(session: Session, period: Period) -> list[tuple[int, datetime]]:

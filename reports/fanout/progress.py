@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import ScalarSelect, case, exists, func, select
 from sqlalchemy.orm import Session
 
+from reports import items
 from reports.errors import BadInput
 from reports.models import RECORDED, ItemCount, ItemState, PeriodRun, ReportItem, RunState
 from reports.periods import Period
@@ -80,9 +81,7 @@ def scheduled(session: Session, period: Period, now: datetime) -> int:
     """
     return (
         session.scalar(
-            select(func.count())
-            .select_from(ReportItem)
-            .where(ReportItem.period == str(period), ReportItem.due_at > now, ReportItem.state == ItemState.PENDING)
+            select(func.count()).select_from(ReportItem).where(*items.waiting(period), ReportItem.due_at > now)
         )
         or 0
     )
@@ -90,17 +89,7 @@ def scheduled(session: Session, period: Period, now: datetime) -> int:
 
 def waiting(session: Session, period: Period) -> bool:
     """Whether any of the period's pending items waits to be released, due or not."""
-    return bool(
-        session.scalar(
-            select(
-                exists().where(
-                    ReportItem.period == str(period),
-                    ReportItem.due_at.is_not(None),
-                    ReportItem.state == ItemState.PENDING,
-                )
-            )
-        )
-    )
+    return bool(session.scalar(select(exists().where(*items.waiting(period)))))
 
 
 def items_by_state(session: Session, periods: list[str] | None = None) -> dict[str, dict[str, int]]:
@@ -180,7 +169,7 @@ def scheduled_by_period(session: Session, now: datetime) -> dict[str, int]:
     """Each period's pending items not yet due at ``now``; a period with none is left out."""
     rows = session.execute(
         select(ReportItem.period, func.count())
-        .where(ReportItem.due_at > now, ReportItem.state == ItemState.PENDING)
+        .where(ReportItem.state == ItemState.PENDING, ReportItem.due_at.is_not(None), ReportItem.due_at > now)
         .group_by(ReportItem.period)
     )
     return {period: n for period, n in rows}

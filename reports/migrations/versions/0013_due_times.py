@@ -4,7 +4,7 @@ Revision ID: 0013
 Revises: 0012
 
 ``report_items.due_at`` holds when a waiting item is to be handed out; it is cleared as the item is.
-Both new indexes are partial, on waiting items only. A trigger on ``users`` makes a waiting item
+Both new indexes are partial, on waiting items only (pending, with a due time). A trigger on ``users`` makes a waiting item
 due at once (the epoch) when its user's time zone changes, so the release reads the new zone and
 computes the new due time: in SQL only the fact of the change is needed, not the time zone rules.
 ``period_runs`` keeps the send time and default zone a run was triggered with.
@@ -20,6 +20,9 @@ down_revision: str | Sequence[str] | None = "0012"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
+#: reports.models.WAITING: pending items with a due time.
+WAITING = "state = 'pending' AND due_at IS NOT NULL"
+
 #: reports.models.LOOK_AGAIN as each dialect writes it.
 LOOK_AGAIN = {"postgresql": "'1970-01-01 00:00:00'", "sqlite": "'1970-01-01 00:00:00.000000'"}
 
@@ -27,7 +30,7 @@ POSTGRESQL = [
     f"""
     CREATE FUNCTION report_items_follow_time_zone() RETURNS trigger LANGUAGE plpgsql AS $$
     BEGIN
-        UPDATE report_items SET due_at = {LOOK_AGAIN["postgresql"]} WHERE user_id = NEW.id AND due_at IS NOT NULL;
+        UPDATE report_items SET due_at = {LOOK_AGAIN["postgresql"]} WHERE user_id = NEW.id AND {WAITING};
         RETURN NULL;
     END $$
     """,
@@ -42,12 +45,10 @@ SQLITE = [
     f"""
     CREATE TRIGGER report_items_follow_time_zone AFTER UPDATE OF time_zone ON users
     WHEN OLD.time_zone IS NOT NEW.time_zone BEGIN
-        UPDATE report_items SET due_at = {LOOK_AGAIN["sqlite"]} WHERE user_id = NEW.id AND due_at IS NOT NULL;
+        UPDATE report_items SET due_at = {LOOK_AGAIN["sqlite"]} WHERE user_id = NEW.id AND {WAITING};
     END
     """,
 ]
-
-WAITING = "due_at IS NOT NULL"
 
 
 def upgrade() -> None:
