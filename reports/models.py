@@ -199,6 +199,21 @@ class ItemCount(Base):
     n: Mapped[int] = mapped_column(BigInteger)
 
 
+class DueCount(Base):
+    """A period's items waiting to be released, counted by due time, by triggers on ``report_items``
+    (migration 0013) as items are recorded, released, rescheduled, finished or pruned.
+
+    What is still scheduled is then a sum over a few dozen due times, not a count over a million
+    items. A row whose items have all gone keeps ``n`` at 0.
+    """
+
+    __tablename__ = "due_counts"
+
+    period: Mapped[PeriodKey] = mapped_column(primary_key=True)
+    due_at: Mapped[datetime] = mapped_column(DateTime(), primary_key=True)
+    n: Mapped[int] = mapped_column(BigInteger)
+
+
 class Report(Base):
     """The rendered report as it was sent (or is about to be)."""
 

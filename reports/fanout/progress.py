@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from reports import items
 from reports.errors import BadInput
-from reports.models import RECORDED, ItemCount, ItemState, PeriodRun, ReportItem, RunState
+from reports.models import RECORDED, DueCount, ItemCount, ItemState, PeriodRun, RunState
 from reports.periods import Period
 
 
@@ -74,17 +74,9 @@ def count(session: Session, period: Period, now: datetime | None = None) -> Prog
 
 
 def scheduled(session: Session, period: Period, now: datetime) -> int:
-    """The period's pending items not yet due at ``now``.
-
-    Counted from the index of waiting items, which a released item leaves: a count over the
-    items still waiting, falling to nothing as the day of releases goes on.
-    """
-    return (
-        session.scalar(
-            select(func.count()).select_from(ReportItem).where(*items.waiting(period), ReportItem.due_at > now)
-        )
-        or 0
-    )
+    """The period's pending items not yet due at ``now``, summed over the counts the database keeps
+    by due time (:class:`reports.models.DueCount`): a few dozen rows, however many items wait."""
+    return scheduled_by_period(session, now, [str(period)]).get(str(period), 0)
 
 
 def waiting(session: Session, period: Period) -> bool:
@@ -165,14 +157,13 @@ def every_period(session: Session, now: datetime | None = None) -> list[PeriodSu
     return summaries
 
 
-def scheduled_by_period(session: Session, now: datetime) -> dict[str, int]:
-    """Each period's pending items not yet due at ``now``; a period with none is left out."""
-    rows = session.execute(
-        select(ReportItem.period, func.count())
-        .where(ReportItem.state == ItemState.PENDING, ReportItem.due_at.is_not(None), ReportItem.due_at > now)
-        .group_by(ReportItem.period)
-    )
-    return {period: n for period, n in rows}
+def scheduled_by_period(session: Session, now: datetime, periods: list[str] | None = None) -> dict[str, int]:
+    """Each period's (of ``periods``, or every one's) pending items not yet due at ``now``, as
+    :func:`scheduled` counts them; a period with none may be left out."""
+    statement = select(DueCount.period, func.sum(DueCount.n)).where(DueCount.due_at > now).group_by(DueCount.period)
+    if periods is not None:
+        statement = statement.where(DueCount.period.in_(periods))
+    return {period: int(n) for period, n in session.execute(statement)}
 
 
 def _progress(period: str, planned: bool, by_state: dict[str, int]) -> Progress:

@@ -164,6 +164,8 @@ def test_a_user_whose_zone_changes_before_their_morning_is_released_at_the_new_o
 
     step(sessions, queue, DUE["Asia/Tashkent"])
     assert set(handed_out(queue)) == {2}
+    # User 3 waits for Istanbul's morning now, user 1 for Los Angeles's, with user 4.
+    assert counts(sessions, DUE["Asia/Tashkent"]).scheduled == 3
     step(sessions, queue, DUE["Europe/Istanbul"])
     assert set(handed_out(queue)) == {2, 3}
     step(sessions, queue, DUE["America/Los_Angeles"] - timedelta(minutes=1))
