@@ -282,9 +282,14 @@ def _release_page(session: Session, period: Period, run: PeriodRun, page_size: i
     waiting = items.waiting(period)
     # The page is taken in due order straight off the index of waiting items, then joined to its
     # users: planned as one join, a large period's estimate led PostgreSQL to a parallel sort.
-    page = select(ReportItem.user_id).where(*waiting, ReportItem.due_at <= now).order_by(ReportItem.due_at)
-    due = page.limit(page_size).subquery()
-    rows = session.execute(select(due.c.user_id, User.time_zone).outerjoin(User, User.id == due.c.user_id)).all()
+    page = (
+        select(ReportItem.user_id)
+        .where(*waiting, ReportItem.due_at <= now)
+        .order_by(ReportItem.due_at)
+        .limit(page_size)
+        .subquery()
+    )
+    rows = session.execute(select(page.c.user_id, User.time_zone).outerjoin(User, User.id == page.c.user_id)).all()
     schedule = run.schedule
     due_now: list[int] = []
     later: dict[datetime, list[int]] = {}
