@@ -14,6 +14,7 @@ from reports.endpoints import check_endpoints, default_helo_name, redact_url, re
 from reports.errors import ConfigurationError
 from reports.feedback_settings import check_feedback
 from reports.jobs import is_version_name
+from reports.local_time import SendSchedule, check_zone, parse_clock_time
 from reports.sender import parse_sender
 
 #: Longest duration any setting accepts: ten years, in seconds.
@@ -166,6 +167,13 @@ class Settings:
     #: The IANA timezone of ``schedule_time`` (``Europe/Paris``); a period is never triggered
     #: before it has ended in UTC, whatever the timezone.
     schedule_timezone: str = "UTC"
+    #: ``HH:MM``: each user's report is due at this time on their own clock on the 1st after the
+    #: period (the 2nd far east of UTC, where the 1st's comes before the month has ended in UTC);
+    #: empty: every report is sent as soon as the run starts. A run keeps the value it was
+    #: triggered with.
+    send_at_local_time: str = ""
+    #: IANA time zone of the users whose own is unset or unknown (an unknown one is counted).
+    default_time_zone: str = "UTC"
     #: How many past months the scheduler triggers on start if they were never triggered.
     schedule_lookback_months: int = 1
     #: How often the scheduler reconciles unfinished periods, in seconds; 0 turns it off.
@@ -278,6 +286,11 @@ class Settings:
     def helo_name(self) -> str:
         """The name given in EHLO: SMTP_HELO_NAME, or its default (read from the host once asked)."""
         return self.smtp_helo_name or default_helo_name(socket.getfqdn(), self.mail_domain)
+
+    @property
+    def send_schedule(self) -> SendSchedule | None:
+        """When a run triggered now makes its reports due; ``None``: as soon as it starts."""
+        return SendSchedule.parse(self.send_at_local_time, self.default_time_zone)
 
     @property
     def outbox_dir(self) -> Path:
@@ -445,6 +458,9 @@ def _check_names(settings: Settings) -> None:
     check_locale(settings.report_locale, settings.report_currency)
     ReportLook.from_settings(settings)
     parse_sender(settings.mail_from)
+    if settings.send_at_local_time:
+        parse_clock_time(settings.send_at_local_time, "SEND_AT_LOCAL_TIME")
+    check_zone(settings.default_time_zone, "DEFAULT_TIME_ZONE")
     if settings.log_level.upper() not in LOG_LEVELS:
         raise ConfigurationError(f"LOG_LEVEL must be one of {', '.join(LOG_LEVELS)}, got {settings.log_level!r}.")
 
@@ -485,6 +501,8 @@ ENVIRONMENT = {
     "schedule_time": "SCHEDULE_TIME",
     "schedule_timezone": "SCHEDULE_TIMEZONE",
     "schedule_lookback_months": "SCHEDULE_LOOKBACK_MONTHS",
+    "send_at_local_time": "SEND_AT_LOCAL_TIME",
+    "default_time_zone": "DEFAULT_TIME_ZONE",
     "schedule_reconcile_interval_seconds": "SCHEDULE_RECONCILE_INTERVAL_SECONDS",
     "log_level": "LOG_LEVEL",
     "alert_webhook_url": "ALERT_WEBHOOK_URL",

@@ -117,7 +117,13 @@ class SchedulerProcess:
             if self.stopping.is_set():
                 break
             with self.sessions.begin() as session:
-                run = runs.trigger(session, period, template_version=self.settings.template_version, now=now)
+                run = runs.trigger(
+                    session,
+                    period,
+                    template_version=self.settings.template_version,
+                    schedule=self.settings.send_schedule,
+                    now=now,
+                )
             # Committed before the send: if the send fails, reconcile re-enqueues the coordinator
             # of a walk that has not moved for RECONCILE_STUCK_AFTER_SECONDS.
             if run.created:

@@ -24,6 +24,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from reports import suppressions
+from reports.clock import utcnow
 from reports.counters import DURATION_BUCKETS, FALLBACKS_COUNTER, SEP, counter_key
 from reports.delivery import send_rate
 from reports.delivery.breaker import STATE_VALUES, State, mail_breaker_name
@@ -256,10 +257,12 @@ class ReportsCollector(Collector):
     def _fallbacks(self) -> Metric:
         fallbacks = CounterMetricFamily(
             "reports_user_fallbacks",
-            "Reports written in REPORT_LOCALE because the user's own locale is unknown or not shipped.",
+            "Users given a default because their own was unknown: the locale (REPORT_LOCALE, also when "
+            "not shipped), counted per report, or the time zone (DEFAULT_TIME_ZONE), counted as the walk "
+            "records them.",
             labels=["fact"],
         )
-        counts = {"locale": 0.0}
+        counts = {"locale": 0.0, "time_zone": 0.0}
         counts.update({labels[0]: value for labels, value in self._hash(FALLBACKS_COUNTER)})
         for fact, value in sorted(counts.items()):
             fallbacks.add_metric([fact], value)
@@ -321,6 +324,11 @@ class ReportsCollector(Collector):
             "reports_period_planned", "1 once the coordinator has walked every user.", labels=["period"]
         )
         total = GaugeMetricFamily("reports_period_total", "Report items recorded for a period.", labels=["period"])
+        scheduled = GaugeMetricFamily(
+            "reports_period_scheduled",
+            "Pending report items of a period not yet due: waiting for their users' mornings.",
+            labels=["period"],
+        )
         cancelled = GaugeMetricFamily(
             "reports_period_cancelled", "1 while an operator has the period cancelled.", labels=["period"]
         )
@@ -339,6 +347,7 @@ class ReportsCollector(Collector):
                 .limit(PERIODS_EXPORTED)
             ).all()
             counts = progress.items_by_state(session, [period for period, _, _, _ in runs])
+            waiting = progress.scheduled_by_period(session, utcnow())
             was_replayed = DeadLetter.replayed_at.is_not(None)
             letters = {
                 bool(k): n for k, n in session.execute(select(was_replayed, func.count()).group_by(was_replayed))
@@ -350,6 +359,7 @@ class ReportsCollector(Collector):
             for item_state in ItemState:
                 items.add_metric([period, item_state], by_state.get(item_state, 0))
             total.add_metric([period], sum(by_state.values()))
+            scheduled.add_metric([period], waiting.get(period, 0))
             planned.add_metric([period], 1.0 if is_planned else 0.0)
             triggered.add_metric([period], triggered_at.replace(tzinfo=UTC).timestamp())
             cancelled.add_metric([period], 1.0 if state == RunState.CANCELLED else 0.0)
@@ -357,6 +367,7 @@ class ReportsCollector(Collector):
             stored.add_metric([str(replayed).lower()], letters.get(replayed, 0))
         yield items
         yield total
+        yield scheduled
         yield planned
         yield triggered
         yield cancelled

@@ -14,6 +14,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import cast
 
@@ -92,6 +93,30 @@ def clock_ahead(seconds: int) -> dict[str, str]:
     """
     _, preload = libfaketime.get_reload_information()
     return {**preload, "FAKETIME": f"{seconds:+d}s"}
+
+
+class MovableClock:
+    """A wall clock the test moves, for processes started with :meth:`env` (libfaketime, preloaded).
+
+    It reads its offset from a file at every call (``FAKETIME_NO_CACHE``), so :meth:`set` moves
+    every such process's clock at once, and it runs at the machine's rate from there. Monotonic
+    clocks are left real, as with :func:`clock_ahead`.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.set(datetime.now(UTC).replace(tzinfo=None))
+
+    def set(self, moment: datetime) -> None:
+        """Make the processes' clocks read ``moment`` (naive UTC) now."""
+        offset = (moment - datetime.now(UTC).replace(tzinfo=None)).total_seconds()
+        temporary = self.path.with_suffix(".new")
+        temporary.write_text(f"{offset:+.3f}s\n")
+        temporary.replace(self.path)
+
+    def env(self) -> dict[str, str]:
+        _, preload = libfaketime.get_reload_information()
+        return {**preload, "FAKETIME_TIMESTAMP_FILE": str(self.path)}
 
 
 @dataclass
