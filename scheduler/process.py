@@ -391,19 +391,15 @@ def main() -> int:
     try:
         settings = Settings.from_env()
         schedule = Schedule.from_settings(settings)
+        broker = build_broker(settings)
+        # Before the log is set up: a queue of the other type is then the one line on stderr.
+        declare_queues(broker, QUEUES)
         configure_logging(settings.log_level)
     except ConfigurationError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_CONFIGURATION
 
     engine = create_db_engine(settings.database_url)
-    broker = build_broker(settings)
-    try:
-        declare_queues(broker, QUEUES)
-    except ConfigurationError as e:
-        print(f"error: {e}", file=sys.stderr)
-        broker.close()
-        return EXIT_BAD_CONFIGURATION
     try:
         SchedulerProcess(
             settings,

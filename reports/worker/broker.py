@@ -74,7 +74,10 @@ def declare_queues(broker: Broker, queues: Iterable[str]) -> None:
     """
     if not isinstance(broker, ReportsRabbitmqBroker):
         return
+    queues = list(queues)
     try:
+        # Every queue checked before any is declared: a mismatch leaves RabbitMQ as it was.
+        broker.check(queues)
         for queue in queues:
             broker.declare_queue(queue, ensure=True)
     except dramatiq.errors.BrokerConnectionError as error:

@@ -11,6 +11,7 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import pika
@@ -57,16 +58,18 @@ def current_type(reply_text: str) -> str:
 _PIKA_CHANNEL_LOG = logging.getLogger("pika.channel")
 
 
-class _ExpectedNotFound(logging.Filter):
-    """Drops pika's warning about the channel RabbitMQ closes on a passive declaration of a missing
-    queue, in the thread that asked: that answer is how a missing queue is told, not a fault."""
+class _Answers(logging.Filter):
+    """Drops pika's warnings about the channels RabbitMQ closes while :meth:`TypedRabbitmqBroker.check`
+    asks, in the thread that asks: a missing queue (404) and a declaration that differs (406) are
+    the answers, not faults, and a mismatch is reported in one line of its own."""
 
     def __init__(self) -> None:
         super().__init__()
         self.thread = threading.get_ident()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.thread == self.thread and isinstance(record.args, tuple) and record.args[:1] == (NOT_FOUND,))
+        answer = isinstance(record.args, tuple) and record.args[:1] in ((NOT_FOUND,), (PRECONDITION_FAILED,))
+        return not (record.thread == self.thread and answer)
 
 
 class TypedRabbitmqBroker(RabbitmqBroker):
@@ -75,7 +78,8 @@ class TypedRabbitmqBroker(RabbitmqBroker):
 
     Before it declares any of the three, it raises :class:`QueueMismatch` if RabbitMQ has one of
     them as another type (or with other arguments): declaring them one by one would create the
-    missing ones before RabbitMQ refused the next, leaving a queue of each type.
+    missing ones before RabbitMQ refused the next, leaving a queue of each type. :meth:`check`
+    does the same for several queues at once.
 
     :param queue_type: ``classic`` or ``quorum`` (RABBITMQ_QUEUE_TYPE).
     """
@@ -116,36 +120,46 @@ class TypedRabbitmqBroker(RabbitmqBroker):
                 return work.method.message_count, delayed.method.message_count, dead.method.message_count
             time.sleep(LEADER_PAUSE_SECONDS)
 
+    def check(self, queues: Iterable[str]) -> None:
+        """Raise :class:`QueueMismatch` if RabbitMQ has one of ``queues``, their ``.DQ`` or their
+        ``.XQ`` as another type or with other arguments; declare none that it lacks.
+
+        Those it has are declared again, as they are: a declaration that differs is refused by
+        RabbitMQ and changes nothing.
+        """
+        answers = _Answers()
+        _PIKA_CHANNEL_LOG.addFilter(answers)
+        try:
+            for queue in queues:
+                self._refuse_mismatched(queue)
+        except (pika.exceptions.AMQPConnectionError, pika.exceptions.AMQPChannelError) as error:
+            # As Dramatiq's own declaration does: the callers try again on a new connection.
+            del self.connection
+            raise ConnectionClosed(error) from None  # type: ignore[no-untyped-call]
+        finally:
+            _PIKA_CHANNEL_LOG.removeFilter(answers)
+
     def _ensure_queue(self, canonical_queue_name: str) -> None:
         if canonical_queue_name in self.queues_pending:
-            self._refuse_mismatched(canonical_queue_name)
+            self.check([canonical_queue_name])
         super()._ensure_queue(canonical_queue_name)  # type: ignore[no-untyped-call]
 
     def _refuse_mismatched(self, queue_name: str) -> None:
-        """Declare again, as they are, those of the three queues RabbitMQ has: a declaration that
-        differs is refused and changes nothing. The missing ones are left to Dramatiq."""
         declarations = {
             queue_name: self._declare_queue,
             dq_name(queue_name): self._declare_dq_queue,
             xq_name(queue_name): self._declare_xq_queue,
         }
-        try:
-            for name in [name for name in declarations if self._exists(name)]:
-                try:
-                    declarations[name](queue_name)
-                except pika.exceptions.ChannelClosedByBroker as error:
-                    del self.channel
-                    if error.reply_code != PRECONDITION_FAILED:
-                        raise
-                    raise QueueMismatch(self._mismatch(name, error.reply_text)) from None
-        except (pika.exceptions.AMQPConnectionError, pika.exceptions.AMQPChannelError) as error:
-            # As Dramatiq's own declaration does: the callers try again on a new connection.
-            del self.connection
-            raise ConnectionClosed(error) from None  # type: ignore[no-untyped-call]
+        for name in [name for name in declarations if self._exists(name)]:
+            try:
+                declarations[name](queue_name)
+            except pika.exceptions.ChannelClosedByBroker as error:
+                del self.channel
+                if error.reply_code != PRECONDITION_FAILED:
+                    raise
+                raise QueueMismatch(self._mismatch(name, error.reply_text)) from None
 
     def _exists(self, name: str) -> bool:
-        quiet = _ExpectedNotFound()
-        _PIKA_CHANNEL_LOG.addFilter(quiet)
         try:
             self.channel.queue_declare(queue=name, passive=True)
         except pika.exceptions.ChannelClosedByBroker as error:
@@ -154,8 +168,6 @@ class TypedRabbitmqBroker(RabbitmqBroker):
             if error.reply_code != NOT_FOUND:
                 raise
             return False
-        finally:
-            _PIKA_CHANNEL_LOG.removeFilter(quiet)
         return True
 
     def _mismatch(self, name: str, reply_text: str) -> str:
