@@ -93,12 +93,11 @@ class TypedRabbitmqBroker(RabbitmqBroker):
         return {**arguments, TYPE_ARGUMENT: self.queue_type}
 
     def _declare_xq_queue(self, queue_name: str) -> Any:
-        # Dramatiq's own declaration, with the type: its dead letters expire after a fixed time.
-        return self.channel.queue_declare(
-            queue=xq_name(queue_name),
-            durable=True,
-            arguments={"x-message-ttl": DEAD_MESSAGE_TTL, TYPE_ARGUMENT: self.queue_type},
-        )
+        return self.channel.queue_declare(queue=xq_name(queue_name), durable=True, arguments=self._xq_arguments())
+
+    def _xq_arguments(self) -> dict[str, Any]:
+        # Dramatiq's own, with the type: its dead letters expire after a fixed time.
+        return {"x-message-ttl": DEAD_MESSAGE_TTL, TYPE_ARGUMENT: self.queue_type}
 
     def get_queue_message_counts(self, queue_name: str) -> tuple[int, int, int]:
         """Dramatiq's count of the messages ready in the queue, its ``.DQ`` and its ``.XQ``, with
@@ -124,8 +123,8 @@ class TypedRabbitmqBroker(RabbitmqBroker):
         """Raise :class:`QueueMismatch` if RabbitMQ has one of ``queues``, their ``.DQ`` or their
         ``.XQ`` as another type or with other arguments; declare none that it lacks.
 
-        Those it has are declared again, as they are: a declaration that differs is refused by
-        RabbitMQ and changes nothing.
+        Those it has are declared again, as this broker declares them: a declaration that differs
+        is refused by RabbitMQ and changes nothing.
         """
         answers = _Answers()
         _PIKA_CHANNEL_LOG.addFilter(answers)
@@ -145,30 +144,33 @@ class TypedRabbitmqBroker(RabbitmqBroker):
         super()._ensure_queue(canonical_queue_name)  # type: ignore[no-untyped-call]
 
     def _refuse_mismatched(self, queue_name: str) -> None:
-        declarations = {
-            queue_name: self._declare_queue,
-            dq_name(queue_name): self._declare_dq_queue,
-            xq_name(queue_name): self._declare_xq_queue,
+        expected = {
+            queue_name: self._build_queue_arguments(queue_name),
+            dq_name(queue_name): self._build_queue_arguments(queue_name),
+            xq_name(queue_name): self._xq_arguments(),
         }
-        for name in [name for name in declarations if self._exists(name)]:
-            try:
-                declarations[name](queue_name)
-            except pika.exceptions.ChannelClosedByBroker as error:
-                del self.channel
-                if error.reply_code != PRECONDITION_FAILED:
-                    raise
-                raise QueueMismatch(self._mismatch(name, error.reply_text)) from None
-
-    def _exists(self, name: str) -> bool:
+        # On a channel of its own: RabbitMQ closes the channel that a passive declaration of a
+        # missing queue, or a declaration that differs, was made on, and a caller may be holding
+        # the thread's.
+        channel = self.connection.channel()
         try:
-            self.channel.queue_declare(queue=name, passive=True)
-        except pika.exceptions.ChannelClosedByBroker as error:
-            # RabbitMQ closes the channel on a passive declaration of a missing queue.
-            del self.channel
-            if error.reply_code != NOT_FOUND:
-                raise
-            return False
-        return True
+            for name, arguments in expected.items():
+                try:
+                    channel.queue_declare(queue=name, passive=True)
+                except pika.exceptions.ChannelClosedByBroker as error:
+                    if error.reply_code != NOT_FOUND:
+                        raise
+                    channel = self.connection.channel()
+                    continue
+                try:
+                    channel.queue_declare(queue=name, durable=True, arguments=arguments)
+                except pika.exceptions.ChannelClosedByBroker as error:
+                    if error.reply_code != PRECONDITION_FAILED:
+                        raise
+                    raise QueueMismatch(self._mismatch(name, error.reply_text)) from None
+        finally:
+            if channel.is_open:
+                channel.close()
 
     def _mismatch(self, name: str, reply_text: str) -> str:
         nodes = self.parameters if isinstance(self.parameters, list) else [self.parameters]

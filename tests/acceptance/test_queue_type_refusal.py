@@ -4,15 +4,13 @@ declaration, a command at its first."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from dataclasses import replace
 
 import pika
 import pytest
 
-from tests.support.environment import REPO
+from tests.support.processes import run_process
 from tests.support.rabbitmq import queue_types
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)]
@@ -40,15 +38,7 @@ def test_a_process_refuses_a_queue_of_the_other_type_in_one_line_and_declares_no
         settings, broker_url=rabbitmq_url, redis_url=settings.shared_redis_url, rabbitmq_queue_type="quorum"
     )
 
-    result = subprocess.run(
-        command,
-        env={**os.environ, **settings.as_environ()},
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = run_process(settings, command)
 
     described = f"exit {result.returncode}\nstdout: {result.stdout!r}\nstderr: {result.stderr!r}"
     assert result.returncode == 2, described
