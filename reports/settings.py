@@ -97,8 +97,9 @@ class Settings:
     #: can share one Redis.
     broker_namespace: str = "dramatiq"
     #: The type of every queue declared on RabbitMQ (each work queue, its ``.DQ`` and its ``.XQ``):
-    #: ``quorum`` (replicated to a majority of the cluster's nodes) or ``classic``. A queue's type is
-    #: fixed when it is first declared: a process that finds one of the other type refuses to start.
+    #: ``quorum`` (replicated across the cluster, kept through the loss of a minority of its nodes) or
+    #: ``classic``. A queue's type is fixed when it is first declared: a process that finds one of
+    #: the other type refuses to start.
     rabbitmq_queue_type: str = "classic"
     #: ``smtp://`` or ``smtps://`` URL; ``None`` writes mail to a Maildir under ``var_dir``.
     smtp_url: str | None = None
