@@ -88,7 +88,8 @@ class Settings:
     var_dir: Path = Path("var")
     #: SQLAlchemy URL. Defaults to a SQLite file under ``var_dir``.
     database_url: str = ""
-    #: The broker: Redis (``redis://``, ``rediss://``, ``unix://``) or RabbitMQ (``amqp://``, ``amqps://``).
+    #: The broker: Redis (``redis://``, ``rediss://``, ``unix://``) or RabbitMQ (``amqp://``, ``amqps://``;
+    #: a cluster's nodes separated by ``;``, each process connecting to the first that answers).
     broker_url: str = "redis://localhost:6379/0"
     #: The Redis that holds what the fleet shares (breaker, send rate, alert gate, metrics).
     #: Defaults to ``broker_url`` when that is Redis; required when the broker is RabbitMQ.
@@ -96,6 +97,11 @@ class Settings:
     #: Prefix of every Redis key the broker and the shared state write, so several deployments
     #: can share one Redis.
     broker_namespace: str = "dramatiq"
+    #: The type of every queue declared on RabbitMQ (each work queue, its ``.DQ`` and its ``.XQ``):
+    #: ``quorum`` (replicated across the cluster, kept through the loss of a minority of its nodes) or
+    #: ``classic``. A queue's type is fixed when it is first declared: a process that finds one of
+    #: the other type refuses to start.
+    rabbitmq_queue_type: str = "classic"
     #: ``smtp://`` or ``smtps://`` URL; ``None`` writes mail to a Maildir under ``var_dir``.
     smtp_url: str | None = None
     #: The sender of every report: one address, ASCII before the ``@``; an internationalised domain
@@ -422,6 +428,9 @@ EMPTY_MONTH_CHOICES = ("send", "skip")
 #: Level names ``LOG_LEVEL`` accepts, in any case.
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
+#: What ``RABBITMQ_QUEUE_TYPE`` accepts.
+QUEUE_TYPES = ("classic", "quorum")
+
 
 def _check_ranges(settings: Settings) -> None:
     for name, allowed in _RANGES.items():
@@ -461,6 +470,10 @@ def _check_names(settings: Settings) -> None:
     if settings.send_at_local_time:
         parse_clock_time(settings.send_at_local_time, "SEND_AT_LOCAL_TIME")
     check_zone(settings.default_time_zone, "DEFAULT_TIME_ZONE")
+    if settings.rabbitmq_queue_type not in QUEUE_TYPES:
+        raise ConfigurationError(
+            f"RABBITMQ_QUEUE_TYPE must be one of {', '.join(QUEUE_TYPES)}, got {settings.rabbitmq_queue_type!r}."
+        )
     if settings.log_level.upper() not in LOG_LEVELS:
         raise ConfigurationError(f"LOG_LEVEL must be one of {', '.join(LOG_LEVELS)}, got {settings.log_level!r}.")
 
@@ -472,6 +485,7 @@ ENVIRONMENT = {
     "broker_url": "BROKER_URL",
     "redis_url": "REDIS_URL",
     "broker_namespace": "BROKER_NAMESPACE",
+    "rabbitmq_queue_type": "RABBITMQ_QUEUE_TYPE",
     "smtp_url": "SMTP_URL",
     "mail_from": "MAIL_FROM",
     "smtp_helo_name": "SMTP_HELO_NAME",

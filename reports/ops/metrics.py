@@ -31,7 +31,7 @@ from reports.delivery.breaker import STATE_VALUES, State, mail_breaker_name
 from reports.fanout import progress
 from reports.feedback import store as feedback_store
 from reports.feedback.events import Kind
-from reports.jobs import BUILD_REPORT, BULK_QUEUE, COORDINATOR, CRITICAL_QUEUE, DEFAULT_QUEUE, SEND_NOW
+from reports.jobs import BUILD_REPORT, COORDINATOR, QUEUES, SEND_NOW
 from reports.models import DeadLetter, DeadLetterReason, ItemState, PeriodRun, RunState
 from reports.settings import Settings
 from reports.worker import held, rabbitmq
@@ -102,9 +102,11 @@ def fleet_collector(settings: Settings, sessions: sessionmaker[Session]) -> Cach
         redis.Redis.from_url(settings.shared_redis_url),
         namespace=settings.broker_namespace,
         sessions=sessions,
-        queues=(CRITICAL_QUEUE, DEFAULT_QUEUE, BULK_QUEUE),
+        queues=QUEUES,
         breaker_name=mail_breaker_name(settings.broker_namespace),
-        rabbitmq_depths=functools.partial(rabbitmq.ready_counts_at, settings.broker_url)
+        rabbitmq_depths=functools.partial(
+            rabbitmq.ready_counts_at, settings.broker_url, queue_type=settings.rabbitmq_queue_type
+        )
         if settings.broker_is_rabbitmq
         else None,
     )

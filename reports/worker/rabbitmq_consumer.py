@@ -14,7 +14,7 @@ from typing import Any
 
 import redis
 from dramatiq.broker import MessageProxy
-from dramatiq.brokers.rabbitmq import RabbitmqBroker, _RabbitmqConsumer, _RabbitmqMessage
+from dramatiq.brokers.rabbitmq import _RabbitmqConsumer, _RabbitmqMessage
 from dramatiq.common import q_name
 from dramatiq.errors import ConnectionClosed, DecodeError
 from dramatiq.message import Message
@@ -22,15 +22,17 @@ from dramatiq.message import Message
 from reports.worker import held as held_messages
 from reports.worker import holding, rabbitmq
 from reports.worker.consumer import HOOK
+from reports.worker.queue_types import TypedRabbitmqBroker
 
 logger = logging.getLogger(__name__)
 
 
-class ReportsRabbitmqBroker(RabbitmqBroker):
-    """Dramatiq's RabbitMQ broker with this module's consumer.
+class ReportsRabbitmqBroker(TypedRabbitmqBroker):
+    """Dramatiq's RabbitMQ broker with this module's consumer, declaring its queues as one type.
 
     :param shared_redis: the Redis of the fleet's shared state (REDIS_URL), where the snapshots go.
     :param namespace: the key namespace there (BROKER_NAMESPACE).
+    :param queue_type: the type of every queue it declares (RABBITMQ_QUEUE_TYPE).
     """
 
     def __init__(self, *, shared_redis: redis.Redis, namespace: str, **options: Any) -> None:

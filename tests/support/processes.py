@@ -154,9 +154,17 @@ def run_cli(settings: Settings, *args: str | bytes, timeout: float = 60) -> subp
 
     An argument may be bytes, to pass what a shell would (including bytes that are not UTF-8).
     """
+    return run_process(settings, [sys.executable, "-m", "reports", *args], timeout=timeout)
+
+
+def run_process(
+    settings: Settings, command: list[str | bytes], *, timeout: float = 60, environ: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``command`` from the repository with ``settings`` (and ``environ`` over them) in its
+    environment, until it exits; what it printed."""
     return subprocess.run(
-        [sys.executable, "-m", "reports", *args],
-        env={**os.environ, **settings.as_environ()},
+        command,
+        env={**os.environ, **settings.as_environ(), **(environ or {})},
         cwd=REPO,
         capture_output=True,
         text=True,
