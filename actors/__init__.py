@@ -8,6 +8,7 @@ one Dramatiq silently makes a default broker on localhost whose worker consumes 
 from __future__ import annotations
 
 import sys
+from typing import NoReturn
 
 import dramatiq
 
@@ -16,7 +17,7 @@ from reports.errors import ConfigurationError
 from reports.settings import Settings
 from reports.worker import failure_logs
 from reports.worker.actor_metrics import ActorMetrics
-from reports.worker.broker import build_broker, shared_redis
+from reports.worker.broker import build_broker, declare_queues, shared_redis
 from reports.worker.dead_letter_sink import BrokerDeadLetters
 from reports.worker.lifecycle import DrainOnce, Heartbeat
 from reports.worker.queues import queue_for
@@ -28,12 +29,17 @@ REPEATED_SIGTERM_WINDOW_SECONDS = 5.0
 #: Exit code for configuration the worker rejected at start (the CLI's code for bad input).
 EXIT_BAD_CONFIGURATION = 2
 
-try:
-    _settings = Settings.from_env()
-except ConfigurationError as error:
+
+def _refuse(error: ConfigurationError) -> NoReturn:
     # One line instead of an import traceback; the dramatiq master then stops with this code.
     print(f"error: {error}", file=sys.stderr)
     sys.exit(EXIT_BAD_CONFIGURATION)
+
+
+try:
+    _settings = Settings.from_env()
+except ConfigurationError as error:
+    _refuse(error)
 broker = build_broker(_settings)
 queue = queue_for(broker)
 _shared_redis = shared_redis(broker, _settings)
@@ -56,3 +62,8 @@ dramatiq.set_broker(broker)
 failure_logs.install()
 
 from actors import coordinator, report  # noqa: E402, F401  (declared against the broker set above)
+
+try:
+    declare_queues(broker, sorted(broker.get_declared_queues()))
+except ConfigurationError as error:
+    _refuse(error)

@@ -35,7 +35,10 @@ def coordinator(*args: Any, **kwargs: Any) -> None:
         should_stop=draining.is_set,
         high_water=worker.settings.plan_high_water,
     )
-    logger.info(
+    # A look that found nothing come due (one a minute while reports wait) is not news.
+    idle = outcome.release_in is not None and not outcome.enqueued
+    logger.log(
+        logging.DEBUG if idle else logging.INFO,
         "Walked %d pages, enqueued %d reports for %s (cursor %s, planned=%s, chain %s%s).",
         outcome.pages,
         outcome.enqueued,
@@ -43,14 +46,14 @@ def coordinator(*args: Any, **kwargs: Any) -> None:
         outcome.cursor,
         outcome.planned,
         walker,
-        ", superseded" if outcome.superseded else ", paused" if outcome.backlogged or outcome.settling else "",
+        ", superseded"
+        if outcome.superseded
+        else ", paused"
+        if outcome.backlogged or outcome.settling
+        else f", next look for due reports in {outcome.release_in:.0f} s"
+        if outcome.release_in is not None
+        else "",
     )
-    if outcome.planned or outcome.cancelled or outcome.superseded:
-        return
-    if outcome.backlogged or outcome.settling:
-        # The bulk queue is full enough, or a crashed page is not yet old enough to hand out:
-        # look again later (Redis holds a bounded backlog; the page gets its grace).
-        queue.send_coordinator(walker, job.payload(), delay_ms=int(worker.settings.plan_pause_seconds * 1000))
-    else:
-        # Short slices keep the coordinator drainable on SIGTERM; the checkpoint carries the walk on.
-        queue.send_coordinator(walker, job.payload())
+    delay = outcome.continue_in(pause_seconds=worker.settings.plan_pause_seconds)
+    if delay is not None:
+        queue.send_coordinator(walker, job.payload(), delay_ms=int(delay * 1000) or None)

@@ -329,12 +329,27 @@ def _host_of(url: str) -> str | None:
     return host or None
 
 
+#: Separates the nodes of a RabbitMQ cluster in BROKER_URL: Dramatiq splits the URL there and pika
+#: tries the nodes in turn.
+AMQP_NODE_SEPARATOR = ";"
+
+
 def _check_amqp_url(url: str) -> None:
+    nodes = url.split(AMQP_NODE_SEPARATOR)
     # pika reads a URL without a host as localhost, without a word.
-    if not _host_of(url):
+    if not all(urlsplit(node).scheme in ("amqp", "amqps") and _host_of(node) for node in nodes):
         raise ConfigurationError(
-            f"BROKER_URL must name the RabbitMQ host (amqp://user:password@host:5672/vhost), got {redact_url(url)}."
+            "BROKER_URL must name each RabbitMQ node as amqp://user:password@host:5672/vhost (amqps:// for TLS), "
+            f"several separated by '{AMQP_NODE_SEPARATOR}', got {redact_url(url)}."
         )
+    # A node naming another vhost would, once the first node is lost, be a different, empty broker.
+    if len({_vhost(node) for node in nodes}) > 1:
+        raise ConfigurationError(f"BROKER_URL's RabbitMQ nodes must all name the same vhost, got {redact_url(url)}.")
+
+
+def _vhost(url: str) -> str:
+    """The vhost an amqp URL names, as pika reads it (no path: ``/``)."""
+    return unquote(urlsplit(url).path[1:]) or "/"
 
 
 def _check_webhook_url(url: str) -> None:
@@ -375,9 +390,15 @@ def redact_url(url: str) -> str:
     ``sslpassword``, ``token``, ``api_key``…, any case).
 
     Deliberately not built on ``urlsplit``: it must hide a password even in a malformed URL
-    (no scheme, an unencoded ``/`` or ``#`` in the password, a bad port) and never raise.
+    (no scheme, an unencoded ``/`` or ``#`` in the password, a bad port) and never raise. A list of
+    URLs (a RabbitMQ cluster's nodes, separated by ``;``) has each one's secrets masked.
     """
-    return _redact_userinfo(_PARAMETER.sub(_redact_parameter, url))
+    return ";".join(_redact_userinfo(_PARAMETER.sub(_redact_parameter, part)) for part in _NEXT_URL.split(url))
+
+
+#: Where a list of URLs starts its next one: a ``;`` followed by a scheme (not a ``;`` inside a
+#: password or between query parameters).
+_NEXT_URL = re.compile(r";(?=[A-Za-z][A-Za-z0-9+.-]*://)")
 
 
 def _redact_parameter(match: re.Match[str]) -> str:

@@ -19,6 +19,16 @@ from reports.sql import Executor, rowcount
 ERROR_TEXT_LIMIT = 2000
 
 
+def waiting(period: Period) -> tuple[ColumnElement[bool], ...]:
+    """The period's items waiting to be released (pending, with a due time), in the words of the
+    partial indexes' condition (:data:`reports.models.WAITING`), so every query of them uses one."""
+    return (
+        ReportItem.period == str(period),
+        ReportItem.state == ItemState.PENDING,
+        ReportItem.due_at.is_not(None),
+    )
+
+
 def finish(
     session: Executor, period: Period, user_id: int, state: ItemState, *, now: datetime, error: str | None = None
 ) -> bool:

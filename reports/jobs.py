@@ -23,6 +23,8 @@ from reports.periods import Period
 CRITICAL_QUEUE = "critical"
 DEFAULT_QUEUE = "default"
 BULK_QUEUE = "bulk"
+#: Every queue, highest priority first.
+QUEUES = (CRITICAL_QUEUE, DEFAULT_QUEUE, BULK_QUEUE)
 
 #: ``users.id`` is a 32-bit integer: no user has a smaller or a larger id. 0 and negative ids are
 #: users like any other.

@@ -23,6 +23,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from reports.local_time import SendSchedule
+
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
     "uq": "uq_%(table_name)s_%(column_0_name)s",
@@ -98,6 +100,16 @@ class PeriodRun(Base):
     walker: Mapped[str | None] = mapped_column(String(36))
     #: When the walk last paused because the bulk queue held ``PLAN_HIGH_WATER`` messages.
     paused_at: Mapped[datetime | None] = mapped_column(DateTime())
+    #: ``HH:MM``: each report is due then on its user's clock (``SEND_AT_LOCAL_TIME`` when the run
+    #: was triggered); ``None``: every report is handed out as the walk records it.
+    send_at: Mapped[str | None] = mapped_column(String(5))
+    #: The zone of users with none or an unknown one (``DEFAULT_TIME_ZONE`` at the trigger).
+    default_time_zone: Mapped[str | None] = mapped_column(Text)
+
+    @property
+    def schedule(self) -> SendSchedule | None:
+        """When the run's reports are due; ``None``: as the walk records them."""
+        return SendSchedule.parse(self.send_at, self.default_time_zone)
 
 
 class ItemState(enum.StrEnum):
@@ -109,6 +121,11 @@ class ItemState(enum.StrEnum):
 
 #: States an item never leaves: a message finding its item in one of these does nothing.
 FINAL_STATES = frozenset({ItemState.DELIVERED, ItemState.SKIPPED, ItemState.DEAD})
+
+
+#: An item waiting to be released, as the partial indexes on ``report_items`` select it; every query
+#: that reads them says the same (:func:`reports.items.waiting`).
+WAITING = "state = 'pending' AND due_at IS NOT NULL"
 
 
 class ReportItem(Base):
@@ -123,6 +140,9 @@ class ReportItem(Base):
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     #: When the coordinator handed the item's message to the broker; NULL means not yet.
     enqueued_at: Mapped[datetime | None] = mapped_column(DateTime())
+    #: When the item's message is due to be handed out, in its user's morning; NULL once it has
+    #: been, or when the run sends at once. :data:`LOOK_AGAIN` when the user's zone changed.
+    due_at: Mapped[datetime | None] = mapped_column(DateTime())
     created_at: Mapped[Timestamp]
     updated_at: Mapped[Timestamp]
     finished_at: Mapped[datetime | None] = mapped_column(DateTime())
@@ -130,7 +150,31 @@ class ReportItem(Base):
 
     # Reconcile walks a period's pending items by user. The user id also makes a lookup of one
     # user's item in a given state exact here, should the planner prefer this index to the key.
-    __table_args__ = (Index("ix_report_items_period_state_user_id", "period", "state", "user_id"),)
+    # The release hands out a period's items in due order, and only items still waiting (pending,
+    # with a due time) are in the two partial indexes: a released or finished item leaves them, so
+    # a day of releases never re-reads what it handed out, and counting what is scheduled reads
+    # the index alone. A changed time zone finds its user's waiting item by the second.
+    __table_args__ = (
+        Index("ix_report_items_period_state_user_id", "period", "state", "user_id"),
+        Index(
+            "ix_report_items_period_due_at",
+            "period",
+            "due_at",
+            postgresql_where=text(WAITING),
+            sqlite_where=text(WAITING),
+        ),
+        Index(
+            "ix_report_items_waiting_user_id",
+            "user_id",
+            postgresql_where=text(WAITING),
+            sqlite_where=text(WAITING),
+        ),
+    )
+
+
+#: The due time a trigger on ``users`` gives an item still waiting when its user's time zone
+#: changes: due at once for the release, which then computes the new due time from the new zone.
+LOOK_AGAIN = datetime(1970, 1, 1)
 
 
 #: The counter an item adds to in ``item_counts`` when it is recorded, whatever its state.
@@ -152,6 +196,21 @@ class ItemCount(Base):
     period: Mapped[PeriodKey] = mapped_column(primary_key=True)
     shard: Mapped[int] = mapped_column(SmallInteger, primary_key=True, autoincrement=False)
     counter: Mapped[str] = mapped_column(String(16), primary_key=True)
+    n: Mapped[int] = mapped_column(BigInteger)
+
+
+class DueCount(Base):
+    """A period's items waiting to be released, counted by due time, by triggers on ``report_items``
+    (migration 0013) as items are recorded, released, rescheduled, finished or pruned.
+
+    What is still scheduled is then a sum over a few dozen due times, not a count over a million
+    items. A row whose items have all gone keeps ``n`` at 0.
+    """
+
+    __tablename__ = "due_counts"
+
+    period: Mapped[PeriodKey] = mapped_column(primary_key=True)
+    due_at: Mapped[datetime] = mapped_column(DateTime(), primary_key=True)
     n: Mapped[int] = mapped_column(BigInteger)
 
 

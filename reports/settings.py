@@ -14,6 +14,7 @@ from reports.endpoints import check_endpoints, default_helo_name, redact_url, re
 from reports.errors import ConfigurationError
 from reports.feedback_settings import check_feedback
 from reports.jobs import is_version_name
+from reports.local_time import SendSchedule, check_zone, parse_clock_time
 from reports.sender import parse_sender
 
 #: Longest duration any setting accepts: ten years, in seconds.
@@ -89,8 +90,9 @@ class Settings:
     var_dir: Path = Path("var")
     #: SQLAlchemy URL. Defaults to a SQLite file under ``var_dir``.
     database_url: str = ""
-    #: The broker: Redis (``redis://``, ``rediss://``, ``unix://``), RabbitMQ (``amqp://``, ``amqps://``)
-    #: or Amazon SQS (``sqs://REGION[/PREFIX][?endpoint_url=…]``).
+    #: The broker: Redis (``redis://``, ``rediss://``, ``unix://``), RabbitMQ (``amqp://``, ``amqps://``;
+    #: a cluster's nodes separated by ``;``, each process connecting to the first that answers) or
+    #: Amazon SQS (``sqs://REGION[/PREFIX][?endpoint_url=…]``).
     broker_url: str = "redis://localhost:6379/0"
     #: The Redis that holds what the fleet shares (breaker, send rate, alert gate, metrics).
     #: Defaults to ``broker_url`` when that is Redis; required when the broker is RabbitMQ or SQS.
@@ -98,6 +100,11 @@ class Settings:
     #: Prefix of every Redis key the broker and the shared state write, so several deployments
     #: can share one Redis.
     broker_namespace: str = "dramatiq"
+    #: The type of every queue declared on RabbitMQ (each work queue, its ``.DQ`` and its ``.XQ``):
+    #: ``quorum`` (replicated across the cluster, kept through the loss of a minority of its nodes) or
+    #: ``classic``. A queue's type is fixed when it is first declared: a process that finds one of
+    #: the other type refuses to start.
+    rabbitmq_queue_type: str = "classic"
     #: ``smtp://`` or ``smtps://`` URL; ``None`` writes mail to a Maildir under ``var_dir``.
     smtp_url: str | None = None
     #: The sender of every report: one address, ASCII before the ``@``; an internationalised domain
@@ -176,6 +183,13 @@ class Settings:
     #: The IANA timezone of ``schedule_time`` (``Europe/Paris``); a period is never triggered
     #: before it has ended in UTC, whatever the timezone.
     schedule_timezone: str = "UTC"
+    #: ``HH:MM``: each user's report is due at this time on their own clock on the 1st after the
+    #: period (the 2nd far east of UTC, where the 1st's comes before the month has ended in UTC);
+    #: empty: every report is sent as soon as the run starts. A run keeps the value it was
+    #: triggered with.
+    send_at_local_time: str = ""
+    #: IANA time zone of the users whose own is unset or unknown (an unknown one is counted).
+    default_time_zone: str = "UTC"
     #: How many past months the scheduler triggers on start if they were never triggered.
     schedule_lookback_months: int = 1
     #: How often the scheduler reconciles unfinished periods, in seconds; 0 turns it off.
@@ -292,6 +306,11 @@ class Settings:
     def helo_name(self) -> str:
         """The name given in EHLO: SMTP_HELO_NAME, or its default (read from the host once asked)."""
         return self.smtp_helo_name or default_helo_name(socket.getfqdn(), self.mail_domain)
+
+    @property
+    def send_schedule(self) -> SendSchedule | None:
+        """When a run triggered now makes its reports due; ``None``: as soon as it starts."""
+        return SendSchedule.parse(self.send_at_local_time, self.default_time_zone)
 
     @property
     def outbox_dir(self) -> Path:
@@ -429,6 +448,9 @@ EMPTY_MONTH_CHOICES = ("send", "skip")
 #: Level names ``LOG_LEVEL`` accepts, in any case.
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
+#: What ``RABBITMQ_QUEUE_TYPE`` accepts.
+QUEUE_TYPES = ("classic", "quorum")
+
 
 def _check_ranges(settings: Settings) -> None:
     for name, allowed in _RANGES.items():
@@ -471,6 +493,13 @@ def _check_names(settings: Settings) -> None:
     check_locale(settings.report_locale, settings.report_currency)
     ReportLook.from_settings(settings)
     parse_sender(settings.mail_from)
+    if settings.send_at_local_time:
+        parse_clock_time(settings.send_at_local_time, "SEND_AT_LOCAL_TIME")
+    check_zone(settings.default_time_zone, "DEFAULT_TIME_ZONE")
+    if settings.rabbitmq_queue_type not in QUEUE_TYPES:
+        raise ConfigurationError(
+            f"RABBITMQ_QUEUE_TYPE must be one of {', '.join(QUEUE_TYPES)}, got {settings.rabbitmq_queue_type!r}."
+        )
     if settings.log_level.upper() not in LOG_LEVELS:
         raise ConfigurationError(f"LOG_LEVEL must be one of {', '.join(LOG_LEVELS)}, got {settings.log_level!r}.")
 
@@ -482,6 +511,7 @@ ENVIRONMENT = {
     "broker_url": "BROKER_URL",
     "redis_url": "REDIS_URL",
     "broker_namespace": "BROKER_NAMESPACE",
+    "rabbitmq_queue_type": "RABBITMQ_QUEUE_TYPE",
     "smtp_url": "SMTP_URL",
     "mail_from": "MAIL_FROM",
     "smtp_helo_name": "SMTP_HELO_NAME",
@@ -513,6 +543,8 @@ ENVIRONMENT = {
     "schedule_time": "SCHEDULE_TIME",
     "schedule_timezone": "SCHEDULE_TIMEZONE",
     "schedule_lookback_months": "SCHEDULE_LOOKBACK_MONTHS",
+    "send_at_local_time": "SEND_AT_LOCAL_TIME",
+    "default_time_zone": "DEFAULT_TIME_ZONE",
     "schedule_reconcile_interval_seconds": "SCHEDULE_RECONCILE_INTERVAL_SECONDS",
     "log_level": "LOG_LEVEL",
     "alert_webhook_url": "ALERT_WEBHOOK_URL",

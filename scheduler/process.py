@@ -33,12 +33,12 @@ from reports.database import create_db_engine, session_factory
 from reports.endpoints import redact_url
 from reports.errors import ConfigurationError
 from reports.fanout import runs
-from reports.jobs import CoordinatorJob
+from reports.jobs import QUEUES, CoordinatorJob
 from reports.models import PeriodRun
 from reports.ops import retention
 from reports.periods import Period
 from reports.settings import Settings
-from reports.worker.broker import Broker, build_broker, shared_redis
+from reports.worker.broker import Broker, build_broker, declare_queues, shared_redis
 from reports.worker.queues import queue_for
 from scheduler.schedule import Schedule
 
@@ -117,7 +117,13 @@ class SchedulerProcess:
             if self.stopping.is_set():
                 break
             with self.sessions.begin() as session:
-                run = runs.trigger(session, period, template_version=self.settings.template_version, now=now)
+                run = runs.trigger(
+                    session,
+                    period,
+                    template_version=self.settings.template_version,
+                    schedule=self.settings.send_schedule,
+                    now=now,
+                )
             # Committed before the send: if the send fails, reconcile re-enqueues the coordinator
             # of a walk that has not moved for RECONCILE_STUCK_AFTER_SECONDS.
             if run.created:
@@ -391,13 +397,15 @@ def main() -> int:
     try:
         settings = Settings.from_env()
         schedule = Schedule.from_settings(settings)
+        broker = build_broker(settings)
+        # Before the log is set up: a queue of the other type is then the one line on stderr.
+        declare_queues(broker, QUEUES)
         configure_logging(settings.log_level)
     except ConfigurationError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_CONFIGURATION
 
     engine = create_db_engine(settings.database_url)
-    broker = build_broker(settings)
     try:
         SchedulerProcess(
             settings,

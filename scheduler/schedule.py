@@ -8,17 +8,14 @@ miss that month's last hours of activity.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, time, tzinfo
 from zoneinfo import ZoneInfo
 
 from reports.errors import ConfigurationError
+from reports.local_time import parse_clock_time
 from reports.periods import Period
 from reports.settings import MAX_LOOKBACK_MONTHS, Settings
-
-#: ``HH:MM`` on a 24-hour clock, ASCII digits only, both fields zero-padded.
-_TIME = re.compile(r"([01][0-9]|2[0-3]):([0-5][0-9])")
 
 
 @dataclass(frozen=True)
@@ -46,10 +43,7 @@ class Schedule:
 
 def parse_time(text: str) -> time:
     """Parse ``HH:MM`` (``00:00`` to ``23:59``) strictly; anything else is a :class:`ConfigurationError`."""
-    match = _TIME.fullmatch(text) if isinstance(text, str) else None
-    if match is None:
-        raise ConfigurationError(f"SCHEDULE_TIME must be HH:MM on a 24-hour clock (00:00 to 23:59), got {text!r}.")
-    return time(int(match[1]), int(match[2]))
+    return parse_clock_time(text, "SCHEDULE_TIME")
 
 
 def parse_timezone(name: str) -> tzinfo:

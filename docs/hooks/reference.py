@@ -94,7 +94,11 @@ def settings_sections() -> str:
     from reports import settings as module
 
     docs = attribute_docs(module.Settings)
-    choices = {"report_empty_month": module.EMPTY_MONTH_CHOICES, "log_level": module.LOG_LEVELS}
+    choices = {
+        "report_empty_month": module.EMPTY_MONTH_CHOICES,
+        "log_level": module.LOG_LEVELS,
+        "rabbitmq_queue_type": module.QUEUE_TYPES,
+    }
     sections = []
     for field in fields(module.Settings):
         variable = module.ENVIRONMENT[field.name]

@@ -22,7 +22,7 @@ from reports.worker.broker import build_broker
 def periods(obj: Obj, as_json: bool) -> None:
     """Every period ever triggered, newest first, with its state and counts."""
     with obj.session() as session:
-        summaries = progress.every_period(session)
+        summaries = progress.every_period(session, utcnow())
     if as_json:
         click.echo(json.dumps([summary.as_dict() for summary in summaries]))
         return

@@ -29,6 +29,7 @@ def trigger(obj: Obj, period: Period) -> None:
         queue_for(build_broker(obj.settings)),
         period,
         template_version=obj.settings.template_version,
+        schedule=obj.settings.send_schedule,
         now=utcnow(),
     )
     click.echo(triggered.describe())
@@ -51,7 +52,7 @@ def progress_command(obj: Obj, period: Period, as_json: bool, watch: bool, inter
 
     def read() -> progress.Progress:
         with obj.session() as session:
-            return progress.count(session, period)
+            return progress.count(session, period, utcnow())
 
     current = read()
     if watch:

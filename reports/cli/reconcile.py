@@ -55,10 +55,13 @@ def reconcile(obj: Obj, period: Period, stuck_after: float | None, as_json: bool
     click.echo(
         f"{found.period}: {found.active_users} active users, {found.items} items "
         f"({found.active_without_item} active users without one); {found.finished} finished, "
-        f"{found.pending} pending ({found.waiting} may still be on their way); re-enqueued {found.requeued} "
-        f"lost item(s) and {found.requests_requeued} send-now request(s)"
+        f"{found.pending} pending ({found.waiting} may still be on their way"
+        + (f", {found.scheduled} not yet due" if found.scheduled else "")
+        + f"); re-enqueued {found.requeued} lost item(s) and {found.requests_requeued} send-now request(s)"
         + (
-            "; walk complete."
+            "; walk complete, release chain re-enqueued."
+            if found.planned and found.coordinator_enqueued
+            else "; walk complete."
             if found.planned
             else "; coordinator re-enqueued to finish the walk."
             if found.coordinator_enqueued

@@ -61,6 +61,7 @@ def trigger(request: Request, user: ConsoleUser, console: Console, form: dict[st
             console.queue,
             period,
             template_version=console.settings.template_version,
+            schedule=console.settings.send_schedule,
             now=utcnow(),
         ).describe()
 

@@ -51,7 +51,7 @@ def routes(console: Console) -> list[BaseRoute]:
 
 def periods_page(request: Request, _user: ConsoleUser, console: Console) -> Response:
     with console.sessions.begin() as session:
-        summaries = progress.every_period(session)
+        summaries = progress.every_period(session, utcnow())
     rows = [_row(console, summary.progress, summary.status) for summary in summaries]
     return console.render(request, "periods.html", rows=rows, last_month=str(previous_month(utcnow())))
 
@@ -79,7 +79,7 @@ def _period_progress(request: Request, console: Console) -> tuple[PeriodRun, pro
     try:
         period = Period.parse(request.path_params["period"])
         with console.sessions.begin() as session:
-            counts = progress.count(session, period)
+            counts = progress.count(session, period, utcnow())
             run = session.get(PeriodRun, str(period))
             assert run is not None
             session.expunge(run)

@@ -7,14 +7,14 @@ gettext catalog, and the numbers, money and month names, from Babel's CLDR data.
 from __future__ import annotations
 
 import gettext
-import threading
-from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 from babel import Locale, UnknownLocaleError
 from babel.support import Translations
+
+from reports.counters import FALLBACKS
 
 #: The language the templates are written in: it needs no catalog.
 SOURCE = "en"
@@ -117,28 +117,3 @@ def translations(locale_dir: Path, catalog: str, domain: str = DOMAIN) -> gettex
     if catalog == SOURCE:
         return gettext.NullTranslations()
     return Translations.load(str(locale_dir), [catalog], domain=domain)
-
-
-class FallbackCounter:
-    """How many reports fell back to the default, by fact (``locale``), since the last drain.
-
-    Kept in the process and drained by the worker's metrics flush, so that a fallback costs no
-    Redis call of its own.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._counts: Counter[str] = Counter()
-
-    def add(self, fact: str) -> None:
-        with self._lock:
-            self._counts[fact] += 1
-
-    def drain(self) -> dict[str, int]:
-        with self._lock:
-            counts, self._counts = dict(self._counts), Counter()
-        return counts
-
-
-#: The process's count of fallbacks.
-FALLBACKS = FallbackCounter()

@@ -6,15 +6,16 @@ The counts are the ones the database keeps in ``item_counts`` as items change (s
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ScalarSelect, case, func, select
+from sqlalchemy import ScalarSelect, case, exists, func, select
 from sqlalchemy.orm import Session
 
+from reports import items
 from reports.errors import BadInput
-from reports.models import RECORDED, ItemCount, ItemState, PeriodRun, RunState
+from reports.models import RECORDED, DueCount, ItemCount, ItemState, PeriodRun, RunState
 from reports.periods import Period
 
 
@@ -29,6 +30,9 @@ class Progress:
     skipped: int
     dead: int
     pending: int
+    #: The part of ``pending`` not yet due: waiting for its user's morning. ``None`` for a run
+    #: triggered without ``SEND_AT_LOCAL_TIME`` (or when not counted), and then left out of the JSON.
+    scheduled: int | None = None
 
     @property
     def finished(self) -> int:
@@ -39,23 +43,45 @@ class Progress:
         return self.planned and self.pending == 0
 
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "complete": self.complete}
+        counts = {**asdict(self), "complete": self.complete}
+        if self.scheduled is None:
+            del counts["scheduled"]
+        return counts
 
     def line(self) -> str:
         """The counts as one plain line: nothing to cut on a narrow terminal, easy to grep."""
+        scheduled = f", of them scheduled {self.scheduled}" if self.scheduled else ""
         return (
             f"{self.finished}/{self.total} finished (delivered {self.delivered}, skipped {self.skipped}, "
-            f"dead {self.dead}, pending {self.pending}); planned={str(self.planned).lower()} "
+            f"dead {self.dead}, pending {self.pending}{scheduled}); planned={str(self.planned).lower()} "
             f"complete={str(self.complete).lower()}"
         )
 
 
-def count(session: Session, period: Period) -> Progress:
-    """Count the period's items by state; :class:`BadInput` if the period was never triggered."""
-    planned = session.scalar(select(PeriodRun.planned).where(PeriodRun.period == str(period)))
-    if planned is None:
+def count(session: Session, period: Period, now: datetime | None = None) -> Progress:
+    """Count the period's items by state, and with ``now`` those of a run with a send time not yet
+    due at it; :class:`BadInput` if the period was never triggered."""
+    run = session.execute(
+        select(PeriodRun.planned, PeriodRun.send_at).where(PeriodRun.period == str(period))
+    ).one_or_none()
+    if run is None:
         raise BadInput(f"Period {period} has never been triggered.")
-    return _progress(str(period), planned, items_by_state(session, [str(period)]).get(str(period), {}))
+    planned, send_at = run
+    counted = _progress(str(period), planned, items_by_state(session, [str(period)]).get(str(period), {}))
+    if now is None or send_at is None:
+        return counted
+    return replace(counted, scheduled=scheduled(session, period, now))
+
+
+def scheduled(session: Session, period: Period, now: datetime) -> int:
+    """The period's pending items not yet due at ``now``, summed over the counts the database keeps
+    by due time (:class:`reports.models.DueCount`): a few dozen rows, however many items wait."""
+    return scheduled_by_period(session, now, [str(period)]).get(str(period), 0)
+
+
+def waiting(session: Session, period: Period) -> bool:
+    """Whether any of the period's pending items waits to be released, due or not."""
+    return bool(session.scalar(select(exists().where(*items.waiting(period)))))
 
 
 def items_by_state(session: Session, periods: list[str] | None = None) -> dict[str, dict[str, int]]:
@@ -110,20 +136,34 @@ class PeriodSummary:
         }
 
 
-def every_period(session: Session) -> list[PeriodSummary]:
-    """Every period ever triggered, newest first, with its counts (one grouped query)."""
+def every_period(session: Session, now: datetime | None = None) -> list[PeriodSummary]:
+    """Every period ever triggered, newest first, with its counts (one grouped query), and with
+    ``now`` those not yet due at it (one more)."""
     counts = items_by_state(session)
+    waiting = scheduled_by_period(session, now) if now is not None else {}
     summaries = []
     for run in session.scalars(select(PeriodRun).order_by(PeriodRun.period.desc())):
         by_state = counts.get(run.period, {})
         summaries.append(
             PeriodSummary(
-                progress=_progress(run.period, run.planned, by_state),
+                progress=replace(
+                    _progress(run.period, run.planned, by_state),
+                    scheduled=None if run.send_at is None or now is None else waiting.get(run.period, 0),
+                ),
                 state=run.state,
                 triggered_at=run.triggered_at,
             )
         )
     return summaries
+
+
+def scheduled_by_period(session: Session, now: datetime, periods: list[str] | None = None) -> dict[str, int]:
+    """Each period's (of ``periods``, or every one's) pending items not yet due at ``now``, as
+    :func:`scheduled` counts them; a period with none may be left out."""
+    statement = select(DueCount.period, func.sum(DueCount.n)).where(DueCount.due_at > now).group_by(DueCount.period)
+    if periods is not None:
+        statement = statement.where(DueCount.period.in_(periods))
+    return {period: int(n) for period, n in session.execute(statement)}
 
 
 def _progress(period: str, planned: bool, by_state: dict[str, int]) -> Progress:

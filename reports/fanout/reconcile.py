@@ -45,6 +45,8 @@ class Reconciliation:
     walk_paused: bool
     #: send-now requests of the period re-enqueued: never finished, and their message lost.
     requests_requeued: int = 0
+    #: Pending items not yet due: they wait for their users' mornings, and are not lost.
+    scheduled: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -94,14 +96,17 @@ def reconcile(
             or 0
         )
         walk_paused = not counts.planned and run.paused_at is not None and run.paused_at >= untouched_since
-        coordinator_enqueued = not counts.planned and (resume or run.updated_at < untouched_since)
+        scheduled = progress.scheduled(session, period, now)
+        # The chain walks, then releases what waits for its due time: either left to do needs it.
+        chain_needed = not counts.planned or progress.waiting(session, period)
+        coordinator_enqueued = chain_needed and (resume or run.updated_at < untouched_since)
         if coordinator_enqueued:
             # A new chain: whichever chain was out there stops at its next slice.
             run.walker, run.updated_at = str(uuid.uuid4()), now
             queue.send_coordinator(run.walker, CoordinatorJob(period).payload())
 
     may_be_waiting = not resume and (holds_back() or queue.backlog(BUILD_REPORT.queue) > 0)
-    lost = _lost(period, untouched_since, handed_out_too=not may_be_waiting)
+    lost = _lost(period, untouched_since, now, handed_out_too=not may_be_waiting)
     requeued = _requeue(
         sessions,
         period,
@@ -118,7 +123,7 @@ def reconcile(
                 session.scalar(
                     select(func.count())
                     .select_from(ReportItem)
-                    .where(*_lost(period, untouched_since, handed_out_too=True))
+                    .where(*_lost(period, untouched_since, now, handed_out_too=True))
                 )
                 or 0
             )
@@ -139,6 +144,7 @@ def reconcile(
         coordinator_enqueued=coordinator_enqueued,
         walk_paused=walk_paused,
         requests_requeued=requests_requeued,
+        scheduled=scheduled,
     )
 
 
@@ -149,7 +155,8 @@ def _requeue(
     now: datetime,
     send: Callable[[list[int]], int],
 ) -> int:
-    """Stamp and send the items matching ``where``, a chunk per transaction, each once."""
+    """Stamp and send the items matching ``where``, a chunk per transaction, each once. An item that
+    waited for its due time is released by this as by the chain, which then passes it by."""
     requeued, last = 0, None
     while True:
         with sessions.begin() as session:
@@ -165,7 +172,7 @@ def _requeue(
                         .scalar_subquery()
                     ),
                 )
-                .values(updated_at=now, enqueued_at=now)
+                .values(updated_at=now, enqueued_at=now, due_at=None)
                 .returning(ReportItem.user_id)
                 .execution_options(synchronize_session=False)
             ).all()
@@ -175,7 +182,7 @@ def _requeue(
             last = max(user_ids)
 
 
-def _lost(period: Period, untouched_since: datetime, *, handed_out_too: bool) -> list[Any]:
+def _lost(period: Period, untouched_since: datetime, now: datetime, *, handed_out_too: bool) -> list[Any]:
     live_claim = exists().where(
         Delivery.period == ReportItem.period,
         Delivery.user_id == ReportItem.user_id,
@@ -186,6 +193,8 @@ def _lost(period: Period, untouched_since: datetime, *, handed_out_too: bool) ->
         ReportItem.period == str(period),
         ReportItem.state == ItemState.PENDING,
         ReportItem.updated_at < untouched_since,
+        # One not yet due waits for its user's morning; one due and never released is lost.
+        or_(ReportItem.due_at.is_(None), ReportItem.due_at <= now),
         ~live_claim,
         *([] if handed_out_too else [ReportItem.enqueued_at.is_(None)]),
     ]

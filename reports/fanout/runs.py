@@ -15,6 +15,7 @@ from reports.errors import BadInput
 from reports.fanout import progress
 from reports.fanout.reconcile import Reconciliation, reconcile, reconcile_requests
 from reports.jobs import SEND_NOW, CoordinatorJob
+from reports.local_time import SendSchedule
 from reports.models import DeliveryState, ItemState, PeriodRun, ReportItem, RunState, SendNowRequest
 from reports.periods import Period
 from reports.queue import Queue
@@ -30,10 +31,12 @@ class Triggered:
     resumed: bool = False
     #: The period's counts when the trigger found its walk over and so did nothing.
     counts: progress.Progress | None = None
+    #: The walk is over and reports wait for their due time: the coordinator chain releases them.
+    releasing: bool = False
 
     @property
     def needs_coordinator(self) -> bool:
-        return not self.run.planned
+        return not self.run.planned or self.releasing
 
     def describe(self) -> str:
         """What the trigger did, as one line for the operator."""
@@ -41,11 +44,15 @@ class Triggered:
         if self.resumed:
             return (
                 f"{run.period} resumed: pending reports re-enqueued"
-                + ("" if run.planned else ", and the coordinator")
+                + ("" if not self.needs_coordinator else ", and the coordinator")
                 + "."
             )
         if self.created:
-            return f"Triggered {run.period}: coordinator enqueued (template {run.template_version})."
+            schedule = run.schedule
+            due = "" if schedule is None else f"; each report due at {schedule.at_text} on its user's clock"
+            return f"Triggered {run.period}: coordinator enqueued (template {run.template_version}{due})."
+        if self.releasing:
+            return f"{run.period} was already walked; coordinator enqueued to release the reports not yet due as they come due."
         if self.needs_coordinator:
             where = "from the first user" if run.cursor is None else f"after user {run.cursor}"
             return f"{run.period} was already triggered; coordinator enqueued to resume {where}."
@@ -59,13 +66,20 @@ class Triggered:
 
 
 def trigger(
-    session: Session, period: Period, *, template_version: str, now: datetime, restart_walk: bool = False
+    session: Session,
+    period: Period,
+    *,
+    template_version: str,
+    now: datetime,
+    schedule: SendSchedule | None = None,
+    restart_walk: bool = False,
 ) -> Triggered:
-    """Create the period's run if it has none; the template version is pinned by the first trigger.
+    """Create the period's run if it has none; the template version and the send ``schedule`` are
+    pinned by the first trigger.
 
     A new run names its coordinator chain (``walker``), which the caller then enqueues. With
-    ``restart_walk``, an existing unfinished walk is given a new chain too, for the caller to
-    enqueue: whichever chain was out there stops at its next slice. Without it, a run that
+    ``restart_walk``, an existing unfinished walk (or a release of reports not yet due) is given a
+    new chain too, for the caller to enqueue: whichever chain was out there stops at its next slice. Without it, a run that
     exists keeps its chain (another scheduler replica created it and enqueued its coordinator).
     """
     # RETURNING, not rowcount: drivers disagree on rowcount for ON CONFLICT DO NOTHING.
@@ -79,19 +93,22 @@ def trigger(
             planned=False,
             triggered_at=now,
             updated_at=now,
+            send_at=None if schedule is None else schedule.at_text,
+            default_time_zone=None if schedule is None else schedule.default_zone,
         )
         .returning(PeriodRun.__table__.c.period)
     ).first()
     run = session.get(PeriodRun, str(period), populate_existing=True, with_for_update=True)
     assert run is not None
     resumed = run.state == RunState.CANCELLED
+    releasing = run.planned and progress.waiting(session, period)
     if resumed:
         run.state, run.updated_at = RunState.ACTIVE, now
-    elif not run.planned and (inserted is not None or restart_walk):
+    elif (not run.planned or releasing) and (inserted is not None or restart_walk):
         run.walker = str(uuid.uuid4())
-    done = inserted is None and not resumed and run.planned
+    done = inserted is None and not resumed and run.planned and not releasing
     counts = progress.count(session, period) if done else None
-    return Triggered(run=run, created=inserted is not None, resumed=resumed, counts=counts)
+    return Triggered(run=run, created=inserted is not None, resumed=resumed, counts=counts, releasing=releasing)
 
 
 def cancel(session: Session, period: Period, *, now: datetime) -> bool:
@@ -106,7 +123,13 @@ def cancel(session: Session, period: Period, *, now: datetime) -> bool:
 
 
 def trigger_and_enqueue(
-    sessions: sessionmaker[Session], queue: Queue, period: Period, *, template_version: str, now: datetime
+    sessions: sessionmaker[Session],
+    queue: Queue,
+    period: Period,
+    *,
+    template_version: str,
+    now: datetime,
+    schedule: SendSchedule | None = None,
 ) -> Triggered:
     """Trigger ``period`` and enqueue its coordinator unless it has walked every user already.
 
@@ -114,7 +137,9 @@ def trigger_and_enqueue(
     again is safe and enqueues it then. A cancelled period is resumed.
     """
     with sessions.begin() as session:
-        triggered = trigger(session, period, template_version=template_version, now=now, restart_walk=True)
+        triggered = trigger(
+            session, period, template_version=template_version, now=now, schedule=schedule, restart_walk=True
+        )
     if triggered.resumed:
         # Messages consumed while cancelled left their items pending: send every pending item
         # not claimed by a live sender, and the coordinator if the walk is unfinished.

@@ -187,14 +187,19 @@ def _run_period(
     console: Console,
 ) -> progress.Progress:
     triggered = runs.trigger_and_enqueue(
-        sessions, queue_for(build_broker(settings)), period, template_version=settings.template_version, now=utcnow()
+        sessions,
+        queue_for(build_broker(settings)),
+        period,
+        template_version=settings.template_version,
+        schedule=settings.send_schedule,
+        now=utcnow(),
     )
 
     def read() -> progress.Progress:
         if workers.poll() is not None:
             raise WorkersExited()
         with sessions.begin() as session:
-            return progress.count(session, period)
+            return progress.count(session, period, utcnow())
 
     if triggered.counts is not None and triggered.counts.complete:
         # A bar over nothing to do would only draw 0.0/s.

@@ -24,6 +24,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from reports import suppressions
+from reports.clock import utcnow
 from reports.counters import DURATION_BUCKETS, FALLBACKS_COUNTER, SEP, counter_key
 from reports.delivery import send_rate
 from reports.delivery.breaker import STATE_VALUES, State, mail_breaker_name
@@ -31,7 +32,7 @@ from reports.endpoints import SqsTarget
 from reports.fanout import progress
 from reports.feedback import store as feedback_store
 from reports.feedback.events import Kind
-from reports.jobs import BUILD_REPORT, BULK_QUEUE, COORDINATOR, CRITICAL_QUEUE, DEFAULT_QUEUE, SEND_NOW
+from reports.jobs import BUILD_REPORT, COORDINATOR, QUEUES, SEND_NOW
 from reports.models import DeadLetter, DeadLetterReason, ItemState, PeriodRun, RunState
 from reports.settings import Settings
 from reports.worker import held, rabbitmq, sqs
@@ -102,7 +103,7 @@ def fleet_collector(settings: Settings, sessions: sessionmaker[Session]) -> Cach
         redis.Redis.from_url(settings.shared_redis_url),
         namespace=settings.broker_namespace,
         sessions=sessions,
-        queues=(CRITICAL_QUEUE, DEFAULT_QUEUE, BULK_QUEUE),
+        queues=QUEUES,
         breaker_name=mail_breaker_name(settings.broker_namespace),
         broker_depths=_broker_depths(settings),
     )
@@ -111,7 +112,7 @@ def fleet_collector(settings: Settings, sessions: sessionmaker[Session]) -> Cach
 
 def _broker_depths(settings: Settings) -> Callable[[Sequence[str]], Mapping[str, tuple[int, int, int]]] | None:
     if settings.broker_is_rabbitmq:
-        return functools.partial(rabbitmq.ready_counts_at, settings.broker_url)
+        return functools.partial(rabbitmq.ready_counts_at, settings.broker_url, queue_type=settings.rabbitmq_queue_type)
     if settings.broker_is_sqs:
         return functools.partial(sqs.depths_at, SqsTarget.from_url(settings.broker_url))
     return None
@@ -264,10 +265,12 @@ class ReportsCollector(Collector):
     def _fallbacks(self) -> Metric:
         fallbacks = CounterMetricFamily(
             "reports_user_fallbacks",
-            "Reports written in REPORT_LOCALE because the user's own locale is unknown or not shipped.",
+            "Users given a default because their own was unknown: the locale (REPORT_LOCALE, also when "
+            "not shipped), counted per report, or the time zone (DEFAULT_TIME_ZONE), counted as the walk "
+            "records them.",
             labels=["fact"],
         )
-        counts = {"locale": 0.0}
+        counts = {"locale": 0.0, "time_zone": 0.0}
         counts.update({labels[0]: value for labels, value in self._hash(FALLBACKS_COUNTER)})
         for fact, value in sorted(counts.items()):
             fallbacks.add_metric([fact], value)
@@ -329,6 +332,11 @@ class ReportsCollector(Collector):
             "reports_period_planned", "1 once the coordinator has walked every user.", labels=["period"]
         )
         total = GaugeMetricFamily("reports_period_total", "Report items recorded for a period.", labels=["period"])
+        scheduled = GaugeMetricFamily(
+            "reports_period_scheduled",
+            "Pending report items of a period not yet due: waiting for their users' mornings.",
+            labels=["period"],
+        )
         cancelled = GaugeMetricFamily(
             "reports_period_cancelled", "1 while an operator has the period cancelled.", labels=["period"]
         )
@@ -347,6 +355,7 @@ class ReportsCollector(Collector):
                 .limit(PERIODS_EXPORTED)
             ).all()
             counts = progress.items_by_state(session, [period for period, _, _, _ in runs])
+            waiting = progress.scheduled_by_period(session, utcnow())
             was_replayed = DeadLetter.replayed_at.is_not(None)
             letters = {
                 bool(k): n for k, n in session.execute(select(was_replayed, func.count()).group_by(was_replayed))
@@ -358,6 +367,7 @@ class ReportsCollector(Collector):
             for item_state in ItemState:
                 items.add_metric([period, item_state], by_state.get(item_state, 0))
             total.add_metric([period], sum(by_state.values()))
+            scheduled.add_metric([period], waiting.get(period, 0))
             planned.add_metric([period], 1.0 if is_planned else 0.0)
             triggered.add_metric([period], triggered_at.replace(tzinfo=UTC).timestamp())
             cancelled.add_metric([period], 1.0 if state == RunState.CANCELLED else 0.0)
@@ -365,6 +375,7 @@ class ReportsCollector(Collector):
             stored.add_metric([str(replayed).lower()], letters.get(replayed, 0))
         yield items
         yield total
+        yield scheduled
         yield planned
         yield triggered
         yield cancelled

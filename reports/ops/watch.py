@@ -18,13 +18,18 @@ def watch(read: Callable[[], PeriodProgress], *, interval_seconds: float, consol
         BarColumn(),
         MofNCompleteColumn(),
         TextColumn("{task.fields[rate]:>8.1f}/s"),
-        TextColumn("dead {task.fields[dead]}"),
+        TextColumn("dead {task.fields[dead]}{task.fields[scheduled]}"),
         TimeRemainingColumn(),
     )
     current = read()
     with Progress(*columns, console=console, transient=False) as bar:
         task = bar.add_task(
-            current.period, total=current.total or None, completed=current.finished, rate=0.0, dead=current.dead
+            current.period,
+            total=current.total or None,
+            completed=current.finished,
+            rate=0.0,
+            dead=current.dead,
+            scheduled=_scheduled(current),
         )
         while not current.complete:
             time.sleep(interval_seconds)
@@ -35,6 +40,12 @@ def watch(read: Callable[[], PeriodProgress], *, interval_seconds: float, consol
                 completed=current.finished,
                 rate=bar.tasks[0].speed or 0.0,
                 dead=current.dead,
+                scheduled=_scheduled(current),
             )
         bar.update(task, total=current.total, completed=current.finished)
     return current
+
+
+def _scheduled(current: PeriodProgress) -> str:
+    """Reports waiting for their users' mornings, when there are any."""
+    return f"  scheduled {current.scheduled:,}" if current.scheduled else ""

@@ -20,8 +20,7 @@ import redis
 from dramatiq.broker import MessageProxy
 from dramatiq.middleware import CurrentMessage, Middleware
 
-from reports.content import language
-from reports.counters import DURATION_BUCKETS, FALLBACKS_COUNTER, SEP, counter_key
+from reports.counters import DURATION_BUCKETS, FALLBACKS, FALLBACKS_COUNTER, SEP, counter_key
 from reports.outcome import Kind
 from reports.worker.retries import OUTCOME_OPTION
 
@@ -142,7 +141,7 @@ class ActorMetrics(Middleware):
         """Write the counts added since the last flush in one round trip; False if Redis was unreachable
         (they are kept for the next flush)."""
         fallbacks = counter_key(self.namespace, FALLBACKS_COUNTER)
-        self._tally.add((((fallbacks, fact), n) for fact, n in language.FALLBACKS.drain().items()), ())
+        self._tally.add((((fallbacks, fact), n) for fact, n in FALLBACKS.drain().items()), ())
         counts, sums = self._tally.take()
         if not counts and not sums:
             return True

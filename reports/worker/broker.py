@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -55,6 +55,7 @@ def build_broker(settings: Settings) -> Broker:
             middleware=middleware,
             shared_redis=redis.Redis.from_url(settings.shared_redis_url),
             namespace=settings.broker_namespace,
+            queue_type=settings.rabbitmq_queue_type,
         )
     if settings.broker_is_sqs:
         return ReportsSqsBroker(
@@ -72,6 +73,29 @@ def build_broker(settings: Settings) -> Broker:
         maintenance_chance=settings.maintenance_chance,
         middleware=middleware,
     )
+
+
+def declare_queues(broker: Broker, queues: Iterable[str]) -> None:
+    """Declare ``queues``, each with its ``.DQ`` and ``.XQ``, on RabbitMQ (nothing on Redis or SQS).
+
+    For a process to meet a queue of another type than RABBITMQ_QUEUE_TYPE at start, where it stops
+    in one line (:class:`reports.worker.queue_types.QueueMismatch`), rather than at its first
+    enqueue, or in every consumer thread of a worker, which would log it and try again for ever.
+    A RabbitMQ that cannot be reached now is left to the first use, which declares the same way.
+    """
+    if not isinstance(broker, ReportsRabbitmqBroker):
+        return
+    queues = list(queues)
+    try:
+        # Every queue checked before any is declared: a mismatch leaves RabbitMQ as it was.
+        broker.check(queues)
+        for queue in queues:
+            broker.declare_queue(queue, ensure=True)
+    except dramatiq.errors.BrokerConnectionError as error:
+        logger.warning("Could not declare the queues at start (%s); the first use will.", type(error).__name__)
+    finally:
+        # This thread's connection, which would otherwise idle until RabbitMQ drops it.
+        del broker.connection
 
 
 def shared_redis(broker: Broker, settings: Settings) -> redis.Redis:

@@ -20,6 +20,8 @@ from dramatiq.brokers.rabbitmq import RabbitmqBroker
 from dramatiq.common import xq_name
 from dramatiq.errors import ConnectionClosed
 
+from reports.worker.queue_types import TypedRabbitmqBroker
+
 #: Longest wait for RabbitMQ to confirm a batch of published messages, in seconds.
 CONFIRM_TIMEOUT_SECONDS = 30.0
 
@@ -135,9 +137,11 @@ def ready_counts(broker: RabbitmqBroker, queue: str) -> tuple[int, int, int]:
     """Messages ready in ``queue``, its ``.DQ`` and its ``.XQ``, as RabbitMQ counts them.
 
     RabbitMQ counts only what no consumer holds: messages a worker prefetched, and delayed
-    messages it holds until they are due, are not in these figures.
+    messages it holds until they are due, are not in these figures. Dramatiq counts by declaring
+    the three queues, so they are declared first as the broker declares them (once per broker).
     """
     try:
+        broker.declare_queue(queue, ensure=True)
         ready, delayed, dead = broker.get_queue_message_counts(queue)
     except AMQP_ERRORS as error:
         del broker.connection
@@ -145,10 +149,13 @@ def ready_counts(broker: RabbitmqBroker, queue: str) -> tuple[int, int, int]:
     return ready, delayed, dead
 
 
-def ready_counts_at(url: str, queues: Sequence[str]) -> dict[str, tuple[int, int, int]]:
+def ready_counts_at(url: str, queues: Sequence[str], *, queue_type: str) -> dict[str, tuple[int, int, int]]:
     """:func:`ready_counts` of each queue, on a connection of its own that is closed afterwards:
-    for a process that reads the depths from threads that come and go (the exporter)."""
-    broker = RabbitmqBroker(url=url, middleware=[])
+    for a process that reads the depths from threads that come and go (the exporter).
+
+    :param queue_type: the type the queues are declared with if missing (RABBITMQ_QUEUE_TYPE).
+    """
+    broker = TypedRabbitmqBroker(url=url, queue_type=queue_type, middleware=[])
     try:
         return {queue: ready_counts(broker, queue) for queue in queues}
     finally:

@@ -11,18 +11,20 @@ from __future__ import annotations
 import logging
 
 from dramatiq.broker import MessageProxy
-from dramatiq.brokers.rabbitmq import RabbitmqBroker, _RabbitmqConsumer, _RabbitmqMessage
+from dramatiq.brokers.rabbitmq import _RabbitmqConsumer, _RabbitmqMessage
 from dramatiq.common import q_name
 from dramatiq.errors import ConnectionClosed, DecodeError
 from dramatiq.message import Message
 
 from reports.worker import holding, rabbitmq, rejects
+from reports.worker.queue_types import TypedRabbitmqBroker
 
 logger = logging.getLogger(__name__)
 
 
-class ReportsRabbitmqBroker(holding.SharesHeld, RabbitmqBroker):
-    """Dramatiq's RabbitMQ broker with this module's consumer, sharing what its workers hold
+class ReportsRabbitmqBroker(holding.SharesHeld, TypedRabbitmqBroker):
+    """Dramatiq's RabbitMQ broker with this module's consumer, declaring its queues as one type
+    (``queue_type``, RABBITMQ_QUEUE_TYPE), and sharing what its workers hold
     (:class:`reports.worker.holding.SharesHeld`, whose parameters it takes)."""
 
     @property

@@ -38,6 +38,7 @@ from reports.jobs import (
     COORDINATOR,
     CRITICAL_QUEUE,
     DEFAULT_QUEUE,
+    QUEUES,
     SEND_NOW,
     SendNowJob,
 )
@@ -47,13 +48,12 @@ from reports.worker.broker import build_broker, send
 from reports.worker.queues import queue_for
 from tests.support.databases import load_users
 from tests.support.environment import REPO
-from tests.support.processes import free_port, kill_group
+from tests.support.processes import free_port, kill_group, run_process
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)]
 
 PROCFILE = REPO / "Procfile"
-QUEUES = (CRITICAL_QUEUE, DEFAULT_QUEUE, BULK_QUEUE)
 #: Heroku's grace period between SIGTERM and SIGKILL, in milliseconds.
 PLATFORM_GRACE_MS = 30_000
 DOMAIN = "reports.test"
@@ -397,15 +397,7 @@ def test_a_worker_on_a_misspelled_queue_consumes_nothing_and_says_nothing(
 def test_a_process_with_a_malformed_url_exits_2_with_one_line_a_process_and_no_password(
     settings, command, variable, value
 ):
-    result = subprocess.run(
-        command,
-        env={**os.environ, **settings.as_environ(), variable: value},
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = run_process(settings, command, environ={variable: value})
 
     described = f"exit {result.returncode}\nstdout: {result.stdout!r}\nstderr: {result.stderr!r}"
     assert result.returncode == 2, described

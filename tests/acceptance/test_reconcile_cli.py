@@ -39,6 +39,7 @@ KEYS = {
     "coordinator_enqueued",
     "walk_paused",
     "requests_requeued",
+    "scheduled",
 }
 
 
@@ -120,6 +121,7 @@ def test_reconcile_json_prints_one_object_with_every_count(settings, sessions):
         "coordinator_enqueued": False,
         "walk_paused": False,
         "requests_requeued": 0,
+        "scheduled": 0,
     }
     assert queue_counts(settings) == {"default": 0, "bulk": active}
     sent = sorted(job.user_id for job in jobs_in_queue(settings, "bulk", ReportJob))

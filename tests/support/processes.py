@@ -14,6 +14,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import cast
 
@@ -94,6 +95,30 @@ def clock_ahead(seconds: int) -> dict[str, str]:
     return {**preload, "FAKETIME": f"{seconds:+d}s"}
 
 
+class MovableClock:
+    """A wall clock the test moves, for processes started with :meth:`env` (libfaketime, preloaded).
+
+    It reads its offset from a file at every call (``FAKETIME_NO_CACHE``), so :meth:`set` moves
+    every such process's clock at once, and it runs at the machine's rate from there. Monotonic
+    clocks are left real, as with :func:`clock_ahead`.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.set(datetime.now(UTC).replace(tzinfo=None))
+
+    def set(self, moment: datetime) -> None:
+        """Make the processes' clocks read ``moment`` (naive UTC) now."""
+        offset = (moment - datetime.now(UTC).replace(tzinfo=None)).total_seconds()
+        temporary = self.path.with_suffix(".new")
+        temporary.write_text(f"{offset:+.3f}s\n")
+        temporary.replace(self.path)
+
+    def env(self) -> dict[str, str]:
+        _, preload = libfaketime.get_reload_information()
+        return {**preload, "FAKETIME_TIMESTAMP_FILE": str(self.path)}
+
+
 @dataclass
 class WorkerGroup:
     """One ``dramatiq actors`` master process and its worker children (one process group)."""
@@ -129,9 +154,17 @@ def run_cli(settings: Settings, *args: str | bytes, timeout: float = 60) -> subp
 
     An argument may be bytes, to pass what a shell would (including bytes that are not UTF-8).
     """
+    return run_process(settings, [sys.executable, "-m", "reports", *args], timeout=timeout)
+
+
+def run_process(
+    settings: Settings, command: list[str | bytes], *, timeout: float = 60, environ: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``command`` from the repository with ``settings`` (and ``environ`` over them) in its
+    environment, until it exits; what it printed."""
     return subprocess.run(
-        [sys.executable, "-m", "reports", *args],
-        env={**os.environ, **settings.as_environ()},
+        command,
+        env={**os.environ, **settings.as_environ(), **(environ or {})},
         cwd=REPO,
         capture_output=True,
         text=True,

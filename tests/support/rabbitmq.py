@@ -12,6 +12,7 @@ vhost costs three of them (add, permit, delete) and nothing more.
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import subprocess
 import uuid
@@ -29,10 +30,13 @@ RABBITMQCTL_TIMEOUT = 30
 CONNECT_TIMEOUT = 5
 
 
-def _rabbitmqctl(*args: str) -> None:
-    """Run one ``rabbitmqctl`` command; a failure raises ``RuntimeError`` with what it printed."""
+def _rabbitmqctl(*args: str) -> str:
+    """Run one ``rabbitmqctl`` command and return its output; a failure raises ``RuntimeError``
+    with what it printed."""
     try:
-        subprocess.run(["rabbitmqctl", *args], check=True, capture_output=True, text=True, timeout=RABBITMQCTL_TIMEOUT)
+        return subprocess.run(
+            ["rabbitmqctl", *args], check=True, capture_output=True, text=True, timeout=RABBITMQCTL_TIMEOUT
+        ).stdout
     except subprocess.TimeoutExpired as e:
         raise RuntimeError(f"rabbitmqctl {' '.join(args)} took over {RABBITMQCTL_TIMEOUT} s") from e
     except subprocess.CalledProcessError as e:
@@ -116,3 +120,16 @@ def purge(url: str, queue: str) -> int:
         return int(connection.channel().queue_purge(queue).method.message_count)
     finally:
         connection.close()
+
+
+def queue_types(url: str) -> dict[str, str]:
+    """Every queue of the vhost of ``url`` and its type (``classic``, ``quorum``), as RabbitMQ lists them."""
+    vhost = unquote(urlsplit(url).path[1:]) or "/"
+    listed = _rabbitmqctl("list_queues", "-q", "-p", vhost, "name", "type", "--formatter", "json")
+    return {row["name"]: row["type"] for row in json.loads(listed)}
+
+
+def set_policy(url: str, pattern: str, definition: str) -> None:
+    """A policy named ``test`` on the vhost of ``url``: ``definition`` (JSON) for the queues ``pattern`` matches."""
+    vhost = unquote(urlsplit(url).path[1:]) or "/"
+    _rabbitmqctl("set_policy", "-p", vhost, "--apply-to", "queues", "test", pattern, definition)

@@ -8,6 +8,7 @@ import pytest
 
 from reports.content import language
 from reports.content.render import render
+from reports.counters import FALLBACKS
 from reports.look import ReportLook
 from tests.unit.test_render_v2 import many_categories
 
@@ -43,13 +44,13 @@ def test_the_default_is_written_in_its_own_words_when_they_ship_and_in_english_o
 
 
 def test_a_fallback_is_counted_once_per_report_and_drained_by_the_metrics() -> None:
-    language.FALLBACKS.drain()
+    FALLBACKS.drain()
     language.for_user("xx", "en_US")
     language.for_user("tr", "en_US")
     language.for_user(None, "en_US")
     language.for_user("fr", "en_US")
-    assert language.FALLBACKS.drain() == {"locale": 2}
-    assert language.FALLBACKS.drain() == {}
+    assert FALLBACKS.drain() == {"locale": 2}
+    assert FALLBACKS.drain() == {}
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+from datetime import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -12,6 +13,7 @@ from sqlalchemy.engine import make_url
 from reports import tokens
 from reports.endpoints import default_helo_name, redact_url
 from reports.errors import ConfigurationError
+from reports.local_time import SendSchedule
 from reports.settings import DEFAULT_TEMPLATES_DIR, ENVIRONMENT, Settings
 
 
@@ -176,6 +178,12 @@ def test_a_bad_number_is_a_configuration_error_naming_the_variable(variable: str
         ("PLAN_SLICE_SECONDS", "1e12"),
         ("RECONCILE_STUCK_AFTER_SECONDS", "-1"),
         ("SCHEDULE_LOOKBACK_MONTHS", "0"),
+        ("SEND_AT_LOCAL_TIME", "9am"),
+        ("SEND_AT_LOCAL_TIME", "9:00"),
+        ("SEND_AT_LOCAL_TIME", "24:00"),
+        ("DEFAULT_TIME_ZONE", "Mars/Olympus"),
+        ("DEFAULT_TIME_ZONE", "../../etc/localtime"),
+        ("DEFAULT_TIME_ZONE", "utc"),
         ("REPORT_TEMPLATE_VERSION", ".."),
         ("REPORT_TEMPLATE_VERSION", "../../etc"),
         ("REPORT_TEMPLATE_VERSION", "v1/../v2"),
@@ -662,3 +670,9 @@ def test_smtp_helo_name_wins_and_must_be_a_host_name_or_an_address_literal() -> 
 def test_the_brakes_settings_are_held_to_their_ranges(variable: str, value: str) -> None:
     with pytest.raises(ConfigurationError, match=variable):
         Settings.from_env({variable: value})
+
+
+def test_a_send_time_and_a_default_zone_make_the_schedule_a_run_is_triggered_with() -> None:
+    settings = Settings.from_env({"SEND_AT_LOCAL_TIME": "09:00", "DEFAULT_TIME_ZONE": "Asia/Tashkent"})
+    assert settings.send_schedule == SendSchedule(time(9, 0), "Asia/Tashkent")
+    assert Settings.from_env({}).send_schedule is None
