@@ -1,6 +1,6 @@
 """Fan-out: how fast the coordinator walks and enqueues, on Redis and on RabbitMQ, and what the broker holds.
 
-Usage: python bench/fanout.py [--broker redis|rabbitmq|both] [--repeats 3] [--users 1000000]
+Usage: python bench/fanout.py [--broker redis|rabbitmq|sqs|both] [--repeats 3] [--users 1000000]
                               [--loop-messages 20000] [--high-water 100000] [--drain-rate 8000]
                               [--pause-seconds 1] [--rabbitmq-url amqp://guest:guest@127.0.0.1:5672/]
 
@@ -26,6 +26,13 @@ after, Ctrl-C included; REDIS_URL is the private redis-server), for each broker 
 Then one table: each broker's messages/s (median of its repeats, each repeat's figure after it)
 and the ratio of the two.
 
+``--broker sqs`` (not in ``both``) runs the same phases on moto's SQS server (tests/support/sqs.py),
+started in this process on a loopback port: fresh queues for each phase (SQS purges a queue once a
+minute at most), a stand-in for the workers that receives and deletes in batch calls of ten, and
+no memory figure.
+Its figures are moto's speed, not SQS's, and have no target; it also prints the SQS requests each
+phase made per message. Run it with far fewer users than the default (``--users 20000``).
+
 The brokers' repeats alternate (Redis, RabbitMQ, Redis, ...), so that whatever else the machine
 does falls on both alike.
 """
@@ -40,8 +47,10 @@ import statistics
 import subprocess
 import threading
 import time
+import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit
@@ -62,8 +71,9 @@ from reports.settings import Settings
 from reports.worker.broker import Broker, build_broker, message_for
 from reports.worker.queues import queue_for
 from reports.worker.rabbitmq import ready_counts
+from tests.support import sqs as moto
 
-BROKERS = ("redis", "rabbitmq")
+BROKERS = ("redis", "rabbitmq", "sqs")
 QUEUE = BUILD_REPORT.queue
 
 
@@ -153,6 +163,30 @@ class RabbitmqDrain:
             self.connection.close()
 
 
+class SqsDrain:
+    """Receives and deletes up to a tick's share at each step, in batch calls of ten."""
+
+    def __init__(self, broker: Any, *, rate: int) -> None:
+        self.client, self.url = broker.client, broker.url_of(QUEUE)
+        self.share = max(1, int(rate * TICK))
+        self.taken = 0
+
+    def step(self) -> None:
+        taken = 0
+        while taken < self.share:
+            batch = min(10, self.share - taken)
+            received = self.client.receive_message(QueueUrl=self.url, MaxNumberOfMessages=batch).get("Messages", [])
+            if not received:
+                break
+            entries = [{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(received)]
+            self.client.delete_message_batch(QueueUrl=self.url, Entries=entries)
+            taken += len(received)
+        self.taken += taken
+
+    def close(self) -> None:
+        pass
+
+
 @dataclass
 class Target:
     """One broker under test, with what the bench reads and empties on it."""
@@ -164,6 +198,8 @@ class Target:
     client: redis.Redis | None
     #: RabbitMQ: the vhost's name (for rabbitmqctl); None on Redis.
     vhost: str | None = None
+    #: SQS (moto): the requests its server answered, by action; None on the others.
+    requests: Counter[str] | None = None
     walks: list[float] = field(default_factory=list)
     loops: list[float] = field(default_factory=list)
     bytes_per_message: list[float] = field(default_factory=list)
@@ -176,6 +212,12 @@ class Target:
         if self.client is not None:
             self.client.flushall()
             return
+        if self.requests is not None:
+            # SQS purges a queue once a minute at most: fresh queues, under a prefix of their own.
+            self.broker.close()
+            self.settings = replace(self.settings, broker_url=_sqs_url(self.settings.broker_url))
+            self.broker = build_broker(self.settings)
+            return
         assert isinstance(self.broker, RabbitmqBroker)
         for name in (QUEUE, f"{QUEUE}.DQ", f"{QUEUE}.XQ"):
             self.broker.channel.queue_delete(name)
@@ -183,10 +225,12 @@ class Target:
         self.broker.queues_pending.add(QUEUE)
         self.broker.declare_queue(QUEUE, ensure=True)
 
-    def memory(self) -> int:
-        """Bytes: Redis used_memory; RabbitMQ the bulk queue's memory (rabbitmqctl list_queues)."""
+    def memory(self) -> int | None:
+        """Bytes: Redis used_memory; RabbitMQ the bulk queue's memory (rabbitmqctl list_queues); None on SQS."""
         if self.client is not None:
             return _used_memory(self.client)
+        if self.requests is not None:
+            return None
         out = subprocess.run(
             ["rabbitmqctl", "-q", "list_queues", "-p", str(self.vhost), "name", "memory", "--formatter", "json"],
             check=True,
@@ -205,6 +249,10 @@ class Target:
                 ids, bodies, delayed = pipe.execute()
             found = f"{ids:,} ids on {key}, {bodies:,} bodies in {key}.msgs, {delayed:,} on {key}.DQ"
             ok = ids == bodies == expected and delayed == 0
+        elif self.requests is not None:
+            ready, delayed, in_flight, dead = moto.queue_depths(self.settings.broker_url, QUEUE)
+            found = f"{ready:,} ready, {delayed:,} delayed, {in_flight:,} in flight, {dead:,} dead"
+            ok = ready == expected and delayed == in_flight == dead == 0
         else:
             assert isinstance(self.broker, RabbitmqBroker)
             ready, delayed, dead = ready_counts(self.broker, QUEUE)
@@ -216,6 +264,8 @@ class Target:
     def drain(self, rate: int) -> Drain:
         if self.client is not None:
             return RedisDrain(self.settings, rate=rate)
+        if self.requests is not None:
+            return SqsDrain(self.broker, rate=rate)
         return RabbitmqDrain(self.settings, rate=rate)
 
 
@@ -244,6 +294,7 @@ def walk(target: Target, sessions: sessionmaker[Session], database_url: str, use
     with sessions.begin() as session:
         runs.trigger(session, period, template_version="v1", now=datetime.now())
     before = target.memory()
+    requests = Counter(target.requests)
     started = time.perf_counter()
     outcome = coordinator.SliceOutcome()
     while not outcome.planned:
@@ -251,32 +302,49 @@ def walk(target: Target, sessions: sessionmaker[Session], database_url: str, use
             sessions, period, queue_for(target.broker), page_size=page_size, budget_seconds=3600
         )
     planned_s = time.perf_counter() - started
+    made = Counter(target.requests) - requests
     target.check_queued(users)
-    used = target.memory() - before
+    after = target.memory()
     rate = users / planned_s
     per_page = planned_s / max(1, -(-users // page_size))
     target.walks.append(rate)
-    target.bytes_per_message.append(used / users)
     target.seconds_per_page.append(per_page)
-    what = "used_memory" if target.client is not None else "queue memory"
-    return (
+    line = (
         f"coordinator: planned and enqueued {users:,} users in {planned_s:.1f} s = {rate:,.0f} users/s "
-        f"({per_page * 1000:.0f} ms a page of {page_size}); {users:,} messages queued, "
-        f"{what} +{used / 1e6:.1f} MB = {used / users:.0f} bytes/message"
+        f"({per_page * 1000:.0f} ms a page of {page_size}); {users:,} messages queued"
     )
+    if after is None or before is None:
+        return f"{line}; SQS requests per message: {_per_message(made, users)}"
+    used = after - before
+    target.bytes_per_message.append(used / users)
+    what = "used_memory" if target.client is not None else "queue memory"
+    return f"{line}, {what} +{used / 1e6:.1f} MB = {used / users:.0f} bytes/message"
+
+
+def _sqs_url(broker_url: str) -> str:
+    """``broker_url`` with a new queue-name prefix ``bench-<12 hex>``."""
+    endpoint = broker_url.partition("?")[2]
+    return f"sqs://{moto.REGION}/bench-{uuid.uuid4().hex[:12]}?{endpoint}"
+
+
+def _per_message(requests: Counter[str], messages: int) -> str:
+    return ", ".join(f"{action} {n / messages:.3f}" for action, n in requests.most_common()) or "none"
 
 
 def loop(target: Target, messages: int) -> str:
     """Phase 2 once on ``target``: single enqueues; a line to print."""
     target.empty()
     payload = {"period": "2026-10", "user_id": 1, "template_version": "v1"}
+    requests = Counter(target.requests)
     started = time.perf_counter()
     for _ in range(messages):
         target.broker.enqueue(message_for(BUILD_REPORT, payload))
     rate = messages / (time.perf_counter() - started)
+    made = Counter(target.requests) - requests
     target.check_queued(messages)
     target.loops.append(rate)
-    return f"loop of broker.enqueue: {rate:,.0f} msg/s"
+    per_message = f"; SQS requests per message: {_per_message(made, messages)}" if target.requests is not None else ""
+    return f"loop of broker.enqueue: {rate:,.0f} msg/s{per_message}"
 
 
 def high_water(target: Target, sessions: sessionmaker[Session], database_url: str, args: argparse.Namespace) -> str:
@@ -286,7 +354,7 @@ def high_water(target: Target, sessions: sessionmaker[Session], database_url: st
     second = Period(2026, 9)
     with sessions.begin() as session:
         runs.trigger(session, second, template_version="v1", now=datetime.now())
-    base = target.memory() if target.client is not None else 0
+    base = target.memory() if target.client is not None else None
     drain = target.drain(args.drain_rate)
     # The sampler has a broker connection of its own: Dramatiq's RabbitMQ broker keeps one per thread.
     peak_backlog = Peak(lambda: queue_for(target.broker).backlog(QUEUE))
@@ -318,7 +386,7 @@ def high_water(target: Target, sessions: sessionmaker[Session], database_url: st
         drain.close()
     memory = (
         f"; peak used_memory {peak_memory.value / 1e6:.1f} MB (empty: {base / 1e6:.1f} MB)"
-        if peak_memory is not None
+        if peak_memory is not None and base is not None
         else ""
     )
     return (
@@ -371,17 +439,19 @@ def table(targets: list[Target], repeats: int) -> None:
         ratio = f"{walk_m / loop_m:.1f}x" if walk_m and loop_m else "n/a"
         extra = ""
         if t.seconds_per_page:
-            extra = (
-                f"; {statistics.median(t.seconds_per_page) * 1000:.0f} ms a page, "
-                f"{statistics.median(t.bytes_per_message):.0f} bytes/message "
-                f"({'used_memory' if t.client is not None else 'queue memory'}), medians"
+            memory = (
+                f", {statistics.median(t.bytes_per_message):.0f} bytes/message "
+                f"({'used_memory' if t.client is not None else 'queue memory'})"
+                if t.bytes_per_message
+                else ""
             )
+            extra = f"; {statistics.median(t.seconds_per_page) * 1000:.0f} ms a page{memory}, medians"
         print(f"{t.name}: coordinator / loop (medians) = {ratio}{extra}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--broker", choices=(*BROKERS, "both"), default="both")
+    parser.add_argument("--broker", choices=(*BROKERS, "both"), default="both", help="both: redis and rabbitmq")
     parser.add_argument("--repeats", type=int, default=3, help="walks and loops per broker (default 3)")
     parser.add_argument("--users", type=int, default=1_000_000)
     parser.add_argument("--loop-messages", type=int, default=20_000)
@@ -401,7 +471,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
-    names = BROKERS if args.broker == "both" else (args.broker,)
+    names = BROKERS[:2] if args.broker == "both" else (args.broker,)
     interrupt_on_sigterm()
 
     vhosts = Vhosts(args.rabbitmq_url) if "rabbitmq" in names else None
@@ -414,8 +484,13 @@ def main() -> None:
 
     targets: list[Target] = []
     engine = None
+    requests: Counter[str] = Counter()
     try:
-        with redis_server() as redis_url, temporary_database() as url:
+        with (
+            redis_server() as redis_url,
+            temporary_database() as url,
+            moto.moto_server(requests) if "sqs" in names else contextlib.nullcontext("") as endpoint,
+        ):
             upgrade(Settings(database_url=url, broker_url=redis_url))
             with psycopg.connect(url.replace("+psycopg", ""), autocommit=True) as connection:
                 connection.execute(
@@ -432,6 +507,15 @@ def main() -> None:
                     targets.append(
                         Target(name, settings, build_broker(settings), redis.Redis.from_url(settings.broker_url))
                     )
+                elif name == "sqs":
+                    os.environ.update(moto.CREDENTIALS)
+                    settings = Settings(
+                        database_url=url,
+                        broker_url=_sqs_url(f"?endpoint_url={endpoint}"),
+                        redis_url=redis_url,
+                        broker_namespace="bench",
+                    )
+                    targets.append(Target(name, settings, build_broker(settings), None, requests=requests))
                 else:
                     assert vhosts is not None
                     vhost, vhost_url = vhosts.create()
@@ -442,6 +526,8 @@ def main() -> None:
             brokers = ", ".join(
                 f"redis-server at {urlsplit(redis_url).netloc}"
                 if t.client is not None
+                else f"moto's SQS at {endpoint} (no target: moto is not SQS's speed)"
+                if t.requests is not None
                 else f"RabbitMQ {rabbitmq_version} vhost {t.vhost}"
                 for t in targets
             )

@@ -83,6 +83,75 @@ class SmtpTarget:
         return target
 
 
+#: An AWS region's name: ``us-east-1``, ``eu-central-1``, ``us-gov-west-1``, ``ap-southeast-4``.
+_AWS_REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-[0-9]{1,2}")
+#: Longest queue-name prefix: an SQS queue name is at most 80 characters, and the longest one the
+#: workers make is ``PREFIX_critical_dlq``.
+MAX_SQS_PREFIX_CHARS = 60
+_SQS_PREFIX = re.compile(rf"[A-Za-z0-9_-]{{1,{MAX_SQS_PREFIX_CHARS}}}")
+_SQS_FORM = "sqs://REGION[/PREFIX][?endpoint_url=https://…]"
+
+
+@dataclass(frozen=True)
+class SqsTarget:
+    """Where the SQS broker is: ``sqs://REGION[/PREFIX][?endpoint_url=…]``.
+
+    Credentials are never in the URL: boto3 takes them from the AWS chain (the environment's
+    ``AWS_ACCESS_KEY_ID``…, a profile, an instance or task role).
+    """
+
+    region: str
+    #: Prefix of every queue's name (``PREFIX_bulk``); empty: the queues are named as Dramatiq's.
+    prefix: str
+    #: Another endpoint than the region's (a VPC endpoint, or a local SQS in tests); ``None``: AWS's.
+    endpoint_url: str | None
+
+    @classmethod
+    def from_url(cls, url: str) -> SqsTarget:
+        try:
+            parts = urlsplit(url)
+            _port = parts.port
+        except ValueError:
+            raise ConfigurationError(f"BROKER_URL must be {_SQS_FORM}, got {redact_url(url)}.") from None
+        if parts.username is not None or parts.password is not None:
+            raise ConfigurationError(
+                "BROKER_URL must not carry credentials for SQS: they come from the AWS chain (AWS_ACCESS_KEY_ID "
+                f"and AWS_SECRET_ACCESS_KEY, a profile, an instance or task role), got {redact_url(url)}."
+            )
+        prefix = parts.path.removeprefix("/")
+        if (
+            parts.scheme != "sqs"
+            or _port is not None
+            or not _AWS_REGION.fullmatch(parts.netloc)
+            or (prefix and not _SQS_PREFIX.fullmatch(prefix))
+            or parts.fragment
+        ):
+            raise ConfigurationError(
+                f"BROKER_URL must be {_SQS_FORM}: an AWS region such as us-east-1, and a prefix of letters, digits, "
+                f"'-' and '_' (at most {MAX_SQS_PREFIX_CHARS}), got {redact_url(url)}."
+            )
+        query = parse_qs(parts.query, keep_blank_values=True)
+        endpoints = query.pop("endpoint_url", [])
+        if query or len(endpoints) > 1:
+            raise ConfigurationError(f"BROKER_URL takes only ?endpoint_url= for SQS, got {redact_url(url)}.")
+        endpoint = endpoints[0] if endpoints else None
+        if endpoint is not None:
+            _check_sqs_endpoint(endpoint, url)
+        return cls(region=parts.netloc, prefix=prefix, endpoint_url=endpoint)
+
+
+def _check_sqs_endpoint(endpoint: str, url: str) -> None:
+    host = _host_of(endpoint)
+    scheme = urlsplit(endpoint).scheme if host else ""
+    if scheme not in ("https", "http") or BLANK_OR_CONTROL.search(endpoint):
+        raise ConfigurationError(f"BROKER_URL's endpoint_url must be an https:// URL, got {redact_url(url)}.")
+    if scheme == "http" and not is_loopback(host or ""):
+        raise ConfigurationError(
+            "BROKER_URL's endpoint_url must use https:// (plain http:// only to 127.0.0.1, ::1 or localhost),"
+            f" got {redact_url(url)}."
+        )
+
+
 def _options(query: str, url: str) -> dict[str, bool]:
     """The URL's options; a misspelled one must not be ignored (``?startls=true`` would send in clear)."""
     options: dict[str, bool] = {}
@@ -107,6 +176,8 @@ class EndpointSettings(Protocol):
     @property
     def broker_is_rabbitmq(self) -> bool: ...
     @property
+    def broker_is_sqs(self) -> bool: ...
+    @property
     def shared_redis_url(self) -> str: ...
     @property
     def smtp_url(self) -> str | None: ...
@@ -128,6 +199,8 @@ def check_endpoints(settings: EndpointSettings) -> None:
     _check_database_url(settings.database_url)
     if settings.broker_is_rabbitmq:
         _check_amqp_url(settings.broker_url)
+    elif settings.broker_is_sqs:
+        SqsTarget.from_url(settings.broker_url)
     else:
         _check_redis_url(settings.broker_url, "BROKER_URL")
     if settings.shared_redis_url != settings.broker_url:

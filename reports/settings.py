@@ -24,8 +24,10 @@ MAX_SECONDS = 10 * 366 * 86_400
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 #: URL schemes of a RabbitMQ broker.
 RABBITMQ_SCHEMES = ("amqp", "amqps")
-#: Broker URL schemes: Redis or RabbitMQ.
-BROKER_SCHEMES = REDIS_SCHEMES + RABBITMQ_SCHEMES
+#: URL scheme of an Amazon SQS broker.
+SQS_SCHEMES = ("sqs",)
+#: Broker URL schemes: Redis, RabbitMQ or Amazon SQS.
+BROKER_SCHEMES = REDIS_SCHEMES + RABBITMQ_SCHEMES + SQS_SCHEMES
 
 #: What a delivery claim's lease must last beyond the whole send's deadline (SMTP_TIMEOUT_SECONDS):
 #: time to record the send, in seconds.
@@ -88,11 +90,12 @@ class Settings:
     var_dir: Path = Path("var")
     #: SQLAlchemy URL. Defaults to a SQLite file under ``var_dir``.
     database_url: str = ""
-    #: The broker: Redis (``redis://``, ``rediss://``, ``unix://``) or RabbitMQ (``amqp://``, ``amqps://``;
-    #: a cluster's nodes separated by ``;``, each process connecting to the first that answers).
+    #: The broker: Redis (``redis://``, ``rediss://``, ``unix://``), RabbitMQ (``amqp://``, ``amqps://``;
+    #: a cluster's nodes separated by ``;``, each process connecting to the first that answers) or
+    #: Amazon SQS (``sqs://REGION[/PREFIX][?endpoint_url=…]``).
     broker_url: str = "redis://localhost:6379/0"
     #: The Redis that holds what the fleet shares (breaker, send rate, alert gate, metrics).
-    #: Defaults to ``broker_url`` when that is Redis; required when the broker is RabbitMQ.
+    #: Defaults to ``broker_url`` when that is Redis; required when the broker is RabbitMQ or SQS.
     redis_url: str = ""
     #: Prefix of every Redis key the broker and the shared state write, so several deployments
     #: can share one Redis.
@@ -153,6 +156,13 @@ class Settings:
     #: come back within a poll of its heartbeat going stale. 0: never, and only reconcile finds
     #: what a dead worker held.
     maintenance_chance: int = 1_000_000
+    #: On SQS: how long a message a worker received stays hidden from the others, in seconds. A
+    #: live worker extends what it holds every third of it; a worker killed with ``kill -9`` gives
+    #: its messages back this long after it last did. At least ``CLAIM_LEASE_SECONDS``, checked at start.
+    sqs_visibility_timeout_seconds: int = 60
+    #: On SQS: receives after which SQS moves a message to its queue's dead-letter queue (the
+    #: redrive policy of the queues the workers create), from where it is stored as a dead letter.
+    sqs_max_receive_count: int = 10
     #: Retries of a transient failure. With the backoffs below, fully jittered, the expected wait
     #: before a message is given up is about 7 hours: greylisting, a provider's bad hour or a
     #: database failover must not dead-letter deliverable mail (mail servers keep trying for days).
@@ -259,9 +269,9 @@ class Settings:
                 f"BROKER_URL must start with {', '.join(s + '://' for s in BROKER_SCHEMES)}"
                 f", got {redact_url(self.broker_url)}."
             )
-        if not self.redis_url and self.broker_is_rabbitmq:
+        if not self.redis_url and (self.broker_is_rabbitmq or self.broker_is_sqs):
             raise ConfigurationError(
-                "REDIS_URL is required when BROKER_URL is RabbitMQ: the circuit breaker, the send rate, "
+                "REDIS_URL is required when BROKER_URL is RabbitMQ or SQS: the circuit breaker, the send rate, "
                 "the alert gate and the metrics are shared through Redis (redis://host:6379/0)."
             )
         if _scheme(self.shared_redis_url) not in REDIS_SCHEMES:
@@ -281,6 +291,10 @@ class Settings:
     @property
     def broker_is_rabbitmq(self) -> bool:
         return _scheme(self.broker_url) in RABBITMQ_SCHEMES
+
+    @property
+    def broker_is_sqs(self) -> bool:
+        return _scheme(self.broker_url) in SQS_SCHEMES
 
     @property
     def shared_redis_url(self) -> str:
@@ -371,6 +385,9 @@ ACTOR_TIME_LIMIT_MS = 600_000
 MAX_IN_MESSAGE_SECONDS = ACTOR_TIME_LIMIT_MS // 2000
 #: Shortest period of a timer that calls Redis or the database each time it fires, in seconds.
 MIN_TIMER_SECONDS = 1.0
+#: SQS's longest visibility timeout, in seconds, and its largest ``maxReceiveCount``.
+MAX_SQS_VISIBILITY_SECONDS = 12 * 3600
+MAX_SQS_RECEIVE_COUNT = 1_000
 #: Every numeric setting and its range, checked in one place so a bad value stops start-up; the
 #: settings reference shows each. Read against each setting's use: what the code does with the
 #: lowest and the highest value.
@@ -380,6 +397,9 @@ _RANGES = {
     "heartbeat_timeout_ms": _Range(MIN_HEARTBEAT_TIMEOUT_MS, _MS, "a number of milliseconds"),
     "maintenance_chance": _Range(0, MAINTENANCE_SCALE, "a number of millionths"),
     "max_retries": _Range(0, MAX_RETRIES_ALLOWED, "a whole number"),
+    # SQS's own limits: a visibility timeout of at most 12 hours, a receive count of 1 to 1,000.
+    "sqs_visibility_timeout_seconds": _Range(1, MAX_SQS_VISIBILITY_SECONDS, "a number of seconds"),
+    "sqs_max_receive_count": _Range(1, MAX_SQS_RECEIVE_COUNT, "a whole number"),
     "min_backoff_ms": _Range(1, MAX_BACKOFF_MS, "a number of milliseconds"),
     "max_backoff_ms": _Range(1, MAX_BACKOFF_MS, "a number of milliseconds"),
     "breaker_failure_threshold": _Range(1, MAX_COUNT, "a whole number"),
@@ -449,6 +469,12 @@ def _check_ranges(settings: Settings) -> None:
             f"({settings.smtp_timeout_seconds:g}) by at least {CLAIM_LEASE_MARGIN_SECONDS:g}: a send that outlives "
             "its claim's lease can be sent a second time by another copy."
         )
+    if settings.broker_is_sqs and settings.sqs_visibility_timeout_seconds < settings.claim_lease_seconds:
+        raise ConfigurationError(
+            f"SQS_VISIBILITY_TIMEOUT_SECONDS ({settings.sqs_visibility_timeout_seconds}) must be at least "
+            f"CLAIM_LEASE_SECONDS ({settings.claim_lease_seconds:g}): a message a dead worker held would come back "
+            "while its claim still stands, and only wait for it."
+        )
 
 
 def _check_names(settings: Settings) -> None:
@@ -507,6 +533,8 @@ ENVIRONMENT = {
     "claim_lease_seconds": "CLAIM_LEASE_SECONDS",
     "heartbeat_timeout_ms": "HEARTBEAT_TIMEOUT_MS",
     "maintenance_chance": "MAINTENANCE_CHANCE",
+    "sqs_visibility_timeout_seconds": "SQS_VISIBILITY_TIMEOUT_SECONDS",
+    "sqs_max_receive_count": "SQS_MAX_RECEIVE_COUNT",
     "max_retries": "MAX_RETRIES",
     "min_backoff_ms": "MIN_BACKOFF_MS",
     "max_backoff_ms": "MAX_BACKOFF_MS",

@@ -1,4 +1,5 @@
-"""Fixtures shared by every test: real databases, a real Redis and RabbitMQ, real workers, a real SMTP server.
+"""Fixtures shared by every test: real databases, a real Redis and RabbitMQ, SQS on moto's server,
+real workers, a real SMTP server.
 
 The helpers they are built on, which tests import too, are in tests/support.
 """
@@ -27,6 +28,7 @@ from tests.support.environment import POSTGRES_ADMIN_URL, REDIS_URL, REPO, unava
 from tests.support.processes import WorkerGroup, free_port, redis_server
 from tests.support.rabbitmq import temporary_vhost
 from tests.support.smtp import RecordingHandler, SmtpServer
+from tests.support.sqs import CREDENTIALS, moto_server, temporary_prefix
 from tests.support.waiting import wait_until
 from tests.support.web import SECRET, WebProcess, request
 
@@ -73,6 +75,26 @@ def rabbitmq_url() -> Iterator[str]:
         yield url
 
 
+# --- Amazon SQS ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint() -> Iterator[str]:
+    """moto's server on a loopback port, one per test process: SQS for the tests on it."""
+    with moto_server() as endpoint:
+        yield endpoint
+
+
+@pytest.fixture
+def sqs_url(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The sqs:// URL of a queue-name prefix of the test's own on moto's server, its queues deleted
+    after; the processes the test starts inherit moto's dummy credentials."""
+    for name, value in CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    with temporary_prefix(moto_endpoint) as url:
+        yield url
+
+
 # --- Databases -------------------------------------------------------------------------------
 
 
@@ -96,20 +118,25 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
             yield url
 
 
+#: The brokers a test marked ``both_brokers`` runs on; each but Redis has a URL fixture of its name.
+BROKER_KINDS = ("redis", "rabbitmq", "sqs")
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """A test marked ``both_brokers`` runs on Redis and on RabbitMQ (on PostgreSQL only there)."""
+    """A test marked ``both_brokers`` runs on every broker: Redis, RabbitMQ and SQS (on PostgreSQL
+    only but on Redis)."""
     if metafunc.definition.get_closest_marker("both_brokers"):
-        metafunc.parametrize("broker_kind", ["redis", "rabbitmq"], indirect=True)
+        metafunc.parametrize("broker_kind", BROKER_KINDS, indirect=True)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # RabbitMQ's runs test the broker; SQLite's are the Redis runs'. Halves the slow acceptance runs.
+    # The other brokers' runs test the broker; SQLite's are the Redis runs'. Halves their slow acceptance runs.
     items[:] = [
         item
         for item in items
         if not (
             getattr(item, "callspec", None)
-            and item.callspec.params.get("broker_kind") == "rabbitmq"
+            and item.callspec.params.get("broker_kind", "redis") != "redis"
             and item.callspec.params.get("database_url") == "sqlite"
         )
     ]
@@ -117,7 +144,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture
 def broker_kind(request: pytest.FixtureRequest) -> str:
-    """``redis``, or ``rabbitmq`` in the second run of a test marked ``both_brokers``."""
+    """``redis``, or another of :data:`BROKER_KINDS` in the runs of a test marked ``both_brokers``."""
     return getattr(request, "param", "redis")
 
 
@@ -130,14 +157,15 @@ def settings(
     redis_url: str,
     tmp_path: Path,
 ) -> Settings:
-    """The test's settings: Redis as the broker, or with ``both_brokers`` also a RabbitMQ vhost of
-    its own (Redis then holds only the shared state, under the test's namespace)."""
-    on_rabbitmq = broker_kind == "rabbitmq"
+    """The test's settings: Redis as the broker, or with ``both_brokers`` also a RabbitMQ vhost or
+    an SQS queue-name prefix of its own (Redis then holds only the shared state, under the test's
+    namespace)."""
+    on_redis = broker_kind == "redis"
     return Settings(
         var_dir=tmp_path / "var",
         database_url=database_url,
-        broker_url=request.getfixturevalue("rabbitmq_url") if on_rabbitmq else redis_url,
-        redis_url=redis_url if on_rabbitmq else "",
+        broker_url=redis_url if on_redis else request.getfixturevalue(f"{broker_kind}_url"),
+        redis_url="" if on_redis else redis_url,
         broker_namespace=broker_namespace,
         mail_from="Monthly Reports <reports@reports.test>",
         # The fan-out, delivery and failure tests read figures out of v1's plain lines ("Total: …");
@@ -149,6 +177,8 @@ def settings(
         max_retries=5,
         claim_lease_seconds=5,
         smtp_timeout_seconds=3,
+        # On SQS a dead worker's messages come back when this runs out: no sooner than its claims.
+        sqs_visibility_timeout_seconds=5,
     )
 
 

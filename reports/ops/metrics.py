@@ -28,13 +28,14 @@ from reports.clock import utcnow
 from reports.counters import DURATION_BUCKETS, FALLBACKS_COUNTER, SEP, counter_key
 from reports.delivery import send_rate
 from reports.delivery.breaker import STATE_VALUES, State, mail_breaker_name
+from reports.endpoints import SqsTarget
 from reports.fanout import progress
 from reports.feedback import store as feedback_store
 from reports.feedback.events import Kind
 from reports.jobs import BUILD_REPORT, COORDINATOR, QUEUES, SEND_NOW
 from reports.models import DeadLetter, DeadLetterReason, ItemState, PeriodRun, RunState
 from reports.settings import Settings
-from reports.worker import held, rabbitmq
+from reports.worker import held, rabbitmq, sqs
 
 #: Why a message of a known actor died; an undecodable message has no actor to count it under.
 DEAD_REASONS = (DeadLetterReason.PERMANENT, DeadLetterReason.RETRIES_EXHAUSTED, DeadLetterReason.BROKER)
@@ -104,13 +105,17 @@ def fleet_collector(settings: Settings, sessions: sessionmaker[Session]) -> Cach
         sessions=sessions,
         queues=QUEUES,
         breaker_name=mail_breaker_name(settings.broker_namespace),
-        rabbitmq_depths=functools.partial(
-            rabbitmq.ready_counts_at, settings.broker_url, queue_type=settings.rabbitmq_queue_type
-        )
-        if settings.broker_is_rabbitmq
-        else None,
+        broker_depths=_broker_depths(settings),
     )
     return CachedCollector(collector, max_age_seconds=settings.exporter_cache_seconds)
+
+
+def _broker_depths(settings: Settings) -> Callable[[Sequence[str]], Mapping[str, tuple[int, int, int]]] | None:
+    if settings.broker_is_rabbitmq:
+        return functools.partial(rabbitmq.ready_counts_at, settings.broker_url, queue_type=settings.rabbitmq_queue_type)
+    if settings.broker_is_sqs:
+        return functools.partial(sqs.depths_at, SqsTarget.from_url(settings.broker_url))
+    return None
 
 
 class ReportsCollector(Collector):
@@ -122,18 +127,18 @@ class ReportsCollector(Collector):
         sessions: sessionmaker[Session],
         queues: Iterable[str],
         breaker_name: str,
-        rabbitmq_depths: Callable[[Sequence[str]], Mapping[str, tuple[int, int, int]]] | None = None,
+        broker_depths: Callable[[Sequence[str]], Mapping[str, tuple[int, int, int]]] | None = None,
     ) -> None:
-        """:param rabbitmq_depths: when the broker is RabbitMQ, reads each queue's ready, delayed
-        and dead messages (:func:`reports.worker.rabbitmq.ready_counts_at`), and ``client`` is
-        the shared Redis, where the workers' snapshots are; the queues are otherwise read from
-        ``client``, the Redis broker."""
+        """:param broker_depths: when the broker is RabbitMQ or SQS, reads each queue's ready,
+        delayed and dead messages (:func:`reports.worker.rabbitmq.ready_counts_at`,
+        :func:`reports.worker.sqs.depths_at`), and ``client`` is the shared Redis, where the
+        workers' snapshots are; the queues are otherwise read from ``client``, the Redis broker."""
         self.client = client
         self.namespace = namespace
         self.sessions = sessions
         self.queues = tuple(queues)
         self.breaker_name = breaker_name
-        self.rabbitmq_depths = rabbitmq_depths
+        self.broker_depths = broker_depths
 
     def collect(self) -> Iterator[Metric]:
         yield from self._queues()
@@ -147,11 +152,11 @@ class ReportsCollector(Collector):
         depth = GaugeMetricFamily("reports_queue_messages", "Messages in a queue, by state.", labels=["queue", "state"])
         oldest = GaugeMetricFamily(
             "reports_queue_oldest_message_age_seconds",
-            "Age of the oldest ready message in a queue (0 when empty); on RabbitMQ see the metrics reference.",
+            "Age of the oldest ready message in a queue (0 when empty); on RabbitMQ and SQS see the metrics reference.",
             labels=["queue"],
         )
-        if self.rabbitmq_depths is not None:
-            yield from self._rabbitmq_queues(self.rabbitmq_depths(self.queues), depth, oldest)
+        if self.broker_depths is not None:
+            yield from self._held_queues(self.broker_depths(self.queues), depth, oldest)
             return
         now = time.time()
         for queue in self.queues:
@@ -170,15 +175,16 @@ class ReportsCollector(Collector):
         yield depth
         yield oldest
 
-    def _rabbitmq_queues(
+    def _held_queues(
         self,
         depths: Mapping[str, tuple[int, int, int]],
         depth: GaugeMetricFamily,
         oldest: GaugeMetricFamily,
     ) -> Iterator[Metric]:
-        """RabbitMQ counts only what no consumer holds: what the workers hold comes from their
-        snapshots in Redis (:mod:`reports.worker.held`), read after RabbitMQ's counts so that a
-        message taken in between is counted twice rather than missed."""
+        """RabbitMQ counts only what no consumer holds, and SQS counts a dead worker's messages in
+        flight until they come back: what the live workers hold comes from their snapshots in
+        Redis (:mod:`reports.worker.held`), read after the broker's counts so that a message
+        taken in between is counted twice rather than missed."""
         figures = held.read(self.client, self.namespace)
         now = time.time()
         for queue, (ready, delayed, broker_dead) in depths.items():

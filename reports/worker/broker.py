@@ -13,15 +13,17 @@ import redis
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import CurrentMessage, TimeLimit
 
+from reports.endpoints import SqsTarget
 from reports.jobs import ActorSpec
 from reports.settings import ACTOR_TIME_LIMIT_MS, Settings
 from reports.worker.consumer import ReportsBroker
 from reports.worker.rabbitmq_consumer import ReportsRabbitmqBroker
+from reports.worker.sqs_consumer import ReportsSqsBroker
 
 logger = logging.getLogger(__name__)
 
 #: The broker as the library passes it around: only this package imports Dramatiq.
-Broker = RedisBroker | ReportsRabbitmqBroker
+Broker = RedisBroker | ReportsRabbitmqBroker | ReportsSqsBroker
 
 #: Message option naming the coordinator chain a ``plan_period`` message belongs to.
 WALKER_OPTION = "walker"
@@ -31,13 +33,13 @@ ENQUEUE_RETRY_PAUSE_CAP_SECONDS = 2.0
 
 
 def build_broker(settings: Settings) -> Broker:
-    """The broker BROKER_URL names: Redis, or RabbitMQ.
+    """The broker BROKER_URL names: Redis, RabbitMQ or Amazon SQS.
 
     On Redis every process, producers included, must use the same heartbeat settings: the sweep
     that requeues a dead worker's messages runs inside whichever process's broker call wins the
     ``maintenance_chance`` draw. RabbitMQ returns a dead worker's unacked messages itself, when
-    its connection drops; the RabbitMQ broker carries the shared Redis (REDIS_URL), where its
-    workers publish what they hold (:mod:`reports.worker.held`).
+    its connection drops, SQS when their visibility timeout runs out; these brokers carry the
+    shared Redis (REDIS_URL), where their workers publish what they hold (:mod:`reports.worker.held`).
     """
     # Of Dramatiq's defaults only the time limit: no actor uses max_age, callbacks, pipelines or
     # shutdown notifications, and every middleware is called at each of a message's signals.
@@ -55,6 +57,15 @@ def build_broker(settings: Settings) -> Broker:
             namespace=settings.broker_namespace,
             queue_type=settings.rabbitmq_queue_type,
         )
+    if settings.broker_is_sqs:
+        return ReportsSqsBroker(
+            target=SqsTarget.from_url(settings.broker_url),
+            visibility_timeout=settings.sqs_visibility_timeout_seconds,
+            max_receive_count=settings.sqs_max_receive_count,
+            middleware=middleware,
+            shared_redis=redis.Redis.from_url(settings.shared_redis_url),
+            namespace=settings.broker_namespace,
+        )
     return ReportsBroker(
         url=settings.broker_url,
         namespace=settings.broker_namespace,
@@ -65,7 +76,7 @@ def build_broker(settings: Settings) -> Broker:
 
 
 def declare_queues(broker: Broker, queues: Iterable[str]) -> None:
-    """Declare ``queues``, each with its ``.DQ`` and ``.XQ``, on RabbitMQ (nothing on Redis).
+    """Declare ``queues``, each with its ``.DQ`` and ``.XQ``, on RabbitMQ (nothing on Redis or SQS).
 
     For a process to meet a queue of another type than RABBITMQ_QUEUE_TYPE at start, where it stops
     in one line (:class:`reports.worker.queue_types.QueueMismatch`), rather than at its first
@@ -89,10 +100,10 @@ def declare_queues(broker: Broker, queues: Iterable[str]) -> None:
 
 def shared_redis(broker: Broker, settings: Settings) -> redis.Redis:
     """The Redis of the fleet's shared state (REDIS_URL): the broker's own client when it is that
-    Redis, or the one the RabbitMQ broker was built with."""
+    Redis, or the one the RabbitMQ or SQS broker was built with."""
     if isinstance(broker, RedisBroker) and settings.shared_redis_url == settings.broker_url:
         return broker.client
-    if isinstance(broker, ReportsRabbitmqBroker):
+    if isinstance(broker, ReportsRabbitmqBroker | ReportsSqsBroker):
         return broker.shared_redis
     return redis.Redis.from_url(settings.shared_redis_url)
 

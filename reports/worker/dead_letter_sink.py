@@ -2,9 +2,10 @@
 
 Also a Dramatiq middleware for the messages Dramatiq dead-letters by itself (an actor no worker
 declares, a message that cannot be decoded, or the retry middleware's last resort when the store
-was unreachable): they are moved from the broker's ``.XQ`` keys (Redis) or queues (RabbitMQ) into
-the same store when they are rejected, when a worker boots, and on a timer in every worker
-process, so that a dead letter the store could not take comes in once it is reachable again.
+was unreachable, and on SQS a message received too many times): they are moved from the broker's
+``.XQ`` keys (Redis), queues (RabbitMQ) or dead-letter queues (SQS) into the same store when they
+are rejected, when a worker boots, and on a timer in every worker process, so that a dead letter
+the store could not take comes in once it is reachable again.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from reports.dead_message import DeadMessage
 from reports.failures import dead_letters
 from reports.failures.alerts import WebhookAlerts
 from reports.models import DeadLetterReason
-from reports.worker import rabbitmq
+from reports.worker import rabbitmq, sqs
+from reports.worker.sqs_consumer import ReportsSqsBroker
 
 logger = logging.getLogger(__name__)
 
@@ -118,14 +120,14 @@ class BrokerDeadLetters(Middleware):
     def after_undecodable_message(
         self, broker: dramatiq.Broker, queue_name: str, broker_message_id: str, body: bytes
     ) -> None:
-        """Called by the consumers with a message they could not decode, and on RabbitMQ also with
-        one Dramatiq rejected (:meth:`reports.worker.rabbitmq_consumer.Consumer.nack`).
+        """Called by the consumers with a message they could not decode, and on RabbitMQ and SQS
+        also with one Dramatiq rejected (:func:`reports.worker.rejects.store`).
 
         On Redis (:mod:`reports.worker.consumer`) it is in ``.XQ`` already and is swept from
-        there. On RabbitMQ (:mod:`reports.worker.rabbitmq_consumer`) it is still unacked and is
-        stored here; an error is raised to the consumer, which then nacks it into ``.XQ``.
+        there. On RabbitMQ and SQS it is still held by the consumer and is stored here; an error
+        is raised to the consumer, which then moves it into the broker's dead-letter queue.
         """
-        if isinstance(broker, RabbitmqBroker):
+        if not isinstance(broker, RedisBroker):
             self._sink(_broker_dead_message(body, broker_message_id, queue_name, int(time.time() * 1000)))
             return
         self._sweep(broker)
@@ -136,6 +138,8 @@ class BrokerDeadLetters(Middleware):
                 moved = absorb_broker_dead_letters(broker.client, broker.namespace, self._sink)
             elif isinstance(broker, RabbitmqBroker):
                 moved = absorb_rabbitmq_dead_letters(broker, self._sink)
+            elif isinstance(broker, ReportsSqsBroker):
+                moved = absorb_sqs_dead_letters(broker, self._sink)
             else:
                 return
         except Exception:
@@ -190,7 +194,31 @@ def absorb_rabbitmq_dead_letters(broker: RabbitmqBroker, on_dead: Callable[[Dead
     return moved
 
 
-def _broker_dead_message(raw: bytes, redis_id: str, queue: str, died_ms: int) -> DeadMessage:
+def absorb_sqs_dead_letters(broker: ReportsSqsBroker, on_dead: Callable[[DeadMessage], None]) -> int:
+    """:func:`absorb_broker_dead_letters` for SQS: the dead-letter queue of each queue this process
+    declared, where the workers move what they reject and SQS what was received too many times."""
+    died_ms = int(time.time() * 1000)
+    moved = 0
+    for queue in sorted(broker.get_declared_queues()):
+
+        def store(raw: bytes, message_id: str, rejected: bool, queue: str = queue) -> None:
+            why = None if rejected else REDRIVEN
+            on_dead(_broker_dead_message(raw, message_id, queue, died_ms, error_message=why))
+
+        moved += sqs.take_dead_letters(broker.client, broker.dead_letter_url_of(queue), store)
+    return moved
+
+
+#: What a dead letter SQS moved by itself (its redrive policy) says.
+REDRIVEN = (
+    "Received more times than SQS_MAX_RECEIVE_COUNT without being settled (a worker that died each time "
+    "it ran it), so SQS moved it to the dead-letter queue."
+)
+
+
+def _broker_dead_message(
+    raw: bytes, redis_id: str, queue: str, died_ms: int, *, error_message: str | None = None
+) -> DeadMessage:
     try:
         message: dramatiq.Message[Any] = dramatiq.Message.decode(raw)
     except dramatiq.DecodeError as error:
@@ -204,7 +232,7 @@ def _broker_dead_message(raw: bytes, redis_id: str, queue: str, died_ms: int) ->
         attempts=int(message.options.get("retries", 0)) + 1,
         reason=DeadLetterReason.BROKER,
         error_class="BrokerDeadLetter",
-        error_message="Dead-lettered by Dramatiq itself (for example: no worker declares this actor).",
+        error_message=error_message or "Dead-lettered by Dramatiq itself (for example: no worker declares this actor).",
         traceback=message.options.get("traceback") or "",
         first_failed_ms=int(message.options.get("first_failed_ms", died_ms)),
         died_ms=died_ms,

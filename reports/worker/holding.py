@@ -2,19 +2,22 @@
 until it is settled, on either broker.
 
 A broker that holds messages has a ``held`` (:class:`reports.worker.held.HeldMessages`) and the
-middleware :class:`StartedMessages`; its consumers call :func:`hold` when they hand a message out
-and :func:`release` when it is acked, nacked or requeued.
+middleware :class:`StartedMessages` (:class:`SharesHeld` gives them to the RabbitMQ and SQS
+brokers); its consumers call :func:`hold` when they hand a message out and :func:`release` when
+it is acked, nacked or requeued.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import uuid
+from typing import Any, cast
 
 import dramatiq
+import redis
 from dramatiq.broker import MessageProxy
 from dramatiq.middleware import Middleware
 
-from reports.worker.held import DELAY_SUFFIX, HeldMessages
+from reports.worker.held import DELAY_SUFFIX, HeldMessages, Publisher
 
 #: The attribute of a handed-out message that holds its :class:`reports.worker.held.Held`.
 _HELD = "_reports_held"
@@ -45,3 +48,21 @@ class StartedMessages(Middleware):
         held: Any = getattr(broker, "held", None)
         if entry is not None and isinstance(held, HeldMessages):
             held.start(entry)
+
+
+class SharesHeld:
+    """A broker mix-in: its workers publish what their consumers hold to the shared Redis, for a
+    broker whose own counts leave it out (RabbitMQ) or cannot tell a live worker's from a dead
+    one's (SQS).
+
+    :param shared_redis: the Redis of the fleet's shared state (REDIS_URL), where the snapshots go.
+    :param namespace: the key namespace there (BROKER_NAMESPACE).
+    """
+
+    def __init__(self, *, shared_redis: redis.Redis, namespace: str, **options: Any) -> None:
+        super().__init__(**options)
+        self.shared_redis = shared_redis
+        self.namespace = namespace
+        self.held = HeldMessages()
+        self.held_publisher = Publisher(self.held, shared_redis, namespace=namespace, process=str(uuid.uuid4()))
+        cast(dramatiq.Broker, self).add_middleware(StartedMessages())

@@ -1,4 +1,4 @@
-"""The queue port (:class:`reports.queue.Queue`) on each broker: Redis and RabbitMQ."""
+"""The queue port (:class:`reports.queue.Queue`) on each broker: Redis, RabbitMQ and SQS."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from reports.queue import Queue
 from reports.worker import held, rabbitmq, redis_clock
 from reports.worker.broker import WALKER_OPTION, Broker, message_for, send
 from reports.worker.rabbitmq_consumer import ReportsRabbitmqBroker
+from reports.worker.sqs_consumer import ReportsSqsBroker
 
 #: Messages per round trip in :meth:`send_jobs`.
 ENQUEUE_CHUNK = 1000
@@ -25,11 +26,13 @@ def queue_for(broker: Broker) -> Queue:
     """The queue port on ``broker``, chosen once for its kind."""
     if isinstance(broker, ReportsRabbitmqBroker):
         return RabbitmqQueue(broker)
+    if isinstance(broker, ReportsSqsBroker):
+        return SqsQueue(broker)
     return RedisQueue(broker)
 
 
 class _BrokerQueue(ABC):
-    """What both brokers do alike: single messages go through Dramatiq's own ``enqueue``."""
+    """What the brokers do alike: single messages go through Dramatiq's own ``enqueue``."""
 
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
@@ -121,3 +124,17 @@ class RabbitmqQueue(_BrokerQueue):
         snapshots in the shared Redis (:mod:`reports.worker.held`)."""
         ready, delayed, _dead = rabbitmq.ready_counts(self.broker, queue)
         return ready + delayed + held.held_of(held.read(self.broker.shared_redis, self.broker.namespace), queue)
+
+
+class SqsQueue(_BrokerQueue):
+    broker: ReportsSqsBroker
+
+    def _enqueue_chunk(self, queue: str, messages: list[dramatiq.Message[Any]]) -> int:
+        """Sent in batch calls of ten, several at once."""
+        return self.broker.enqueue_many(queue, messages)
+
+    def backlog(self, queue: str) -> int:
+        """What SQS counts: ready, delayed, and in flight (received by a worker and not yet
+        deleted, a dead worker's too until its visibility timeout runs out and they are ready
+        again). Approximate: docs/howto/sqs.md says what that costs."""
+        return sum(self.broker.depths(queue))

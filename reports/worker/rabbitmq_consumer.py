@@ -9,41 +9,23 @@ docs/explanation/architecture.md, "Inside a worker". This overrides the private 
 from __future__ import annotations
 
 import logging
-import uuid
-from typing import Any
 
-import redis
 from dramatiq.broker import MessageProxy
 from dramatiq.brokers.rabbitmq import _RabbitmqConsumer, _RabbitmqMessage
 from dramatiq.common import q_name
 from dramatiq.errors import ConnectionClosed, DecodeError
 from dramatiq.message import Message
 
-from reports.worker import held as held_messages
-from reports.worker import holding, rabbitmq
-from reports.worker.consumer import HOOK
+from reports.worker import holding, rabbitmq, rejects
 from reports.worker.queue_types import TypedRabbitmqBroker
 
 logger = logging.getLogger(__name__)
 
 
-class ReportsRabbitmqBroker(TypedRabbitmqBroker):
-    """Dramatiq's RabbitMQ broker with this module's consumer, declaring its queues as one type.
-
-    :param shared_redis: the Redis of the fleet's shared state (REDIS_URL), where the snapshots go.
-    :param namespace: the key namespace there (BROKER_NAMESPACE).
-    :param queue_type: the type of every queue it declares (RABBITMQ_QUEUE_TYPE).
-    """
-
-    def __init__(self, *, shared_redis: redis.Redis, namespace: str, **options: Any) -> None:
-        super().__init__(**options)
-        self.shared_redis = shared_redis
-        self.namespace = namespace
-        self.held = held_messages.HeldMessages()
-        self.held_publisher = held_messages.Publisher(
-            self.held, shared_redis, namespace=namespace, process=str(uuid.uuid4())
-        )
-        self.add_middleware(holding.StartedMessages())
+class ReportsRabbitmqBroker(holding.SharesHeld, TypedRabbitmqBroker):
+    """Dramatiq's RabbitMQ broker with this module's consumer, declaring its queues as one type
+    (``queue_type``, RABBITMQ_QUEUE_TYPE), and sharing what its workers hold
+    (:class:`reports.worker.holding.SharesHeld`, whose parameters it takes)."""
 
     @property
     def consumer_class(self) -> type[_RabbitmqConsumer]:
@@ -105,22 +87,7 @@ class Consumer(_RabbitmqConsumer):
             self.broker.held_publisher.publish_if_due(force=True)
 
     def _store(self, message_id: str, body: bytes) -> bool:
-        """Hand a rejected message to the middleware that stores dead letters; whether one did."""
-        hooks = [hook for m in self.broker.middleware if (hook := getattr(m, HOOK, None)) is not None]
-        try:
-            for hook in hooks:
-                hook(self.broker, self.queue_name, message_id, body)
-        except Exception:
-            logger.warning(
-                "Could not store rejected message %s of %s; moving it to %s.XQ.",
-                message_id,
-                self.queue_name,
-                self.queue_name,
-                exc_info=True,
-                extra={"message_id": message_id, "queue": self.queue_name},
-            )
-            return False
-        return bool(hooks)
+        return rejects.store(self.broker, self.queue_name, message_id, body)
 
     def _dead_letter(self, tag: int, message_id: str, body: bytes) -> None:
         stored = self._store(message_id, body)

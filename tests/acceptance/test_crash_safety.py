@@ -14,6 +14,7 @@ from sqlalchemy import select
 from reports.fanout.progress import count
 from reports.models import PeriodRun
 from reports.periods import Period
+from tests.support import sqs
 from tests.support.databases import load_users
 from tests.support.processes import run_cli
 from tests.support.rabbitmq import purge
@@ -27,9 +28,15 @@ PERIOD = "2026-10"
 
 @pytest.fixture
 def crash_settings(settings, smtp_server):
-    """Short heartbeat so a dead worker's messages come back within the test's patience."""
+    """Short heartbeat (Redis) so a dead worker's messages come back within the test's patience; on
+    SQS they come back with their claims' lease, when their visibility timeout runs out."""
     return replace(
-        settings, smtp_url=smtp_server.url, heartbeat_timeout_ms=3000, claim_lease_seconds=20, plan_page_size=50
+        settings,
+        smtp_url=smtp_server.url,
+        heartbeat_timeout_ms=3000,
+        claim_lease_seconds=20,
+        sqs_visibility_timeout_seconds=20,
+        plan_page_size=50,
     )
 
 
@@ -172,8 +179,9 @@ def test_the_coordinator_killed_mid_walk_resumes_from_its_checkpoint(
 def test_the_brokers_queued_messages_lost_mid_run_are_repaired_by_reconcile(
     request, broker_kind, settings, sessions, smtp_server, start_workers
 ):
-    """Redis flushed (a failover to an empty replica), or RabbitMQ's queue purged (a lost node
-    without a mirror): the items are durable, and reconcile hands out what has nothing on its way."""
+    """Redis flushed (a failover to an empty replica), RabbitMQ's queue purged (a lost node
+    without a mirror), or SQS's (an operator's PurgeQueue): the items are durable, and reconcile
+    hands out what has nothing on its way."""
     settings = replace(settings, smtp_url=smtp_server.url)
     if broker_kind == "redis":
         settings = replace(settings, broker_url=request.getfixturevalue("private_redis"), heartbeat_timeout_ms=3000)
@@ -186,6 +194,8 @@ def test_the_brokers_queued_messages_lost_mid_run_are_repaired_by_reconcile(
 
     if settings.broker_is_rabbitmq:
         assert purge(settings.broker_url, "bulk") > 0, "nothing was queued to lose"
+    elif settings.broker_is_sqs:
+        assert sqs.purge(settings.broker_url, "bulk") > 0, "nothing was queued to lose"
     else:
         redis.Redis.from_url(settings.broker_url).flushall()
 

@@ -176,14 +176,20 @@ def test_the_exporter_serves_queue_depths_dead_letters_breaker_state_and_period_
     assert process.wait(timeout=10) == 0
 
 
-@pytest.mark.parametrize("broker_kind", ["rabbitmq"], indirect=True)
+@pytest.mark.parametrize("broker_kind", ["rabbitmq", "sqs"], indirect=True)
 @pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
-def test_on_rabbitmq_the_exporter_shows_the_messages_workers_hold_and_the_oldest_waiting_ones_age(
+def test_on_rabbitmq_and_sqs_the_exporter_shows_the_messages_workers_hold_and_the_oldest_waiting_ones_age(
     settings, sessions, smtp_server, start_workers, exporter
 ):
     _process, scrape = exporter
     # Each email takes 4 s, so the worker's two threads are busy and two more messages wait prefetched.
-    settings = replace(settings, smtp_url=smtp_server.url, smtp_timeout_seconds=30, claim_lease_seconds=40)
+    settings = replace(
+        settings,
+        smtp_url=smtp_server.url,
+        smtp_timeout_seconds=30,
+        claim_lease_seconds=40,
+        sqs_visibility_timeout_seconds=40,
+    )
     smtp_server.handler.delay_seconds = 4.0
     population = load_users(sessions, count=6, inactive_every=1000)
     period = Period.parse(PERIOD)
@@ -194,8 +200,8 @@ def test_on_rabbitmq_the_exporter_shows_the_messages_workers_hold_and_the_oldest
     coordinator.walk_slice(sessions, period, queue_for(broker), page_size=50, budget_seconds=60)
     broker.close()
 
-    # No worker yet: RabbitMQ shows no message's age, so the age is how long the exporter has
-    # seen the queue waiting unheld, a lower bound.
+    # No worker yet: neither broker shows a message's age, so the age is how long the exporter
+    # has seen the queue waiting unheld, a lower bound.
     first = scrape()
     assert value(first, "reports_queue_messages", queue="bulk", state="ready") == len(population.active)
     assert value(first, "reports_queue_messages", queue="bulk", state="in_progress") == 0

@@ -40,7 +40,7 @@ from reports.periods import Period
 from reports.settings import Settings
 from reports.worker.broker import build_broker, send
 from reports.worker.queues import queue_for
-from tests.support.broker import held_on_rabbitmq, queued_messages
+from tests.support.broker import held_by_workers, queued_messages
 from tests.support.databases import load_users
 from tests.support.environment import REPO
 from tests.support.periods import month_from_now
@@ -123,8 +123,8 @@ def waiting(settings: Settings, queue: str) -> int:
 
 def queue_settled(settings: Settings, queue: str) -> bool:
     """Nothing of ``queue`` is waiting, delayed, or held (fetched but not acked) by any worker."""
-    if settings.broker_is_rabbitmq:
-        return waiting(settings, queue) == 0 and held_on_rabbitmq(settings, queue) == 0
+    if settings.broker_is_rabbitmq or settings.broker_is_sqs:
+        return waiting(settings, queue) == 0 and held_by_workers(settings, queue) == 0
     client = redis.Redis.from_url(settings.broker_url)
     ns = settings.broker_namespace
     if client.llen(f"{ns}:{queue}") or client.llen(f"{ns}:{queue}.DQ"):

@@ -23,6 +23,9 @@ EDGES: dict[str, tuple[str, str, str, str, dict[str, str]]] = {
     "HEARTBEAT_TIMEOUT_MS": ("1000", "316224000000", "999", "316224000001", {}),
     "MAINTENANCE_CHANCE": ("0", "1000000", "-1", "1000001", {}),
     "MAX_RETRIES": ("0", "1000", "-1", "1001", {}),
+    # SQS's own limits: a visibility timeout of 12 hours at most, a maxReceiveCount of 1 to 1,000.
+    "SQS_VISIBILITY_TIMEOUT_SECONDS": ("1", "43200", "0", "43201", {}),
+    "SQS_MAX_RECEIVE_COUNT": ("1", "1000", "0", "1001", {}),
     "MIN_BACKOFF_MS": ("1", "518400000", "0", "518400001", {"MAX_BACKOFF_MS": "518400000"}),
     "MAX_BACKOFF_MS": ("1", "518400000", "0", "518400001", {"MIN_BACKOFF_MS": "1"}),
     "BREAKER_FAILURE_THRESHOLD": ("1", "1000000000", "0", "1000000001", {}),
