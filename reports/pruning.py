@@ -12,7 +12,7 @@ from reports.models import PeriodRun
 
 def hold_off(session: Session, periods: Iterable[str]) -> None:
     """Keep a prune from deleting rows of ``periods`` until the transaction ends, so that what it
-    makes unfinished (an item back to pending, a send-now request) is seen by the prune's next batch.
+    makes unfinished (an item back to pending, a send-now request) is seen by the prune's next batch (or its drop).
 
     On PostgreSQL a shared lock on each run (``FOR KEY SHARE``: holders do not wait for one
     another), which the ``FOR UPDATE`` of :func:`finished` with ``lock`` excludes; a period with no

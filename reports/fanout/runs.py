@@ -10,6 +10,7 @@ import redis
 from sqlalchemy import Exists, exists, or_, select
 from sqlalchemy.orm import InstrumentedAttribute, Session, sessionmaker
 
+from reports import partitions
 from reports.delivery.breaker import Reader, mail_breaker_name
 from reports.errors import BadInput
 from reports.fanout import progress
@@ -100,6 +101,9 @@ def trigger(
     ).first()
     run = session.get(PeriodRun, str(period), populate_existing=True, with_for_update=True)
     assert run is not None
+    if not run.planned:
+        # Before the coordinator records the period's first items.
+        partitions.ensure(session, period)
     resumed = run.state == RunState.CANCELLED
     releasing = run.planned and progress.waiting(session, period)
     if resumed:

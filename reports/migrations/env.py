@@ -7,9 +7,15 @@ from sqlalchemy import Connection
 
 from reports.database import create_db_engine
 from reports.models import Base
+from reports.partitions import is_partition
 
 config = context.config
 target_metadata = Base.metadata
+
+
+def include_name(name: str | None, type_: str, _parents: object) -> bool:
+    """Leave the months' partitions out of autogenerate: the models describe their parent tables."""
+    return not (type_ == "table" and name is not None and is_partition(name))
 
 
 def _run(connection: Connection) -> None:
@@ -17,6 +23,7 @@ def _run(connection: Connection) -> None:
         connection=connection,
         target_metadata=target_metadata,
         render_as_batch=connection.dialect.name == "sqlite",
+        include_name=include_name,
     )
     with context.begin_transaction():
         context.run_migrations()

@@ -1,8 +1,10 @@
-"""Retention: delete what old periods left behind, in short batches, keeping what is still needed.
+"""Retention: delete what old periods left behind, keeping what is still needed.
 
-:func:`prune` deletes the per-user rows of periods older than the cut-off, by primary-key range,
-one transaction a batch, so it can stop and be run again. What it keeps, and why:
-docs/howto/retention.md.
+:func:`prune` removes the per-user rows of periods older than the cut-off. On PostgreSQL, whose
+per-user tables are partitioned by month (:mod:`reports.partitions`), a period goes in one
+transaction that drops its partitions, one statement a table. On SQLite, or with ``batched``, it
+deletes them by primary-key range, one transaction a batch, so it can stop and be run again. What
+it keeps, and why: docs/howto/retention.md.
 """
 
 from __future__ import annotations
@@ -12,9 +14,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import cast
 
-from sqlalchemy import Exists, Table, and_, delete, exists, func, select
+import sqlalchemy
+from sqlalchemy import Exists, Table, TableClause, and_, column, delete, exists, func, insert, select, text
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
+from reports import partitions
 from reports.fanout import runs
 from reports.models import DeadLetter, Delivery, DeliveryState, ItemCount, Report, ReportItem, SendNowRequest
 from reports.periods import Period
@@ -22,6 +27,13 @@ from reports.sql import after, rowcount
 
 #: Rows deleted per transaction: each holds its locks only briefly (docs/benchmarks.md, "Pruning beside a running month").
 BATCH_SIZE = 5_000
+
+#: How long a drop waits for the locks on the partitioned tables, and how often it tries: it needs
+#: them to itself for an instant, and gives way (to try again) rather than hold up every worker
+#: behind it while a long transaction finishes. Below PostgreSQL's deadlock_timeout (1 s), so
+#: that in a deadlock with a worker the drop is the one to give way.
+LOCK_TIMEOUT_MS = 500
+LOCK_ATTEMPTS = 20
 
 #: The per-user tables, in the order they are pruned, and how they are named to an operator.
 _PER_USER: tuple[tuple[Table, str], ...] = (
@@ -64,7 +76,7 @@ class Pruned:
         return sum(sum(p.deleted.values()) for p in self.periods)
 
 
-def _unreplayed_letter(table: Table) -> Exists:
+def _unreplayed_letter(table: TableClause) -> Exists:
     return exists().where(
         DeadLetter.period == table.c.period, DeadLetter.user_id == table.c.user_id, DeadLetter.replayed_at.is_(None)
     )
@@ -96,11 +108,15 @@ def prune(
     batch_size: int = BATCH_SIZE,
     dry_run: bool = False,
     should_stop: Callable[[], bool] = lambda: False,
+    batched: bool = False,
 ) -> Pruned:
     """Delete the per-user rows of periods before ``before`` (see the module's docstring).
 
     :param dry_run: count what would go; change nothing.
-    :param should_stop: asked between batches; ``True`` ends the prune there (resumable).
+    :param should_stop: asked between batches, or on PostgreSQL before each period's drop;
+        ``True`` ends the prune there (resumable).
+    :param batched: delete in batches on PostgreSQL too, as before the tables were partitioned
+        (bench/prune.py compares the two).
     """
     with sessions.begin() as session:
         periods = old_periods(session, before)
@@ -117,10 +133,78 @@ def prune(
                 pruned.deleted["send-now requests"], pruned.deleted["replayed dead letters"] = _small_tables(
                     session, period, dry_run=True
                 )
-        elif not _prune_period(sessions, pruned, batch_size, should_stop):
+        elif batched or not _partitioned(sessions):
+            if not _prune_period(sessions, pruned, batch_size, should_stop):
+                result.finished = False
+                return result
+        elif should_stop() or not _drop_period(sessions, pruned):
             result.finished = False
             return result
     return result
+
+
+def _partitioned(sessions: sessionmaker[Session]) -> bool:
+    with sessions() as session:
+        return partitions.partitioned(session)
+
+
+def _drop_period(sessions: sessionmaker[Session], pruned: PeriodPruned) -> bool:
+    """Drop one finished period's partitions, keeping the rows unreplayed dead letters need, in
+    one transaction while the period stays finished; ``False`` when the locks could not be had."""
+    for _attempt in range(LOCK_ATTEMPTS):
+        try:
+            with sessions.begin() as session:
+                _drop_locked(session, pruned)
+            return True
+        except OperationalError as error:
+            if getattr(error.orig, "sqlstate", None) not in _GAVE_WAY:
+                raise
+    return False
+
+
+#: lock_not_available (the lock timeout), deadlock_detected.
+_GAVE_WAY = frozenset({"55P03", "40P01"})
+
+
+def _drop_locked(session: Session, pruned: PeriodPruned) -> None:
+    period = pruned.period
+    pruned.deleted = {name: 0 for _table, name in _PER_USER}
+    if not _still_finished(session, period):
+        pruned.reopened = True
+        return
+    present = partitions.present(session, period)
+    # Few: one user's rows per unreplayed dead letter. Put back after the drop.
+    kept: dict[Table, list[dict[str, object]]] = {}
+    for whole, name in _PER_USER:
+        if whole.name in present:
+            part = sqlalchemy.table(partitions.name(whole.name, period), *(column(c.name, c.type) for c in whole.c))
+            pruned.deleted[name] = _count(session, part, period)
+            kept[whole] = [
+                dict(row) for row in session.execute(select(part).where(_unreplayed_letter(part))).mappings()
+            ]
+    # A period pruned before keeps only such rows: nothing to drop then.
+    if any(pruned.deleted.values()):
+        _drop(session, period, present, kept)
+    pruned.deleted["send-now requests"], pruned.deleted["replayed dead letters"] = _small_tables(
+        session, period, dry_run=False
+    )
+
+
+def _drop(session: Session, period: str, present: list[str], kept: dict[Table, list[dict[str, object]]]) -> None:
+    """Drop ``period``'s partitions, then put back the ``kept`` rows into new ones."""
+    session.execute(text(f"SET LOCAL lock_timeout = {LOCK_TIMEOUT_MS}"))
+    # In the order a per-user message locks them, each with its parent table: a moment's lock.
+    for name in partitions.PARTITIONED:
+        if name in present:
+            session.execute(text(f"DROP TABLE {partitions.name(name, period)}"))
+    # The count triggers do not see a drop: the period's items went, and their counts with them.
+    session.execute(delete(ItemCount).where(ItemCount.period == period))
+    if any(kept.values()):
+        partitions.ensure(session, period)
+        for whole, rows in kept.items():
+            if rows:
+                # The items are counted again by the insert's triggers: what a prune keeps, counts.
+                session.execute(insert(whole), rows)
 
 
 def _prune_period(
@@ -166,7 +250,7 @@ def _kept(session: Session, period: str) -> int:
     )
 
 
-def _count(session: Session, table: Table, period: str) -> int:
+def _count(session: Session, table: TableClause, period: str) -> int:
     return (
         session.scalar(
             select(func.count()).select_from(table).where(table.c.period == period, ~_unreplayed_letter(table))

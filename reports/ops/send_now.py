@@ -8,7 +8,7 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from reports import pruning
+from reports import partitions, pruning
 from reports.delivery import claims
 from reports.delivery.mail.compose import message_id
 from reports.errors import BadInput
@@ -47,6 +47,8 @@ def request(
             raise BadInput(
                 f"Period {period} has never been triggered; pass --allow-untriggered to send its report anyway."
             )
+        # Its message writes the period's delivery and report: a period with no run has no partitions yet.
+        partitions.ensure(session, period)
         job = SendNowJob(
             period, user_id, request_id, run.template_version if run is not None else settings.template_version
         )

@@ -5,11 +5,12 @@ from __future__ import annotations
 from datetime import datetime
 
 import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import inspect, text
 
-from reports.database import create_db_engine, upgrade
+from reports.database import alembic_config, create_db_engine, upgrade
 from reports.models import Base
 
 CONTRACT_COLUMNS = {
@@ -81,3 +82,132 @@ def test_a_run_that_had_walked_nobody_starts_before_any_user_after_the_upgrade(s
     finally:
         engine.dispose()
     assert cursors == {"2026-09": None, "2026-10": 42}
+
+
+#: Rows a database at 0013 holds: two months, one waiting for its due time, and what the counts say.
+BEFORE_0014 = [
+    "INSERT INTO users (id, email, name, active, time_zone) VALUES (1, 'a@x.test', 'A', true, 'UTC'),"
+    " (2, 'b@x.test', 'B', true, 'UTC'), (3, 'c@x.test', 'C', true, 'UTC')",
+    "INSERT INTO period_runs (period, state, template_version, cursor, planned, triggered_at, updated_at, send_at,"
+    " default_time_zone) VALUES ('2026-09', 'active', 'v2', 3, true, :at, :at, NULL, NULL),"
+    " ('2026-10', 'active', 'v2', 3, true, :at, :at, '08:00', 'UTC')",
+    "INSERT INTO report_items (period, user_id, state, attempts, created_at, updated_at, due_at) VALUES"
+    " ('2026-09', 1, 'delivered', 1, :at, :at, NULL), ('2026-09', 2, 'dead', 3, :at, :at, NULL),"
+    " ('2026-10', 1, 'delivered', 1, :at, :at, NULL), ('2026-10', 2, 'pending', 0, :at, :at, :due),"
+    " ('2026-10', 3, 'pending', 0, :at, :at, :due)",
+    "INSERT INTO deliveries (period, user_id, state, message_id, claim_token, lease_expires_at, times_taken,"
+    " claimed_at, sent_at) VALUES ('2026-09', 1, 'sent', '<a>', 't', :at, 1, :at, :at),"
+    " ('2026-10', 1, 'sent', '<b>', 't', :at, 1, :at, :at)",
+    "INSERT INTO reports (period, user_id, template_version, subject, body_text, body_html, rendered_at) VALUES"
+    " ('2026-09', 1, 'v2', 's', 't', 'h', :at), ('2026-10', 1, 'v2', 's', 't', 'h', :at)",
+    # A send-now request of a month with no rows yet: its message writes that month's delivery.
+    "INSERT INTO resends (request_id, period, user_id, requested_at, state, message_id, claim_token,"
+    " lease_expires_at, times_taken, claimed_at) VALUES ('r1', '2026-08', 3, :at, 'requested', '<r>', '', :at, 0, :at)",
+]
+
+SNAPSHOT = {
+    "items": "SELECT period, user_id, state, attempts, due_at FROM report_items ORDER BY 1, 2",
+    "deliveries": "SELECT period, user_id, state, message_id FROM deliveries ORDER BY 1, 2",
+    "reports": "SELECT period, user_id, subject FROM reports ORDER BY 1, 2",
+    "item counts": "SELECT period, shard, counter, n FROM item_counts ORDER BY 1, 2, 3",
+    "due counts": "SELECT period, due_at, n FROM due_counts ORDER BY 1, 2",
+}
+
+
+def snapshot(connection) -> dict[str, list]:  # type: ignore[no-untyped-def]
+    return {name: [tuple(row) for row in connection.execute(text(query))] for name, query in SNAPSHOT.items()}
+
+
+def layout(connection) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    """Each per-user table and partition, and its kind: ``p`` partitioned, ``r`` a plain table."""
+    if connection.dialect.name != "postgresql":
+        return {}
+    query = (
+        "SELECT relname, relkind FROM pg_class WHERE relkind IN ('r', 'p') AND relnamespace = 'public'::regnamespace"
+        " AND (relname IN ('report_items', 'deliveries', 'reports') OR relname ~ '_[0-9]{4}_[0-9]{2}$')"
+    )
+    return dict(connection.execute(text(query)).all())
+
+
+def test_the_monthly_partitions_take_in_a_database_with_rows_and_every_count_carries_on(settings):
+    upgrade(settings, "0013")
+    engine = create_db_engine(settings.database_url)
+    at, due = datetime(2026, 11, 1), datetime(2026, 11, 1, 8)
+    try:
+        with engine.begin() as connection:
+            for statement in BEFORE_0014:
+                connection.execute(text(statement), {"at": at, "due": due})
+            before = snapshot(connection)
+
+        upgrade(settings)
+
+        with engine.begin() as connection:
+            assert snapshot(connection) == before
+            on_postgresql = connection.dialect.name == "postgresql"
+            months = ("2026_08", "2026_09", "2026_10")
+            assert layout(connection) == (
+                {
+                    **{table: "p" for table in ("report_items", "deliveries", "reports")},
+                    **{
+                        f"{table}_{month}": "r"
+                        for table in ("report_items", "deliveries", "reports")
+                        for month in months
+                    },
+                }
+                if on_postgresql
+                else {}
+            )
+            # The triggers of 0004 and 0013 work on the new tables: a state changed, a time zone changed.
+            connection.execute(
+                text("UPDATE report_items SET state = 'delivered' WHERE period = '2026-10' AND user_id = 2")
+            )
+            connection.execute(text("UPDATE users SET time_zone = 'Asia/Tashkent' WHERE id = 3"))
+            counts = dict(
+                connection.execute(
+                    text("SELECT counter, sum(n) FROM item_counts WHERE period = '2026-10' GROUP BY counter")
+                ).all()
+            )
+            assert counts == {"recorded": 3, "delivered": 2}
+            # User 3's waiting item is due at once (the epoch), for the release to look at its new zone.
+            waiting = "SELECT n FROM due_counts WHERE period = '2026-10' AND n > 0 AND due_at < '2000-01-01'"
+            assert connection.scalars(text(waiting)).all() == [1]
+            # The send-now request's month has its partitions: its message can write its delivery.
+            connection.execute(
+                text(
+                    "INSERT INTO deliveries (period, user_id, state, message_id, claim_token, lease_expires_at,"
+                    " times_taken, claimed_at) VALUES ('2026-08', 3, 'claimed', '<r>', 't', :at, 1, :at)"
+                ),
+                {"at": at},
+            )
+            if on_postgresql:
+                # The partial indexes of waiting items are on every month's partition.
+                assert (
+                    connection.scalar(
+                        text(
+                            "SELECT count(*) FROM pg_indexes WHERE tablename = 'report_items_2026_10'"
+                            " AND indexdef LIKE '%WHERE%pending%due_at IS NOT NULL%'"
+                        )
+                    )
+                    == 2
+                )
+            after = snapshot(connection)
+
+        downgrade(settings, "0013")
+        with engine.connect() as connection:
+            assert snapshot(connection) == after
+            assert layout(connection) == (
+                {table: "r" for table in ("report_items", "deliveries", "reports")} if on_postgresql else {}
+            )
+    finally:
+        engine.dispose()
+
+
+def downgrade(settings, revision: str) -> None:  # type: ignore[no-untyped-def]
+    engine = create_db_engine(settings.database_url)
+    try:
+        with engine.begin() as connection:
+            config = alembic_config(settings.database_url)
+            config.attributes["connection"] = connection
+            command.downgrade(config, revision)
+    finally:
+        engine.dispose()

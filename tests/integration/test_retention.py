@@ -4,15 +4,16 @@ and the scheduler's monthly run."""
 from __future__ import annotations
 
 import json
+import re
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 
 import pytest
 import redis
-from sqlalchemy import func, select, text
+from sqlalchemy import event, func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from reports import pruning
+from reports import partitions, pruning
 from reports.failures import dead_letters
 from reports.fanout import progress, runs
 from reports.models import (
@@ -56,6 +57,7 @@ def fill_period(
     dead_user: int | None = None,
 ) -> None:
     """A run of ``USERS`` items with reports; delivered ones have a sent delivery, ``dead_user``'s is dead."""
+    partitions.ensure(session, period)  # as the period's trigger does
     session.add(
         PeriodRun(
             period=period,
@@ -239,7 +241,7 @@ def test_unfinished_and_recent_periods_are_kept_whole(filled) -> None:
 
 
 def test_a_prune_stopped_between_batches_finishes_when_run_again(filled) -> None:
-    stopped = retention.prune(filled, before=BEFORE, batch_size=3, should_stop=lambda: True)
+    stopped = retention.prune(filled, before=BEFORE, batch_size=3, should_stop=lambda: True, batched=True)
     assert not stopped.finished
     # The first batch, users 1 to 3, of which the dead-lettered user 3 stays.
     assert stopped.rows == 2
@@ -261,7 +263,9 @@ def test_a_dead_letter_replayed_between_two_batches_stops_the_prune_of_its_perio
         return False
 
     replayed = dead_letters.Replayed()
-    result = retention.prune(filled, before=BEFORE, batch_size=3, should_stop=replay_after_the_first_batch)
+    result = retention.prune(
+        filled, before=BEFORE, batch_size=3, should_stop=replay_after_the_first_batch, batched=True
+    )
 
     assert len(replayed.replayed) == 1
     # Only the first batch went (users 1 to 3, the dead-lettered user 3 kept): the replayed
@@ -320,7 +324,7 @@ def test_on_postgresql_a_replay_or_a_send_now_and_a_prune_batch_of_one_period_wa
             replay.get(ReportItem, (OLD, DEAD_USER)).state = ItemState.PENDING  # type: ignore[union-attr]
         [pruned] = prune.result(timeout=10).periods
     assert rows(filled, ReportItem, OLD) == rows(filled, Report, OLD) == list(range(1, USERS + 1))
-    assert pruned.reopened and pruned.deleted == {"reports": 0}
+    assert pruned.reopened and not any(pruned.deleted.values())
 
     # So does a send-now request, which the next batch then sees.
     with ThreadPoolExecutor(max_workers=1) as pool:
@@ -340,7 +344,9 @@ def test_a_send_now_requested_between_two_batches_stops_the_prune_of_its_period(
                 send_now_request(session, OLD, 9, DeliveryState.REQUESTED)
         return False
 
-    result = retention.prune(filled, before=BEFORE, batch_size=3, should_stop=request_after_the_first_batch)
+    result = retention.prune(
+        filled, before=BEFORE, batch_size=3, should_stop=request_after_the_first_batch, batched=True
+    )
 
     assert rows(filled, Report, OLD) == list(range(DEAD_USER, USERS + 1))
     assert rows(filled, Delivery, OLD) == [u for u in range(1, USERS + 1) if u != DEAD_USER]
@@ -353,6 +359,7 @@ def test_a_period_never_triggered_that_has_send_now_requests_is_kept_whole(fille
     untriggered = "2019-06"
     with filled.begin() as session:
         send_now_request(session, untriggered, 2, DeliveryState.SENT)
+        partitions.ensure(session, untriggered)  # as the send-now request does
         session.add(sent_delivery(untriggered, 2))
 
     result = retention.prune(filled, before=BEFORE)
@@ -399,3 +406,93 @@ def test_the_scheduler_prunes_monthly_once_across_replicas(filled, settings: Set
     )
     assert "prune" not in {job.id for job in unset.build_scheduler().get_jobs()}
     broker.close()
+
+
+def partitions_of(sessions: sessionmaker[Session], period: str) -> list[str]:
+    with sessions() as session:
+        return partitions.present(session, period)
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_on_postgresql_an_old_month_goes_by_dropping_its_partitions_and_the_others_keep_theirs(filled) -> None:
+    gone = "2020-05"
+    with filled.begin() as session:
+        fill_period(session, gone)
+    statements: list[str] = []
+    event.listen(filled.kw["bind"], "before_cursor_execute", lambda *args: statements.append(args[2]))
+
+    result = retention.prune(filled, before=BEFORE)
+
+    assert [(p.period, p.deleted["report items"]) for p in result.periods] == [(OLD, USERS - 1), (gone, USERS)]
+    assert partitions_of(filled, gone) == []
+    # One statement a table and month, and no row deleted one by one.
+    assert [s for s in statements if s.startswith("DROP TABLE")] == [
+        f"DROP TABLE {table}_{period.replace('-', '_')}" for period in (OLD, gone) for table in partitions.PARTITIONED
+    ]
+    assert not [s for s in statements if re.match(r"DELETE FROM (report_items|deliveries|reports)\b", s)]
+    # The month with an unreplayed dead letter has new partitions, with that user's rows in them.
+    assert partitions_of(filled, OLD) == list(partitions.PARTITIONED)
+    assert rows(filled, ReportItem, OLD) == rows(filled, Report, OLD) == [DEAD_USER]
+    for period in (CANCELLED, UNPLANNED, RECENT):
+        assert partitions_of(filled, period) == list(partitions.PARTITIONED)
+        assert rows(filled, ReportItem, period) == rows(filled, Report, period) == list(range(1, USERS + 1))
+    with filled() as session:
+        left = progress.count(session, Period.parse(OLD))
+        assert (left.total, left.dead, left.pending, left.complete) == (1, 1, 0, True)
+        assert progress.count(session, Period.parse(gone)).total == 0
+        assert session.scalar(select(func.count()).select_from(ItemCount).where(ItemCount.period == gone)) == 0
+    # Pruned again, the month with only kept rows has nothing to drop.
+    statements.clear()
+    assert retention.prune(filled, before=BEFORE).rows == 0
+    assert not [s for s in statements if s.startswith("DROP TABLE")]
+    assert rows(filled, ReportItem, OLD) == [DEAD_USER]
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_on_postgresql_a_prune_stopped_before_a_drop_keeps_the_month_whole_until_run_again(filled) -> None:
+    stopped = retention.prune(filled, before=BEFORE, should_stop=lambda: True)
+    assert not stopped.finished and stopped.rows == 0
+    assert rows(filled, ReportItem, OLD) == rows(filled, Report, OLD) == list(range(1, USERS + 1))
+
+    again = retention.prune(filled, before=BEFORE)
+    assert again.finished and again.rows == 3 * (USERS - 1) + 2
+    assert rows(filled, ReportItem, OLD) == [DEAD_USER]
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_on_postgresql_a_dead_letter_replayed_just_before_the_drop_keeps_the_month_whole(filled, broker) -> None:
+    def replay_first() -> bool:
+        if not replayed.replayed:
+            replayed.replayed = dead_letters.replay(
+                filled, queue_for(broker), dead_letters.Filter(period=OLD), now=NOW, dry_run=False
+            ).replayed
+        return False
+
+    replayed = dead_letters.Replayed()
+    [pruned] = retention.prune(filled, before=BEFORE, should_stop=replay_first).periods
+
+    assert pruned.reopened and not any(pruned.deleted.values())
+    assert rows(filled, ReportItem, OLD) == rows(filled, Report, OLD) == list(range(1, USERS + 1))
+    assert partitions_of(filled, OLD) == list(partitions.PARTITIONED)
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_on_postgresql_a_drop_gives_way_to_a_long_transaction_and_tries_again(filled, monkeypatch) -> None:
+    """A transaction on another month's rows holds the drop off: the drop waits a moment, gives
+    way (so the workers queued behind it run on), and tries again; held too long, the prune stops
+    there, changing nothing, and says it did not finish."""
+    worker = filled()
+    worker.execute(select(ReportItem).where(ReportItem.period == RECENT).with_for_update())
+    monkeypatch.setattr(retention, "LOCK_ATTEMPTS", 2)
+    gave_up = retention.prune(filled, before=BEFORE)
+    assert not gave_up.finished
+    assert rows(filled, ReportItem, OLD) == list(range(1, USERS + 1))
+
+    monkeypatch.setattr(retention, "LOCK_ATTEMPTS", 20)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pruning = pool.submit(retention.prune, filled, before=BEFORE)
+        wait_until(lambda: waiting_on_a_lock(filled), timeout=10, what="the drop to wait for the transaction")
+        worker.commit()
+        worker.close()
+        assert pruning.result(timeout=30).finished
+    assert rows(filled, ReportItem, OLD) == [DEAD_USER]
