@@ -1,14 +1,19 @@
-"""Prune a million rows of an old period on PostgreSQL while a stand-in worker writes a current one.
+"""Prune a million rows of an old period on PostgreSQL while stand-in workers write a current one:
+by batched deletes before the tables were partitioned, then by dropping the month's partitions.
 
 Usage: python bench/prune.py [--users 340000] [--threads 4] [--baseline-seconds 10]
 
 Creates (and drops) a database of its own on TEST_POSTGRES_URL's server (default
-postgresql://postgres@127.0.0.1:5432/postgres). An old period gets --users items, deliveries and
-stored reports (three rows a user: 1,020,000 by default); a current, unfinished period gets
-10,000 items. Stand-in workers (--threads) then do what a per-user message does to its rows, in a
-loop: one transaction that locks a random current item, bumps it and upserts its report. It
-prints the workers' transaction latency (p50, p99, max) for --baseline-seconds alone and then
-while `reports.ops.retention.prune` deletes the old period, and the prune's rows per second.
+postgresql://postgres@127.0.0.1:5432/postgres), at migration 0013 (the tables not partitioned).
+Three old periods get --users items, deliveries and stored reports each (three rows a user:
+1,020,000 a period by default); a current, unfinished period gets 10,000 items. Stand-in workers
+(--threads) do what a per-user message does to its rows, in a loop: one transaction that locks a
+random current item, bumps it and upserts its report. In one run it then prunes the first old
+period by batched deletes (before), migrates to the newest schema (0014 partitions the tables; the
+workers pause), prunes the second by dropping its partitions (after), and the third by batched
+deletes on the partitioned tables (``prune(batched=True)``). It prints each prune's time and rows
+per second, the migration's seconds per million rows moved, and the workers' transaction latency
+(p50, p99, max) alone and during each prune.
 """
 
 from __future__ import annotations
@@ -19,43 +24,49 @@ import statistics
 import threading
 import time
 
-from sqlalchemy import text
+from sqlalchemy import Engine, text
+from sqlalchemy.orm import Session, sessionmaker
 from support import temporary_database  # bench/support.py, beside this script
 
+from reports import partitions
 from reports.database import create_db_engine, session_factory, upgrade
 from reports.ops import retention
 from reports.periods import Period
 from reports.settings import Settings
 
-OLD, CURRENT = "2020-01", "2026-10"
+OLDS, CURRENT = ("2020-01", "2020-02", "2020-03"), "2026-10"
 CURRENT_ITEMS = 10_000
 
-FILL = [
+SETUP = [
     (
         "INSERT INTO period_runs (period, state, template_version, cursor, planned, triggered_at, updated_at) "
-        "VALUES (:old, 'active', 'v1', :users, true, now(), now()), (:current, 'active', 'v1', 0, false, now(), now())"
+        "VALUES (:current, 'active', 'v1', 0, false, now(), now())"
     ),
     (
         "INSERT INTO users (id, email, name, active) SELECT g, 'u' || g || '@example.test', 'User ' || g, true "
         "FROM generate_series(1, :users) g"
+    ),
+]
+
+#: One old, finished period.
+FILL = [
+    (
+        "INSERT INTO period_runs (period, state, template_version, cursor, planned, triggered_at, updated_at) "
+        "VALUES (:old, 'active', 'v1', :users, true, now(), now())"
     ),
     (
         "INSERT INTO report_items (period, user_id, state, attempts, created_at, updated_at) "
         "SELECT :old, g, 'delivered', 1, now(), now() FROM generate_series(1, :users) g"
     ),
     (
-        "INSERT INTO deliveries (period, user_id, state, message_id, claim_token, lease_expires_at, claims, claimed_at, "
-        "sent_at) SELECT :old, g, 'sent', '<report.' || g || '>', 'token', now(), 1, now(), now() "
+        "INSERT INTO deliveries (period, user_id, state, message_id, claim_token, lease_expires_at, times_taken, "
+        "claimed_at, sent_at) SELECT :old, g, 'sent', '<report.' || g || '>', 'token', now(), 1, now(), now() "
         "FROM generate_series(1, :users) g"
     ),
     (
         "INSERT INTO reports (period, user_id, template_version, subject, body_text, body_html, rendered_at) "
         "SELECT :old, g, 'v1', 'Your report', repeat('text ', 40), repeat('<p>html</p>', 30), now() "
         "FROM generate_series(1, :users) g"
-    ),
-    (
-        "INSERT INTO report_items (period, user_id, state, attempts, created_at, updated_at) "
-        "SELECT :current, g, 'pending', 0, now(), now() FROM generate_series(1, :items) g"
     ),
 ]
 
@@ -78,60 +89,99 @@ def _summary(latencies: list[float]) -> str:
     )
 
 
+class Workers:
+    """Stand-in workers on the current period, their latencies kept by the phase they fell in."""
+
+    def __init__(self, engine: Engine, threads: int) -> None:
+        self.engine, self.threads = engine, threads
+        self.phase = "alone"
+        self.latencies: dict[str, list[float]] = {}
+        self._stop = threading.Event()
+        self._running: list[threading.Thread] = []
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._running = [threading.Thread(target=self._work) for _ in range(self.threads)]
+        for worker in self._running:
+            worker.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for worker in self._running:
+            worker.join()
+
+    def _work(self) -> None:
+        rng = random.Random()
+        while not self._stop.is_set():
+            user_id = rng.randint(1, CURRENT_ITEMS)
+            begun = time.perf_counter()
+            with self.engine.begin() as connection:
+                for statement in WORK:
+                    connection.execute(text(statement), {"p": CURRENT, "u": user_id})
+            self.latencies.setdefault(self.phase, []).append(time.perf_counter() - begun)
+
+
+def timed_prune(sessions: sessionmaker[Session], workers: Workers, old: str, how: str, *, batched: bool) -> str:
+    workers.phase = how
+    begun = time.monotonic()
+    result = retention.prune(sessions, before=Period.parse(old).next(), batched=batched)
+    took = time.monotonic() - begun
+    workers.phase = "after"
+    [pruned] = result.periods
+    assert pruned.period == old and result.finished
+    return f"prune {old}, {how}: {result.rows:,} rows in {took:.2f} s = {result.rows / took:,.0f} rows/s"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--users", type=int, default=340_000)
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--baseline-seconds", type=float, default=10)
     arguments = parser.parse_args()
+    lines = []
     with temporary_database() as url:
         settings = Settings(database_url=url)
-        upgrade(settings)
+        upgrade(settings, "0013")
         engine = create_db_engine(url)
         sessions = session_factory(engine)
         started = time.monotonic()
+        values = {"current": CURRENT, "users": arguments.users, "items": CURRENT_ITEMS}
         with engine.begin() as connection:
-            for statement in FILL:
-                connection.execute(
-                    text(statement), {"old": OLD, "current": CURRENT, "users": arguments.users, "items": CURRENT_ITEMS}
-                )
+            for statement in SETUP:
+                connection.execute(text(statement), values)
+            for old in OLDS:
+                for statement in FILL:
+                    connection.execute(text(statement), {**values, "old": old})
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
             connection.execute(text("VACUUM ANALYZE"))
-        print(f"filled {arguments.users * 3:,} old rows in {time.monotonic() - started:.1f} s")
+        print(f"filled {arguments.users * 3 * len(OLDS):,} old rows in {time.monotonic() - started:.1f} s")
 
-        phase = {"name": "before"}
-        latencies: dict[str, list[float]] = {"before": [], "during": [], "after": []}
-        stop = threading.Event()
-
-        def work() -> None:
-            rng = random.Random()
-            while not stop.is_set():
-                user_id = rng.randint(1, CURRENT_ITEMS)
-                begun = time.perf_counter()
-                with engine.begin() as connection:
-                    for statement in WORK:
-                        connection.execute(text(statement), {"p": CURRENT, "u": user_id})
-                latencies[phase["name"]].append(time.perf_counter() - begun)
-
-        workers = [threading.Thread(target=work) for _ in range(arguments.threads)]
-        for worker in workers:
-            worker.start()
+        workers = Workers(engine, arguments.threads)
+        workers.start()
         time.sleep(arguments.baseline_seconds)
-        phase["name"] = "during"
-        begun = time.monotonic()
-        result = retention.prune(sessions, before=Period.parse("2021-01"))
-        took = time.monotonic() - begun
-        phase["name"] = "after"
-        stop.set()
-        for worker in workers:
-            worker.join()
+        lines.append(timed_prune(sessions, workers, OLDS[0], "batched deletes, tables not partitioned", batched=True))
+        workers.stop()
         engine.dispose()
-    print(
-        f"prune: {result.rows:,} rows in {took:.1f} s = {result.rows / took:,.0f} rows/s "
-        f"({retention.BATCH_SIZE:,} a transaction)"
-    )
-    print(f"workers ({arguments.threads} threads) before the prune: {_summary(latencies['before'])}")
-    print(f"workers during the prune:            {_summary(latencies['during'])}")
+        with engine.connect() as connection:
+            moved = sum(
+                connection.scalar(text(f"SELECT count(*) FROM {table}")) or 0 for table in partitions.PARTITIONED
+            )
+        begun = time.monotonic()
+        upgrade(settings)
+        took = time.monotonic() - begun
+        lines.append(f"migration 0014: {moved:,} rows moved in {took:.1f} s = {took / moved * 1e6:.1f} s per million")
+        workers.start()
+        time.sleep(arguments.baseline_seconds / 2)
+        lines.append(timed_prune(sessions, workers, OLDS[1], "partitions dropped", batched=False))
+        time.sleep(arguments.baseline_seconds / 2)
+        lines.append(timed_prune(sessions, workers, OLDS[2], "batched deletes, tables partitioned", batched=True))
+        workers.stop()
+        engine.dispose()
+    for line in lines:
+        print(line)
+    print(f"workers ({arguments.threads} threads), {'phase':<40} transactions, latency")
+    for phase, latencies in workers.latencies.items():
+        print(f"  {phase:<48} {_summary(latencies)}")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -106,11 +107,22 @@ def upgrade(settings: Settings, revision: str = "head") -> None:
     """Migrate the configured database to ``revision``."""
     from alembic import command
 
+    _migrate(settings, command.upgrade, revision)
+
+
+def downgrade(settings: Settings, revision: str) -> None:
+    """Migrate the configured database back to ``revision`` (the migrations' tests go both ways)."""
+    from alembic import command
+
+    _migrate(settings, command.downgrade, revision)
+
+
+def _migrate(settings: Settings, move: Callable[[Config, str], None], revision: str) -> None:
     engine = create_db_engine(settings.database_url)
     try:
         with engine.begin() as connection:
             config = alembic_config(settings.database_url)
             config.attributes["connection"] = connection
-            command.upgrade(config, revision)
+            move(config, revision)
     finally:
         engine.dispose()

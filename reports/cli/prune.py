@@ -21,8 +21,9 @@ from reports.settings import MAX_RETENTION_MONTHS
 @click.option("--dry-run", is_flag=True, help="Say what would be deleted; change nothing.")
 @pass_obj
 def prune(obj: Obj, months: int, dry_run: bool) -> None:
-    """Delete old periods' report items, deliveries and stored reports, in short batches.
+    """Delete old periods' report items, deliveries and stored reports.
 
+    On PostgreSQL each period goes by dropping its monthly partitions; on SQLite in short batches.
     Keeps unfinished periods, what unreplayed dead letters need, and every period's run.
     Stopped part-way, it is resumed by running it again; a period that a dead-letter replay or a
     send-now makes unfinished meanwhile keeps the rest of its rows.
@@ -46,6 +47,9 @@ def describe(result: retention.Pruned, *, dry_run: bool) -> list[str]:
             else ""
         )
         reopened = "; stopped there, a replay or a send-now made its run unfinished" if pruned.reopened else ""
+        if pruned.busy:
+            lines.append(f"{pruned.period}: kept whole, other transactions kept its tables busy; run the prune again.")
+            continue
         lines.append(f"{pruned.period}: {'would delete' if dry_run else 'deleted'} {parts}{kept}{reopened}.")
     lines += [f"{period}: kept whole, its run is unfinished." for period in result.unfinished]
     return lines

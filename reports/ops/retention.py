@@ -61,6 +61,9 @@ class PeriodPruned:
     kept_for_dead_letters: int = 0
     #: True when a replay or a send-now made the period unfinished part-way: the rest was kept.
     reopened: bool = False
+    #: True when other transactions kept the partitions' locks from a drop every time it tried:
+    #: the period was left whole, for the next prune.
+    busy: bool = False
 
 
 @dataclass
@@ -159,6 +162,8 @@ def _drop_period(sessions: sessionmaker[Session], pruned: PeriodPruned) -> bool:
         except OperationalError as error:
             if getattr(error.orig, "sqlstate", None) not in _GAVE_WAY:
                 raise
+            pruned.deleted = {}
+    pruned.busy = True
     return False
 
 

@@ -15,6 +15,7 @@ from dramatiq.brokers.redis import RedisBroker
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from reports import partitions
 from reports.clock import utcnow
 from reports.fanout import runs
 from reports.fanout.coordinator import SliceOutcome, walk_slice
@@ -88,6 +89,13 @@ class RecordingQueue:
 
     def enqueue_again(self, *, queue: str, actor: str, args: list[Any], kwargs: dict[str, Any]) -> str:
         return self.queue.enqueue_again(queue=queue, actor=actor, args=args, kwargs=kwargs)
+
+
+def make_partitions(sessions: sessionmaker[Session], *periods: Period | str) -> None:
+    """Make the months' partitions, as their trigger would: for a test that writes a month's rows itself."""
+    with sessions.begin() as session:
+        for period in periods or (PERIOD,):
+            partitions.ensure(session, period)
 
 
 def trigger(sessions: sessionmaker[Session], settings: Settings, period: Period = PERIOD) -> None:

@@ -15,12 +15,17 @@ from reports.delivery import claims
 from reports.errors import ClaimHeld
 from reports.models import Delivery, DeliveryState
 from reports.sql import server_now
-from tests.integration.conftest import PERIOD
+from tests.integration.conftest import PERIOD, make_partitions
 
 USER_ID = 42
 LEASE = 30.0
 T0 = datetime(2026, 11, 1, 12, 0, 0)
 MESSAGE_ID = f"<report.{PERIOD}.{USER_ID}@reports.test>"
+
+
+@pytest.fixture(autouse=True)
+def _partitions(sessions) -> None:  # type: ignore[no-untyped-def]
+    make_partitions(sessions)
 
 
 def take(sessions) -> claims.Claim | None:  # type: ignore[no-untyped-def]

@@ -13,6 +13,7 @@ from reports.clock import utcnow
 from reports.feedback import store
 from reports.feedback.events import Event, Kind, Provider
 from reports.models import Suppression
+from tests.integration.conftest import make_partitions
 from tests.support.databases import load_users
 
 POLICY = store.Policy(soft_bounce_limit=3, soft_bounce_window=timedelta(days=30))
@@ -129,6 +130,7 @@ def test_a_dismissed_users_feedback_no_longer_counts(sessions):
 def test_a_complaint_without_headers_counts_against_the_period_of_the_users_last_email(sessions):
     load_users(sessions, count=3)
     sent = utcnow() - timedelta(days=3)
+    make_partitions(sessions, "2026-09", "2026-10")
     with sessions.begin() as session:
         for period in ("2026-09", "2026-10"):
             session.execute(

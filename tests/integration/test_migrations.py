@@ -5,12 +5,11 @@ from __future__ import annotations
 from datetime import datetime
 
 import pytest
-from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import inspect, text
 
-from reports.database import alembic_config, create_db_engine, upgrade
+from reports.database import create_db_engine, downgrade, upgrade
 from reports.models import Base
 
 CONTRACT_COLUMNS = {
@@ -198,16 +197,5 @@ def test_the_monthly_partitions_take_in_a_database_with_rows_and_every_count_car
             assert layout(connection) == (
                 {table: "r" for table in ("report_items", "deliveries", "reports")} if on_postgresql else {}
             )
-    finally:
-        engine.dispose()
-
-
-def downgrade(settings, revision: str) -> None:  # type: ignore[no-untyped-def]
-    engine = create_db_engine(settings.database_url)
-    try:
-        with engine.begin() as connection:
-            config = alembic_config(settings.database_url)
-            config.attributes["connection"] = connection
-            command.downgrade(config, revision)
     finally:
         engine.dispose()

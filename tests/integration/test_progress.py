@@ -14,7 +14,14 @@ from reports.fanout import progress
 from reports.fanout.coordinator import walk_slice
 from reports.models import ItemState, ReportItem
 from reports.periods import Period
-from tests.integration.conftest import PERIOD, RecordingQueue, run_together, trigger, walk_everything
+from tests.integration.conftest import (
+    PERIOD,
+    RecordingQueue,
+    make_partitions,
+    run_together,
+    trigger,
+    walk_everything,
+)
 from tests.support.databases import load_users
 
 
@@ -130,6 +137,7 @@ def test_the_kept_counts_follow_every_change_an_item_can_go_through(settings, se
         finish(sessions, user_id, state)
     assert kept(sessions) == counted_item_by_item(sessions)
 
+    make_partitions(sessions, "2026-09")
     with sessions.begin() as session:
         # A dead-letter replay puts dead items back to pending; an operator deletes a few items;
         # rows arrive by plain SQL, already finished, in one statement.

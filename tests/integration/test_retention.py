@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 
@@ -14,6 +15,7 @@ from sqlalchemy import event, func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from reports import partitions, pruning
+from reports.cli.prune import describe
 from reports.failures import dead_letters
 from reports.fanout import progress, runs
 from reports.models import (
@@ -254,15 +256,24 @@ def test_a_prune_stopped_between_batches_finishes_when_run_again(filled) -> None
     assert retention.prune(filled, before=BEFORE).rows == 0
 
 
-def test_a_dead_letter_replayed_between_two_batches_stops_the_prune_of_its_period(filled, broker: Broker) -> None:
-    def replay_after_the_first_batch() -> bool:
+def replaying_once(
+    sessions: sessionmaker[Session], broker: Broker, replayed: dead_letters.Replayed
+) -> Callable[[], bool]:
+    """A prune's ``should_stop`` that replays OLD's dead letters the first time it is asked."""
+
+    def replay() -> bool:
         if not replayed.replayed:
             replayed.replayed = dead_letters.replay(
-                filled, queue_for(broker), dead_letters.Filter(period=OLD), now=NOW, dry_run=False
+                sessions, queue_for(broker), dead_letters.Filter(period=OLD), now=NOW, dry_run=False
             ).replayed
         return False
 
+    return replay
+
+
+def test_a_dead_letter_replayed_between_two_batches_stops_the_prune_of_its_period(filled, broker: Broker) -> None:
     replayed = dead_letters.Replayed()
+    replay_after_the_first_batch = replaying_once(filled, broker, replayed)
     result = retention.prune(
         filled, before=BEFORE, batch_size=3, should_stop=replay_after_the_first_batch, batched=True
     )
@@ -461,15 +472,10 @@ def test_on_postgresql_a_prune_stopped_before_a_drop_keeps_the_month_whole_until
 
 @pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
 def test_on_postgresql_a_dead_letter_replayed_just_before_the_drop_keeps_the_month_whole(filled, broker) -> None:
-    def replay_first() -> bool:
-        if not replayed.replayed:
-            replayed.replayed = dead_letters.replay(
-                filled, queue_for(broker), dead_letters.Filter(period=OLD), now=NOW, dry_run=False
-            ).replayed
-        return False
-
     replayed = dead_letters.Replayed()
-    [pruned] = retention.prune(filled, before=BEFORE, should_stop=replay_first).periods
+    [pruned] = retention.prune(filled, before=BEFORE, should_stop=replaying_once(filled, broker, replayed)).periods
+
+    assert len(replayed.replayed) == 1
 
     assert pruned.reopened and not any(pruned.deleted.values())
     assert rows(filled, ReportItem, OLD) == rows(filled, Report, OLD) == list(range(1, USERS + 1))
@@ -485,7 +491,10 @@ def test_on_postgresql_a_drop_gives_way_to_a_long_transaction_and_tries_again(fi
     worker.execute(select(ReportItem).where(ReportItem.period == RECENT).with_for_update())
     monkeypatch.setattr(retention, "LOCK_ATTEMPTS", 2)
     gave_up = retention.prune(filled, before=BEFORE)
-    assert not gave_up.finished
+    assert not gave_up.finished and gave_up.rows == 0
+    assert describe(gave_up, dry_run=False)[0] == (
+        f"{OLD}: kept whole, other transactions kept its tables busy; run the prune again."
+    )
     assert rows(filled, ReportItem, OLD) == list(range(1, USERS + 1))
 
     monkeypatch.setattr(retention, "LOCK_ATTEMPTS", 20)
