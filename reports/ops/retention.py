@@ -178,15 +178,17 @@ def _drop_locked(session: Session, pruned: PeriodPruned) -> None:
         pruned.reopened = True
         return
     present = partitions.present(session, period)
+    pruned.kept_for_dead_letters = _kept(session, period)
     # Few: one user's rows per unreplayed dead letter. Put back after the drop.
     kept: dict[Table, list[dict[str, object]]] = {}
     for whole, name in _PER_USER:
         if whole.name in present:
             part = sqlalchemy.table(partitions.name(whole.name, period), *(column(c.name, c.type) for c in whole.c))
             pruned.deleted[name] = _count(session, part, period)
-            kept[whole] = [
-                dict(row) for row in session.execute(select(part).where(_unreplayed_letter(part))).mappings()
-            ]
+            if pruned.kept_for_dead_letters:
+                kept[whole] = [
+                    dict(row) for row in session.execute(select(part).where(_unreplayed_letter(part))).mappings()
+                ]
     # A period pruned before keeps only such rows: nothing to drop then.
     if any(pruned.deleted.values()):
         _drop(session, period, present, kept)
