@@ -199,3 +199,25 @@ def test_the_monthly_partitions_take_in_a_database_with_rows_and_every_count_car
             )
     finally:
         engine.dispose()
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_rows_of_a_period_that_is_no_month_stop_the_partitioning_and_change_nothing(settings):
+    upgrade(settings, "0013")
+    engine = create_db_engine(settings.database_url)
+    try:
+        with engine.begin() as connection:
+            connection.execute(
+                text(
+                    "INSERT INTO report_items (period, user_id, state, attempts, created_at, updated_at)"
+                    " VALUES ('2026-1', 1, 'pending', 0, :at, :at)"
+                ),
+                {"at": datetime(2026, 11, 1)},
+            )
+        with pytest.raises(ValueError, match="'2026-1'"):
+            upgrade(settings)
+        with engine.connect() as connection:
+            assert connection.scalar(text("SELECT version_num FROM alembic_version")) == "0013"
+            assert layout(connection) == {table: "r" for table in ("report_items", "deliveries", "reports")}
+    finally:
+        engine.dispose()

@@ -14,6 +14,7 @@ migration: docs/howto/upgrade.md says how long it takes. Nothing refers to these
 key. On SQLite nothing changes.
 """
 
+import re
 from collections.abc import Sequence
 
 from alembic import op
@@ -80,6 +81,9 @@ def upgrade() -> None:
         return
     union = " UNION ".join(f"SELECT period FROM {table}" for table in PERIODS_FROM)
     periods = list(op.get_bind().scalars(text(f"SELECT period FROM ({union}) p WHERE period IS NOT NULL ORDER BY 1")))
+    malformed = [period for period in periods if not re.fullmatch("[0-9]{4}-[0-9]{2}", period)]
+    if malformed:
+        raise ValueError(f"Rows of periods that are no month, not migrated: {malformed[:10]}; delete or correct them.")
     for table in TABLES:
         _rebuild(table, periods)
 
