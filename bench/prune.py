@@ -24,7 +24,7 @@ import statistics
 import threading
 import time
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, event, text
 from sqlalchemy.orm import Session, sessionmaker
 from support import temporary_database  # bench/support.py, beside this script
 
@@ -123,13 +123,40 @@ class Workers:
 
 def timed_prune(sessions: sessionmaker[Session], workers: Workers, old: str, how: str, *, batched: bool) -> str:
     workers.phase = how
+    locked = LockHeld(sessions)
     begun = time.monotonic()
     result = retention.prune(sessions, before=Period.parse(old).next(), batched=batched)
     took = time.monotonic() - begun
     workers.phase = "after"
+    locked.close()
     [pruned] = result.periods
     assert pruned.period == old and result.finished
-    return f"prune {old}, {how}: {result.rows:,} rows in {took:.2f} s = {result.rows / took:,.0f} rows/s"
+    held = f"; the tables locked {locked.seconds * 1000:.0f} ms (first DROP to commit)" if locked.seconds else ""
+    return f"prune {old}, {how}: {result.rows:,} rows in {took:.2f} s = {result.rows / took:,.0f} rows/s{held}"
+
+
+class LockHeld:
+    """How long a prune held its drop's locks: from its first ``DROP TABLE`` to the commit."""
+
+    def __init__(self, sessions: sessionmaker[Session]) -> None:
+        self.sessions, self.engine = sessions, sessions.kw["bind"]
+        self.seconds = 0.0
+        self._since: float | None = None
+        event.listen(self.engine, "before_cursor_execute", self._statement)
+        event.listen(sessions, "after_commit", self._commit)
+
+    def _statement(self, _connection: object, _cursor: object, statement: str, *_args: object) -> None:
+        if statement.startswith("DROP TABLE") and self._since is None:
+            self._since = time.perf_counter()
+
+    def _commit(self, _session: object) -> None:
+        if self._since is not None:
+            self.seconds += time.perf_counter() - self._since
+            self._since = None
+
+    def close(self) -> None:
+        event.remove(self.engine, "before_cursor_execute", self._statement)
+        event.remove(self.sessions, "after_commit", self._commit)
 
 
 def main() -> None:
