@@ -190,11 +190,13 @@ def _drop_locked(session: Session, pruned: PeriodPruned) -> None:
                     dict(row) for row in session.execute(select(part).where(_unreplayed_letter(part))).mappings()
                 ]
     # A period pruned before keeps only such rows: nothing to drop then.
-    if any(pruned.deleted.values()):
-        _drop(session, period, present, kept)
+    dropping = any(pruned.deleted.values())
+    # Before the drop, which locks the tables every worker writes until the commit.
     pruned.deleted["send-now requests"], pruned.deleted["replayed dead letters"] = _small_tables(
         session, period, dry_run=False
     )
+    if dropping:
+        _drop(session, period, present, kept)
 
 
 def _drop(session: Session, period: str, present: list[str], kept: dict[Table, list[dict[str, object]]]) -> None:
