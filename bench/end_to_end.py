@@ -3,6 +3,7 @@
 Usage: .venv/bin/python bench/end_to_end.py [--users 40000] [--repeats 1] [--processes 2] [--threads 8]
                                             [--inactive-percent 0] [--timeout 3600]
                                             [--broker redis|rabbitmq|sqs|both] [--rabbitmq-url URL]
+                                            [--code CHECKOUT]... [--no-plain] [--in-process-users 2000]
 
 On a PostgreSQL database of its own (TEST_POSTGRES_URL's server), a private redis-server and a local
 SMTP sink in a process of its own (bench/smtp_sink.py), with --users users and their activities
@@ -28,10 +29,20 @@ seeded by `reports.ops.seed.seed` (what `reports seed --users N` runs) for last 
    when every job has returned.
 
 Each run prints its wall time, reports/s, the SMTP connections opened against the emails sent, the
-PostgreSQL sessions opened and PostgreSQL's CPU per report (every process of the server, when it
-runs on this machine, with the backends that exited meanwhile: the whole server's, so other
-databases' work on it is counted too), and checks that every active user got exactly one email (exit status 1
-if not). With --repeats N the kinds alternate (redis, rabbitmq, plain on odd repeats, the reverse
+PostgreSQL sessions opened, and the CPU per report of each part of the run, read from /proc at its
+start and end (bench/proc_cpu.py: each process tree's utime + stime, threads and reaped children
+included): the worker processes (the bulk pool, each process apart; or the plain processes), the
+coordinator's pool, PostgreSQL (the whole server when it runs on this machine, with the backends
+that exited meanwhile, so other databases' work on it is counted too; and this run's sessions
+alone), the bench's redis-server, the SMTP sink and this script. It checks that every active user
+got exactly one email (exit status 1 if not).
+
+3. in-process: once per repeat, bench/per_report.py (--in-process-users users, on a database of its
+   own) for each checkout whose workers ran, and at the end each queue kind's bulk workers' CPU per
+   report over its checkout's in-process CPU per report (target at most 1.3). --code CHECKOUT, given
+   more than once, alternates the queue runs between those checkouts' workers (each runs with its own
+   .venv; another checkout's runs are labelled BROKER@FOLDER): main's code against a branch's in one
+   run. --no-plain leaves out the plain runs. With --repeats N the kinds alternate (redis, rabbitmq, plain on odd repeats, the reverse
 on even ones) and a table compares their medians; each queue's wall time over plain's is its
 overhead. Redis is emptied before every run, so no run inherits another's shared state.
 """
