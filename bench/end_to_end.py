@@ -3,6 +3,7 @@
 Usage: .venv/bin/python bench/end_to_end.py [--users 40000] [--repeats 1] [--processes 2] [--threads 8]
                                             [--inactive-percent 0] [--timeout 3600]
                                             [--broker redis|rabbitmq|sqs|both] [--rabbitmq-url URL]
+                                            [--code CHECKOUT]... [--no-plain] [--in-process-users 2000]
 
 On a PostgreSQL database of its own (TEST_POSTGRES_URL's server), a private redis-server and a local
 SMTP sink in a process of its own (bench/smtp_sink.py), with --users users and their activities
@@ -28,10 +29,20 @@ seeded by `reports.ops.seed.seed` (what `reports seed --users N` runs) for last 
    when every job has returned.
 
 Each run prints its wall time, reports/s, the SMTP connections opened against the emails sent, the
-PostgreSQL sessions opened and PostgreSQL's CPU per report (every process of the server, when it
-runs on this machine, with the backends that exited meanwhile: the whole server's, so other
-databases' work on it is counted too), and checks that every active user got exactly one email (exit status 1
-if not). With --repeats N the kinds alternate (redis, rabbitmq, plain on odd repeats, the reverse
+PostgreSQL sessions opened, and the CPU per report of each part of the run, read from /proc at its
+start and end (bench/proc_cpu.py: each process tree's utime + stime, threads and reaped children
+included): the worker processes (the bulk pool, each process apart; or the plain processes), the
+coordinator's pool, PostgreSQL (the whole server when it runs on this machine, with the backends
+that exited meanwhile, so other databases' work on it is counted too; and this run's sessions
+alone), the bench's redis-server, the SMTP sink and this script. It checks that every active user
+got exactly one email (exit status 1 if not).
+
+3. in-process: once per repeat, bench/per_report.py (--in-process-users users, on a database of its
+   own) for each checkout whose workers ran, and at the end each queue kind's bulk workers' CPU per
+   report over its checkout's in-process CPU per report (target at most 1.3). --code CHECKOUT, given
+   more than once, alternates the queue runs between those checkouts' workers (each runs with its own
+   .venv; another checkout's runs are labelled BROKER@FOLDER): main's code against a branch's in one
+   run. --no-plain leaves out the plain runs. With --repeats N the kinds alternate (redis, rabbitmq, plain on odd repeats, the reverse
 on even ones) and a table compares their medians; each queue's wall time over plain's is its
 overhead. Redis is emptied before every run, so no run inherits another's shared state.
 """
@@ -43,27 +54,33 @@ import dataclasses
 import multiprocessing
 import os
 import queue
+import re
 import statistics
+import subprocess
 import sys
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import proc_cpu  # bench/proc_cpu.py, beside this script
 import psycopg
 import redis
 from smtp_sink import Delivered  # bench/smtp_sink.py, beside this script
+from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 from support import (
     RABBITMQ_URL,
+    ROOT,
     MailBench,
     Pools,
     Vhosts,
     interrupt_on_sigterm,
     mail_bench,
-    postgres_cpu_seconds,
+    python_of,
     settings_environ,
     watch_period,
 )
@@ -88,6 +105,15 @@ START_TIMEOUT = 60
 POLL_SECONDS = 0.25
 #: The brokers a queue run can go through; ``both`` is the first two (SQS runs on moto: see the module).
 BROKERS = ("redis", "rabbitmq", "sqs")
+#: The parts of a run whose CPU is read from /proc: the worker processes (the bulk pool's, or the plain
+#: processes) and the other processes a run keeps busy.
+WORKERS = "workers"
+PG_SERVER = "PostgreSQL"
+#: This run's own database's sessions, a part of the server's figure (which counts other databases too).
+PG_DATABASE = "PostgreSQL, this database"
+#: The ratio of the bulk workers' CPU per report to bench/per_report.py's in-process CPU per report
+#: that the workers' own overhead (Dramatiq, the consumer, SMTP, middleware) should stay within.
+TARGET_WORKERS_RATIO = 1.3
 #: What SQS charges per million requests (a standard queue, after the free tier; AWS's published
 #: price in us-east-1 when this was written), in US dollars.
 SQS_PRICE_PER_MILLION = 0.40
@@ -102,28 +128,46 @@ class Run:
     delivered: int
     delivered_check: Delivered
     pg_sessions: int
-    #: CPU seconds PostgreSQL used during the run; ``None`` for a server on another machine.
-    pg_cpu_seconds: float | None = None
+    #: CPU seconds each part of the run spent (:mod:`proc_cpu`), by part and pid; a part that does
+    #: not run on this machine (PostgreSQL on another) is missing.
+    cpu: Mapping[str, Mapping[int, float]] = dataclasses.field(default_factory=dict)
     extra: str = ""
 
     @property
     def rate(self) -> float:
         return self.delivered / self.seconds
 
+    def cpu_ms_per_report(self, part: str) -> float | None:
+        pids = self.cpu.get(part)
+        return None if not pids else 1000 * sum(pids.values()) / self.delivered
+
     @property
     def pg_cpu_ms_per_report(self) -> float | None:
-        return None if self.pg_cpu_seconds is None else 1000 * self.pg_cpu_seconds / self.delivered
+        return self.cpu_ms_per_report(PG_SERVER)
+
+    def describe_cpu(self) -> str:
+        """CPU ms per report of each part, the workers' by process, and of them all."""
+        shown = []
+        for part, pids in self.cpu.items():
+            ms = 1000 * sum(pids.values()) / self.delivered
+            if part == WORKERS:
+                processes = sorted((1000 * s / self.delivered for s in pids.values() if s > 0.005), reverse=True)
+                shown.append(f"{part} {ms:.3f} (by process: {' '.join(f'{p:.3f}' for p in processes)})")
+            else:
+                shown.append(f"{part} {ms:.3f}")
+        # The database's sessions are a part of the server's figure.
+        total = sum(sum(pids.values()) for part, pids in self.cpu.items() if part != PG_DATABASE)
+        return f"CPU ms per report: {', '.join(shown)}; in all {1000 * total / self.delivered:.3f}"
 
     def describe(self, index: int) -> str:
         stats = self.delivered_check.stats
         planned = f"walk planned at {self.planned_seconds:.1f} s" if self.planned_seconds is not None else ""
-        pg_cpu = self.pg_cpu_ms_per_report
-        cpu = "" if pg_cpu is None else f"; PostgreSQL CPU {pg_cpu:.2f} ms per report"
         return (
             f"{self.kind:<8} #{index}: {self.delivered:,} reports in {self.seconds:.1f} s = {self.rate:,.0f} "
             f"reports/s ({planned}); SMTP: {stats['connections']:,} connections opened for "
-            f"{stats['messages']:,} emails; PostgreSQL sessions opened: {self.pg_sessions:,}{cpu}{self.extra}\n"
-            f"            {self.delivered_check.describe()}"
+            f"{stats['messages']:,} emails; PostgreSQL sessions opened: {self.pg_sessions:,}{self.extra}\n"
+            f"            {self.delivered_check.describe()}\n"
+            f"            {self.describe_cpu()}"
         )
 
 
@@ -159,7 +203,7 @@ def finish(
     ended: float,
     planned_at: float | None,
     sessions_before: int,
-    pg_cpu_seconds: float | None,
+    cpu: Mapping[str, Mapping[int, float]],
     extra: str = "",
 ) -> Run:
     with sessions.begin() as session:
@@ -173,23 +217,66 @@ def finish(
         final.delivered,
         bench.sink.check(bench.active),
         pg_sessions(bench.settings.database_url) - sessions_before,
-        pg_cpu_seconds,
+        cpu,
         extra,
     )
+
+
+# --------------------------------------------------------------------------- CPU by process
+
+
+def cpu_meter(bench: MailBench, workers: Iterable[int], coordinator: int | None = None) -> proc_cpu.Meter:
+    """What a run's parts spend: the worker process trees, the coordinator's pool (a queue run's), this
+    machine's PostgreSQL server and this run's sessions on it, the bench's redis-server, the SMTP sink,
+    and this script (its own threads: the trigger and the progress reads; a plain run's walk; moto)."""
+    database = make_url(bench.settings.database_url).database or ""
+    parts: dict[str, proc_cpu.Part] = {WORKERS: proc_cpu.trees(*workers)}
+    if coordinator is not None:
+        parts["coordinator"] = proc_cpu.trees(coordinator)
+    parts[PG_SERVER] = proc_cpu.postgres_server()
+    parts[PG_DATABASE] = proc_cpu.postgres_database(database)
+    redis_pid = proc_cpu.listening_on(make_url(bench.settings.broker_url).port or 6379)
+    if redis_pid is not None:
+        parts["Redis"] = proc_cpu.trees(redis_pid)
+    parts["SMTP sink"] = proc_cpu.trees(bench.sink.process.pid)
+    me = os.getpid()
+    parts["this script"] = lambda snapshot: {me: snapshot[me].own}
+    return proc_cpu.Meter(parts)
+
+
+def in_process_ms(root: Path, users: int) -> float:
+    """CPU ms per report of ``pipeline.run`` in a loop: bench/per_report.py of the checkout at ``root``
+    (its code, its ``.venv``), on a database of its own."""
+    done = subprocess.run(
+        [python_of(root), "bench/per_report.py", "--users", str(users)],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    match = re.search(r"CPU per report\s+([\d.]+) ms", done.stdout)
+    if done.returncode != 0 or match is None:
+        raise RuntimeError(f"per_report.py in {root} failed ({done.returncode}):\n{done.stdout}{done.stderr[-3000:]}")
+    return float(match[1])
 
 
 # --------------------------------------------------------------------------- 1. through the queue
 
 
 def queue_run(
-    args: argparse.Namespace, bench: MailBench, sessions: sessionmaker[Session], kind: str, vhosts: Vhosts | None
+    args: argparse.Namespace,
+    bench: MailBench,
+    sessions: sessionmaker[Session],
+    kind: QueueKind,
+    vhosts: Vhosts | None,
 ) -> Run:
-    """One period through worker pools on the broker ``kind`` names (a fresh vhost when it is RabbitMQ)."""
-    if kind == "sqs":
-        return sqs_run(args, bench, sessions)
+    """One period through worker pools on the kind's broker (a fresh vhost when it is RabbitMQ),
+    running the kind's checkout."""
+    if kind.broker == "sqs":
+        return sqs_run(args, bench, sessions, kind)
     vhost = None
     try:
-        if kind == "rabbitmq":
+        if kind.broker == "rabbitmq":
             assert vhosts is not None
             vhost, vhost_url = vhosts.create()
             # The bench's redis-server stays the fleet's shared state (breaker, send rate, metrics).
@@ -202,13 +289,13 @@ def queue_run(
             vhosts.delete(vhost)
 
 
-def sqs_run(args: argparse.Namespace, bench: MailBench, sessions: sessionmaker[Session]) -> Run:
+def sqs_run(args: argparse.Namespace, bench: MailBench, sessions: sessionmaker[Session], kind: QueueKind) -> Run:
     """One period through worker pools on moto's SQS, a fresh server; with the requests the run made."""
     requests: Counter[str] = Counter()
     os.environ.update(moto.CREDENTIALS)
     with moto.moto_server(requests) as endpoint, moto.temporary_prefix(endpoint) as url:
         settings = dataclasses.replace(bench.settings, broker_url=url, redis_url=bench.settings.broker_url)
-        return _queue_run(args, bench, sessions, "sqs", settings, requests)
+        return _queue_run(args, bench, sessions, kind, settings, requests)
 
 
 def _requests_per_report(requests: Counter[str], reports: int) -> str:
@@ -225,21 +312,22 @@ def _queue_run(
     args: argparse.Namespace,
     bench: MailBench,
     sessions: sessionmaker[Session],
-    kind: str,
+    kind: QueueKind,
     settings: Settings,
     requests: Counter[str] | None = None,
 ) -> Run:
     """:param requests: the broker's requests as its server counts them (SQS on moto), read from the
     trigger to the end of the run."""
-    pools = Pools(bench.workdir, settings_environ(settings))
+    pools = Pools(bench.workdir, settings_environ(settings), root=kind.root)
     try:
-        pools.start(f"{kind}-coordinator", DEFAULT_QUEUE, 1, 2)
-        pools.start(f"{kind}-bulk", BULK_QUEUE, args.processes, args.threads)
+        coordinator_pool = pools.start(f"{kind.label}-coordinator", DEFAULT_QUEUE, 1, 2)
+        bulk_pool = pools.start(f"{kind.label}-bulk", BULK_QUEUE, args.processes, args.threads)
         broker = build_broker(settings)
         bench.sink.reset()
         before = pg_sessions(settings.database_url)
-        cpu_before = postgres_cpu_seconds()
+        meter = cpu_meter(bench, [bulk_pool.pid], coordinator_pool.pid)
         requests_before = Counter(requests)
+        meter.start()
         started = time.monotonic()
         runs.trigger_and_enqueue(
             sessions, queue_for(broker), bench.period, template_version=settings.template_version, now=utcnow()
@@ -253,13 +341,13 @@ def _queue_run(
             alive=pools.check,
         )
         ended = time.monotonic()
+        cpu = meter.stop()
         spent = Counter(requests) - requests_before
-        pg_cpu = _spent(cpu_before, postgres_cpu_seconds())
         broker.close()
     finally:
         pools.stop_all()
     extra = _requests_per_report(spent, len(bench.active)) if requests is not None else ""
-    return finish(kind, bench, sessions, started, ended, planned_at, before, pg_cpu, extra)
+    return finish(kind.label, bench, sessions, started, ended, planned_at, before, cpu, extra)
 
 
 # --------------------------------------------------------------------------- 2. plain processes, no queue
@@ -311,7 +399,7 @@ def plain_run(args: argparse.Namespace, bench: MailBench, sessions: sessionmaker
             results.get(timeout=START_TIMEOUT)
         bench.sink.reset()
         before = pg_sessions(settings.database_url)
-        cpu_before = postgres_cpu_seconds()
+        meter = cpu_meter(bench, [process.pid for process in processes if process.pid is not None])
 
         class HandingOver(InMemoryQueue):
             def send_jobs(self, spec: ActorSpec, payloads: Iterable[Mapping[str, Any]]) -> int:
@@ -321,6 +409,7 @@ def plain_run(args: argparse.Namespace, bench: MailBench, sessions: sessionmaker
                     sent += 1
                 return sent
 
+        meter.start()
         started = time.monotonic()
         with sessions.begin() as session:
             runs.trigger(session, period, template_version=settings.template_version, now=utcnow())
@@ -348,7 +437,7 @@ def plain_run(args: argparse.Namespace, bench: MailBench, sessions: sessionmaker
             outcomes.update(counts)
             done += 1
         ended = time.monotonic()
-        pg_cpu = _spent(cpu_before, postgres_cpu_seconds())
+        cpu = meter.stop()
         for process in processes:
             process.join(timeout=30)
     finally:
@@ -357,31 +446,52 @@ def plain_run(args: argparse.Namespace, bench: MailBench, sessions: sessionmaker
                 process.kill()
     others = {k: n for k, n in outcomes.items() if k != str(pipeline.Outcome.DELIVERED)}
     extra = f"; other outcomes: {others}" if others else ""
-    return finish("plain", bench, sessions, started, ended, planned_at, before, pg_cpu, extra)
-
-
-def _spent(before: float | None, after: float | None) -> float | None:
-    return None if before is None or after is None else after - before
+    return finish("plain", bench, sessions, started, ended, planned_at, before, cpu, extra)
 
 
 # --------------------------------------------------------------------------- main
 
 
-def _median_cpu(kind_runs: list[Run]) -> str:
-    figures = [cpu for r in kind_runs if (cpu := r.pg_cpu_ms_per_report) is not None]
-    return f"{statistics.median(figures):.2f}" if figures else "n/a"
+@dataclass(frozen=True)
+class QueueKind:
+    """A queue run's broker and the checkout whose workers run it."""
+
+    broker: str
+    root: Path
+
+    @property
+    def label(self) -> str:
+        return self.broker if self.root == ROOT else f"{self.broker}@{self.root.name}"
+
+
+def _median(figures: Iterable[float | None], digits: int = 2) -> str:
+    known = [f for f in figures if f is not None]
+    return f"{statistics.median(known):.{digits}f}" if known else "n/a"
+
+
+def _print_table(rows: list[list[str]]) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    print()
+    for i, cells in enumerate(rows):
+        print(
+            "  ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in enumerate(zip(cells, widths, strict=True)))
+        )
+        if i == 0:
+            print("  ".join("-" * w for w in widths))
 
 
 def table(results: dict[str, list[Run]], users: int) -> None:
-    """Each kind's median wall time and rate, its ratio to plain, and whether every user got one email."""
+    """Each kind's median wall time and rate, its ratio to plain, and whether every user got one email;
+    then each kind's median CPU per report by part."""
     label = "median " if max(len(runs) for runs in results.values()) > 1 else ""
-    plain = statistics.median(r.seconds for r in results["plain"])
+    plain = statistics.median(r.seconds for r in results["plain"]) if results.get("plain") else None
     header = [
         "run",
         f"{label}seconds",
         "reports/s",
         "/ plain",
         "each run's seconds",
+        "workers CPU ms/report",
         "PostgreSQL CPU ms/report",
         "every user one email",
     ]
@@ -393,25 +503,41 @@ def table(results: dict[str, list[Run]], users: int) -> None:
                 kind,
                 f"{seconds:.1f}",
                 f"{users / seconds:,.0f}",
-                "-" if kind == "plain" else f"{seconds / plain:.3f}",
+                "-" if kind == "plain" or plain is None else f"{seconds / plain:.3f}",
                 " ".join(f"{r.seconds:.1f}" for r in kind_runs),
-                _median_cpu(kind_runs),
+                _median((r.cpu_ms_per_report(WORKERS) for r in kind_runs), 3),
+                _median(r.pg_cpu_ms_per_report for r in kind_runs),
                 "yes" if all(r.delivered_check.ok for r in kind_runs) else "NO",
             ]
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    print()
-    for i, cells in enumerate(rows):
-        print(
-            "  ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in enumerate(zip(cells, widths, strict=True)))
-        )
-        if i == 0:
-            print("  ".join("-" * w for w in widths))
+    _print_table(rows)
     if "redis" in results and "rabbitmq" in results:
         redis_s = statistics.median(r.seconds for r in results["redis"])
         rabbitmq_s = statistics.median(r.seconds for r in results["rabbitmq"])
         print(f"rabbitmq / redis wall time = {rabbitmq_s / redis_s:.3f}")
     print("target for a queue / plain: within +10% (1.10); none for sqs, which runs on moto")
+
+    parts = list(dict.fromkeys(part for kind_runs in results.values() for r in kind_runs for part in r.cpu))
+    rows = [["CPU ms/report (median)", *parts]]
+    for kind, kind_runs in results.items():
+        rows.append([kind, *(_median((r.cpu_ms_per_report(part) for r in kind_runs), 3) for part in parts)])
+    _print_table(rows)
+
+
+def ratios(results: dict[str, list[Run]], kinds: Iterable[QueueKind], in_process: dict[Path, list[float]]) -> None:
+    """Each queue kind's workers' CPU per report over its checkout's in-process CPU per report."""
+    print()
+    for kind in kinds:
+        measured = in_process.get(kind.root)
+        workers = [ms for r in results[kind.label] if (ms := r.cpu_ms_per_report(WORKERS)) is not None]
+        if not measured or not workers:
+            continue
+        inside, bulk = statistics.median(measured), statistics.median(workers)
+        print(
+            f"{kind.label}: bulk workers {bulk:.3f} ms CPU per report (median of {len(workers)}) / in-process "
+            f"{inside:.3f} ms (bench/per_report.py, median of {len(measured)}: "
+            f"{' '.join(f'{m:.3f}' for m in measured)}) = {bulk / inside:.2f}x   target <= {TARGET_WORKERS_RATIO}x"
+        )
 
 
 def main() -> int:
@@ -440,9 +566,28 @@ def main() -> int:
         help="this machine's RabbitMQ node, which the bench makes its vhosts on (default BENCH_RABBITMQ_URL or "
         "amqp://guest:guest@127.0.0.1:5672/)",
     )
+    parser.add_argument(
+        "--code",
+        action="append",
+        type=Path,
+        default=[],
+        metavar="CHECKOUT",
+        help="a checkout (with its .venv) whose workers run the queue runs; repeat it to alternate them "
+        "(another checkout's runs are labelled BROKER@FOLDER); default: this one",
+    )
+    parser.add_argument("--no-plain", action="store_true", help="leave out the plain runs")
+    parser.add_argument(
+        "--in-process-users",
+        type=int,
+        default=2000,
+        help="users of bench/per_report.py, run once per repeat for each --code checkout, to which the bulk "
+        "workers' CPU per report is compared; 0 leaves it out",
+    )
     args = parser.parse_args()
     interrupt_on_sigterm()
     brokers = BROKERS[:2] if args.broker == "both" else (args.broker,)
+    roots = list(dict.fromkeys(code.resolve() for code in args.code)) or [ROOT]
+    queue_kinds = [QueueKind(broker, root) for broker in brokers for root in roots]
     vhosts = Vhosts(args.rabbitmq_url) if "rabbitmq" in brokers else None
     rabbitmq = ""
     if vhosts is not None:
@@ -452,13 +597,14 @@ def main() -> int:
             parser.error(f"{error} (--broker redis leaves RabbitMQ out)")
 
     failed = False
-    kinds = (*brokers, "plain")
-    results: dict[str, list[Run]] = {kind: [] for kind in kinds}
+    kinds: list[QueueKind | None] = [*queue_kinds, *([] if args.no_plain else [None])]  # None: plain
+    results: dict[str, list[Run]] = {"plain" if kind is None else kind.label: [] for kind in kinds}
+    in_process: dict[Path, list[float]] = {root: [] for root in roots}
     try:
         with mail_bench(users=args.users, inactive_percent=args.inactive_percent, prefix="end-to-end-bench-") as bench:
             print(
                 f"{args.processes} processes x {args.threads} threads; PostgreSQL, redis-server{rabbitmq} and the "
-                f"SMTP sink on this machine",
+                f"SMTP sink on this machine; workers of {', '.join(str(root) for root in roots)}",
                 flush=True,
             )
             engine = create_db_engine(bench.settings.database_url)
@@ -468,19 +614,24 @@ def main() -> int:
                 for kind in kinds if repeat % 2 == 0 else kinds[::-1]:
                     empty_run_tables(bench.settings.database_url)
                     shared.flushall()
-                    if kind == "plain":
+                    if kind is None:
                         run = plain_run(args, bench, sessions)
                     else:
                         run = queue_run(args, bench, sessions, kind, vhosts)
-                    results[kind].append(run)
+                    results[run.kind].append(run)
                     failed |= not run.delivered_check.ok
                     print(run.describe(repeat + 1), flush=True)
+                for root in roots if args.in_process_users <= 0 or repeat % 2 == 0 else roots[::-1]:
+                    if args.in_process_users > 0:
+                        in_process[root].append(in_process_ms(root, args.in_process_users))
+                        print(f"in-process #{repeat + 1} ({root}): {in_process[root][-1]:.3f} ms CPU per report")
             shared.close()
             engine.dispose()
     finally:
         if vhosts is not None:
             vhosts.delete_all()
     table(results, len(bench.active))
+    ratios(results, queue_kinds, in_process)
     if failed:
         print("FAILED: not every user got exactly one email", file=sys.stderr)
     return 1 if failed else 0

@@ -23,6 +23,7 @@ from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 import pika
 import pika.exceptions
+import proc_cpu  # bench/proc_cpu.py, beside this file
 import psycopg
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
@@ -243,11 +244,17 @@ def settings_environ(settings: Settings) -> dict[str, str]:
     return env
 
 
+def python_of(root: Path) -> str:
+    """The Python that runs the checkout at ``root``: this process's for this one, else its ``.venv``'s."""
+    return sys.executable if root.resolve() == ROOT else str(root.resolve() / ".venv" / "bin" / "python")
+
+
 class Pools:
     """Worker pools started like Procfile lines, each in a session of its own; all stopped at the end."""
 
-    def __init__(self, workdir: Path, env: dict[str, str]) -> None:
-        self.workdir, self.env = workdir, env
+    def __init__(self, workdir: Path, env: dict[str, str], *, root: Path = ROOT) -> None:
+        """:param root: the checkout whose code the workers run, with its own ``.venv`` (this one's by default)."""
+        self.workdir, self.env, self.root = workdir, env, root
         self.started: list[tuple[str, subprocess.Popen[bytes], Path]] = []
 
     def start(
@@ -255,7 +262,7 @@ class Pools:
     ) -> subprocess.Popen[bytes]:
         log_path = self.workdir / f"{name}.log"
         argv = [
-            sys.executable,
+            python_of(self.root),
             "-m",
             "dramatiq",
             "actors",
@@ -271,7 +278,7 @@ class Pools:
         with log_path.open("wb") as log:
             process = subprocess.Popen(
                 argv,
-                cwd=ROOT,
+                cwd=self.root,
                 env={**self.env, **(extra_env or {})},
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -368,23 +375,6 @@ def postgres_cpu_seconds() -> float | None:
     exited (its ``cutime``/``cstime``), so backends that come and go in between are counted too.
     ``None`` when no PostgreSQL runs here (a remote server): then nothing can be read.
     """
-    ticks = os.sysconf("SC_CLK_TCK")
-    fields: dict[int, tuple[int, list[str]]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue  # gone meanwhile
-        name, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
-        if name == "postgres":
-            fields[int(entry)] = (int(rest[1]), rest)
-    if not fields:
-        return None
-    total = 0
-    for parent, rest in fields.values():
-        total += int(rest[11]) + int(rest[12])  # utime, stime
-        if parent not in fields:  # the postmaster: add its reaped children
-            total += int(rest[13]) + int(rest[14])
-    return total / ticks
+    snapshot = proc_cpu.stats()
+    root = proc_cpu.postmaster(snapshot)
+    return None if root is None else sum(proc_cpu.tree(root, snapshot).values())

@@ -96,6 +96,10 @@ class ActorMetrics(Middleware):
         self.client = client
         self.namespace = namespace
         self.flush_interval_seconds = flush_interval_seconds
+        # The hashes every message adds to, named once rather than per message.
+        self._outcomes = counter_key(namespace, "actor_outcomes")
+        self._buckets = counter_key(namespace, "actor_duration_buckets")
+        self._sums = counter_key(namespace, "actor_duration_sum")
         self._started = threading.local()
         self._tally = _Tally()
         self._flusher_lock = threading.Lock()
@@ -132,9 +136,9 @@ class ActorMetrics(Middleware):
         seconds = time.perf_counter() - started
         actor = message.actor_name
         self._ensure_flusher()
-        outcome = (counter_key(self.namespace, "actor_outcomes"), SEP.join((actor, outcome_of(exception, message))))
-        bucket = (counter_key(self.namespace, "actor_duration_buckets"), SEP.join((actor, bucket_label(seconds))))
-        total = (counter_key(self.namespace, "actor_duration_sum"), actor)
+        outcome = (self._outcomes, SEP.join((actor, outcome_of(exception, message))))
+        bucket = (self._buckets, SEP.join((actor, bucket_label(seconds))))
+        total = (self._sums, actor)
         self._tally.add(((outcome, 1), (bucket, 1)), ((total, seconds),))
 
     def flush(self) -> bool:

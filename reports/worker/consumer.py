@@ -38,8 +38,9 @@ ACK_RETRY_PAUSE_CAP_SECONDS = 2.0
 
 #: Of the prefetch, the share still outstanding below which the consumer fetches again.
 REFILL_BELOW = 0.75
-#: How long the consumer waits before it looks again while enough is still outstanding, in seconds.
-REFILL_PAUSE_SECONDS = 0.005
+#: Longest the consumer waits for an ack to make room while enough is still outstanding, in
+#: seconds: it then looks at what else is due (a delayed message, what it holds to publish).
+REFILL_WAIT_SECONDS = 0.1
 
 #: What a Redis call raises when Redis cannot be reached (or answered too late).
 _UNREACHABLE = (redis.ConnectionError, redis.TimeoutError)
@@ -111,6 +112,10 @@ class Consumer(_RedisConsumer):
             self.message_cache, handover.bodies = handover.bodies, []
             self._handed_back, handover.delayed = handover.delayed, []
         self._on_delay_queue = queue_name.endswith(held.DELAY_SUFFIX)
+        #: Outstanding messages at or below which the consumer fetches again.
+        self._refill_at = prefetch * REFILL_BELOW
+        #: Set when an ack or a nack made room to fetch, or started a batch of acks to write.
+        self._woken = threading.Event()
         #: A delay queue's messages handed out and not yet settled, by Redis id.
         self._delayed: dict[str, MessageProxy] = {}
         self._ack_all = broker.client.register_script(_ACK_ALL)
@@ -126,8 +131,12 @@ class Consumer(_RedisConsumer):
                 acks.oldest = time.monotonic()
             acks.ack_ids.append(message.options["redis_message_id"])
             self.queued_message_ids.discard(message.message_id)
+            first = len(acks.ack_ids) == 1
             full = len(acks.ack_ids) >= ACK_BATCH and time.monotonic() >= acks.retry_at
         self._settle(message)
+        if first or len(self.queued_message_ids) <= self._refill_at:
+            # The consumer waits for this (_next): room to fetch, or a batch whose deadline it must keep.
+            self._woken.set()
         if full:
             self._write_acks()
 
@@ -135,6 +144,7 @@ class Consumer(_RedisConsumer):
         super().nack(message)  # type: ignore[no-untyped-call]
         # Only once it is in .XQ: Dramatiq tries a nack that raised again, on this thread.
         self._settle(message)
+        self._woken.set()
 
     def requeue(self, messages: Iterable[MessageProxy]) -> None:
         messages = list(messages)
@@ -179,12 +189,15 @@ class Consumer(_RedisConsumer):
         now = time.monotonic()
         if acks.ack_ids and now - acks.oldest >= ACK_DELAY_SECONDS and now >= acks.retry_at:
             self._write_acks()
-        if not self.message_cache and len(self.queued_message_ids) > self.prefetch * REFILL_BELOW:
+        if not self.message_cache and len(self.queued_message_ids) > self._refill_at:
             # Dramatiq fetches as soon as one message is acked, so under load each fetch (a script
             # call) brought the one message a finished thread made room for. Waiting until a
             # quarter of the prefetch is spent makes it bring a batch, while the threads still
-            # have the rest queued.
-            time.sleep(REFILL_PAUSE_SECONDS)
+            # have the rest queued. It waits on the acks rather than polling: a thread that woke
+            # every few milliseconds cost the worker threads the GIL as often.
+            self._woken.clear()
+            if len(self.queued_message_ids) > self._refill_at:  # an ack may have come before the clear
+                self._woken.wait(self._wait_seconds(now))
             return None
         while True:
             try:
@@ -197,6 +210,15 @@ class Consumer(_RedisConsumer):
             if message is None and acks.ack_ids and time.monotonic() >= acks.retry_at:
                 self._write_acks()  # nothing to fetch: the queue is idle, write what waits
             return message
+
+    def _wait_seconds(self, now: float) -> float:
+        """How long the consumer may wait for room: until the acks waiting are due, at most
+        :data:`REFILL_WAIT_SECONDS`."""
+        acks = self._handover
+        if not acks.ack_ids:
+            return REFILL_WAIT_SECONDS
+        due = max(acks.oldest + ACK_DELAY_SECONDS, acks.retry_at)
+        return min(max(due - now, 0.0), REFILL_WAIT_SECONDS)
 
     def _hand_out(self, message: MessageProxy) -> None:
         if self._on_delay_queue:

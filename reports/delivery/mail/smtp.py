@@ -9,6 +9,7 @@ import smtplib
 import ssl
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from reports.delivery.mail import replies
@@ -17,6 +18,17 @@ from reports.errors import SERVICE_NOT_AVAILABLE, MailDeferred, MailRejected, Pr
 
 #: A kept connection unused for this long is checked with NOOP before the next message.
 CHECK_IDLE_AFTER_SECONDS = 5.0
+
+#: An ASCII dot-atom address (RFC 5322): smtplib's ``quoteaddr`` gives it back as ``<address>``.
+#: Its parser cost two tenths of a millisecond per address (MAIL FROM and RCPT TO each message),
+#: so such an address skips it; any other goes through it as before.
+_DOT_ATOM = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(?:\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*"
+_PLAIN_ADDRESS = re.compile(rf"{_DOT_ATOM}@{_DOT_ATOM}")
+
+
+def envelope_address(address: str) -> str:
+    """``address`` as MAIL FROM and RCPT TO carry it: what ``smtplib.quoteaddr`` makes of it."""
+    return f"<{address}>" if _PLAIN_ADDRESS.fullmatch(address) else smtplib.quoteaddr(address)
 
 
 class _Stage(enum.Enum):
@@ -119,6 +131,20 @@ class _DeadlineSMTP(smtplib.SMTP):
         if self.sock is not None and (self.file is None or getattr(self.file, "sock", None) is not self.sock):
             self.file = _DeadlineReader(self)
         return super().getreply()
+
+    def mail(self, sender: str, options: Sequence[str] = ()) -> tuple[int, bytes]:
+        """smtplib's MAIL FROM, with :func:`envelope_address` (no options are sent here)."""
+        if options:
+            return super().mail(sender, options)
+        self.putcmd("mail", f"from:{envelope_address(sender)}")
+        return self.getreply()
+
+    def rcpt(self, recip: str, options: Sequence[str] = ()) -> tuple[int, bytes]:
+        """smtplib's RCPT TO, with :func:`envelope_address`."""
+        if options:
+            return super().rcpt(recip, options)
+        self.putcmd("rcpt", f"to:{envelope_address(recip)}")
+        return self.getreply()
 
     def data(self, msg: bytes | str) -> tuple[int, bytes]:  # type: ignore[override]  # smtplib takes any buffer
         """smtplib's DATA, its dot-stuffing done by one ``bytes.replace``: the same lines doubled
