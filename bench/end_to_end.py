@@ -238,7 +238,7 @@ def _queue_run(
         broker = build_broker(settings)
         bench.sink.reset()
         before = pg_sessions(settings.database_url)
-        cpu_before = postgres_cpu_seconds()
+        cpu_before = postgres_cpu_seconds(settings.database_url)
         requests_before = Counter(requests)
         started = time.monotonic()
         runs.trigger_and_enqueue(
@@ -254,7 +254,7 @@ def _queue_run(
         )
         ended = time.monotonic()
         spent = Counter(requests) - requests_before
-        pg_cpu = _spent(cpu_before, postgres_cpu_seconds())
+        pg_cpu = _spent(cpu_before, postgres_cpu_seconds(settings.database_url))
         broker.close()
     finally:
         pools.stop_all()
@@ -311,7 +311,7 @@ def plain_run(args: argparse.Namespace, bench: MailBench, sessions: sessionmaker
             results.get(timeout=START_TIMEOUT)
         bench.sink.reset()
         before = pg_sessions(settings.database_url)
-        cpu_before = postgres_cpu_seconds()
+        cpu_before = postgres_cpu_seconds(settings.database_url)
 
         class HandingOver(InMemoryQueue):
             def send_jobs(self, spec: ActorSpec, payloads: Iterable[Mapping[str, Any]]) -> int:
@@ -348,7 +348,7 @@ def plain_run(args: argparse.Namespace, bench: MailBench, sessions: sessionmaker
             outcomes.update(counts)
             done += 1
         ended = time.monotonic()
-        pg_cpu = _spent(cpu_before, postgres_cpu_seconds())
+        pg_cpu = _spent(cpu_before, postgres_cpu_seconds(settings.database_url))
         for process in processes:
             process.join(timeout=30)
     finally:

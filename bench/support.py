@@ -361,12 +361,15 @@ def tree_rss_kib(root: int) -> dict[int, int]:
     return rss
 
 
-def postgres_cpu_seconds() -> float | None:
+def postgres_cpu_seconds(url: str | None = None) -> float | None:
     """CPU seconds the PostgreSQL server on this machine has used so far, every process of it.
 
     The live processes' own time, plus what the postmaster has collected from the children that
     exited (its ``cutime``/``cstime``), so backends that come and go in between are counted too.
-    ``None`` when no PostgreSQL runs here (a remote server): then nothing can be read.
+    With ``url``, only the server that ``url`` reaches (its postmaster and that one's children),
+    so another server on the machine, and other users' work on it, stay out; without it, every
+    process named ``postgres``. ``None`` when no PostgreSQL runs here (a remote server): then
+    nothing can be read.
     """
     ticks = os.sysconf("SC_CLK_TCK")
     fields: dict[int, tuple[int, list[str]]] = {}
@@ -380,6 +383,9 @@ def postgres_cpu_seconds() -> float | None:
         name, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
         if name == "postgres":
             fields[int(entry)] = (int(rest[1]), rest)
+    if url is not None:
+        postmaster = _postmaster(url)
+        fields = {pid: f for pid, f in fields.items() if postmaster in (pid, f[0])}
     if not fields:
         return None
     total = 0
@@ -388,3 +394,15 @@ def postgres_cpu_seconds() -> float | None:
         if parent not in fields:  # the postmaster: add its reaped children
             total += int(rest[13]) + int(rest[14])
     return total / ticks
+
+
+def _postmaster(url: str) -> int | None:
+    """The process id of the postmaster of the server ``url`` reaches (a backend's parent), if on this machine."""
+    with psycopg.connect(url.replace("+psycopg", ""), autocommit=True) as connection:
+        row = connection.execute("SELECT pg_backend_pid()").fetchone()
+    assert row is not None
+    try:
+        stat = Path(f"/proc/{row[0]}/stat").read_text()
+    except OSError:
+        return None  # the server runs elsewhere
+    return int(stat[stat.rindex(")") + 2 :].split()[1])
