@@ -5,11 +5,12 @@ from __future__ import annotations
 from datetime import datetime
 
 import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import inspect, text
 
-from reports.database import create_db_engine, upgrade
+from reports.database import alembic_config, create_db_engine, upgrade
 from reports.models import Base
 
 CONTRACT_COLUMNS = {
@@ -81,3 +82,34 @@ def test_a_run_that_had_walked_nobody_starts_before_any_user_after_the_upgrade(s
     finally:
         engine.dispose()
     assert cursors == {"2026-09": None, "2026-10": 42}
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_report_bodies_are_stored_compressed_with_lz4_and_the_migration_goes_down_and_up(settings, sessions):
+    body = "<p>Spent 12.34 on groceries.</p>" * 500  # compressible, past the size PostgreSQL compresses at
+    engine = create_db_engine(settings.database_url)
+    insert = text(
+        "INSERT INTO reports (period, user_id, template_version, subject, body_text, body_html, rendered_at)"
+        " VALUES (:period, 1, 'v1', 's', 't', :body, now())"
+    )
+    compression = text("SELECT pg_column_compression(body_html) FROM reports WHERE period = :period")
+    try:
+        with engine.begin() as connection:
+            connection.execute(
+                text("INSERT INTO users (id, email, name, active) VALUES (1, 'a@example.test', 'A', true)")
+            )
+            connection.execute(insert, {"period": "2026-10", "body": body})
+        with engine.begin() as connection:
+            config = alembic_config(settings.database_url)
+            config.attributes["connection"] = connection
+            command.downgrade(config, "0013")
+        with engine.begin() as connection:
+            connection.execute(insert, {"period": "2026-11", "body": body})
+        upgrade(settings)
+        with engine.connect() as connection:
+            methods = [connection.execute(compression, {"period": p}).scalar_one() for p in ("2026-10", "2026-11")]
+            bodies = connection.execute(text("SELECT DISTINCT body_html FROM reports")).scalars().all()
+    finally:
+        engine.dispose()
+    assert methods == ["lz4", "pglz"]
+    assert bodies == [body]
