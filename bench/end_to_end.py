@@ -28,9 +28,10 @@ seeded by `reports.ops.seed.seed` (what `reports seed --users N` runs) for last 
    when every job has returned.
 
 Each run prints its wall time, reports/s, the SMTP connections opened against the emails sent, the
-PostgreSQL sessions opened and PostgreSQL's CPU per report (every process of the server, when it
-runs on this machine, with the backends that exited meanwhile: the whole server's, so other
-databases' work on it is counted too), and checks that every active user got exactly one email (exit status 1
+PostgreSQL sessions opened and PostgreSQL's CPU per report (every process of TEST_POSTGRES_URL's
+server, when it runs on this machine, with the backends that exited meanwhile: the whole server's,
+so other databases' work on it is counted too, but not another server's; on a shared machine, give
+the bench a server of its own), and checks that every active user got exactly one email (exit status 1
 if not). With --repeats N the kinds alternate (redis, rabbitmq, plain on odd repeats, the reverse
 on even ones) and a table compares their medians; each queue's wall time over plain's is its
 overhead. Redis is emptied before every run, so no run inherits another's shared state.
