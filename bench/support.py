@@ -400,9 +400,10 @@ def _postmaster(url: str) -> int | None:
     """The process id of the postmaster of the server ``url`` reaches (a backend's parent), if on this machine."""
     with psycopg.connect(url.replace("+psycopg", ""), autocommit=True) as connection:
         row = connection.execute("SELECT pg_backend_pid()").fetchone()
-    assert row is not None
-    try:
-        stat = Path(f"/proc/{row[0]}/stat").read_text()
-    except OSError:
-        return None  # the server runs elsewhere
+        assert row is not None
+        try:
+            # While the connection is open: its backend exits once it closes.
+            stat = Path(f"/proc/{row[0]}/stat").read_text()
+        except OSError:
+            return None  # the server runs elsewhere
     return int(stat[stat.rindex(")") + 2 :].split()[1])
