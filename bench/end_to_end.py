@@ -229,11 +229,12 @@ def cpu_meter(bench: MailBench, workers: Iterable[int], coordinator: int | None 
     """What a run's parts spend: the worker process trees, the coordinator's pool (a queue run's), this
     machine's PostgreSQL server and this run's sessions on it, the bench's redis-server, the SMTP sink,
     and this script (its own threads: the trigger and the progress reads; a plain run's walk; moto)."""
-    database = make_url(bench.settings.database_url).database or ""
+    database_url = make_url(bench.settings.database_url)
+    database = database_url.database or ""
     parts: dict[str, proc_cpu.Part] = {WORKERS: proc_cpu.trees(*workers)}
     if coordinator is not None:
         parts["coordinator"] = proc_cpu.trees(coordinator)
-    parts[PG_SERVER] = proc_cpu.postgres_server()
+    parts[PG_SERVER] = proc_cpu.postgres_server(database_url.port or 5432)
     parts[PG_DATABASE] = proc_cpu.postgres_database(database)
     redis_pid = proc_cpu.listening_on(make_url(bench.settings.broker_url).port or 6379)
     if redis_pid is not None:

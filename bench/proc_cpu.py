@@ -58,8 +58,12 @@ def tree(root: int, snapshot: Mapping[int, Stat]) -> dict[int, float]:
     return seconds
 
 
-def postmaster(snapshot: Mapping[int, Stat]) -> int | None:
-    """The PostgreSQL server's main process on this machine (a ``postgres`` whose parent is not one)."""
+def postmaster(snapshot: Mapping[int, Stat], port: int | None = None) -> int | None:
+    """The main process of the PostgreSQL server listening on ``port`` on this machine; without
+    ``port``, of the first server found (a ``postgres`` whose parent is not one). With another
+    server on the machine (a helper's, a test's), only ``port`` tells them apart."""
+    if port is not None:
+        return listening_on(port)
     return next(
         (
             pid
@@ -147,11 +151,11 @@ def trees(*roots: int) -> Part:
     return lambda snapshot: {pid: s for root in roots for pid, s in tree(root, snapshot).items()}
 
 
-def postgres_server() -> Part:
-    """The whole PostgreSQL server on this machine: every database's work, and its background processes."""
+def postgres_server(port: int | None = None) -> Part:
+    """The whole PostgreSQL server on ``port`` of this machine: every database's work, and its background processes."""
 
     def read(snapshot: Mapping[int, Stat]) -> dict[int, float]:
-        root = postmaster(snapshot)
+        root = postmaster(snapshot, port)
         return {} if root is None else tree(root, snapshot)
 
     return read

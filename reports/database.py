@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event, exc
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
     # Alembic is imported only where a migration runs: every worker imports this module for its
     # engine, and importing Alembic (1.16+) logs seven INFO lines of plugin set-up per process.
     from alembic.config import Config
-    from sqlalchemy.pool import ConnectionPoolEntry
+    from sqlalchemy.pool import ConnectionPoolEntry, PoolProxiedConnection
 
 _MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 
@@ -34,6 +35,10 @@ HIDE_PARAMETERS = True
 #: Idle PostgreSQL connections a process keeps: at least the threads of any worker pool.
 IDLE_CONNECTIONS_KEPT = 16
 
+#: A PostgreSQL connection idle in the pool longer than this, in seconds, is pinged before it is
+#: handed out; one given back more recently is handed out as it is.
+PING_AFTER_IDLE_SECONDS = 1.0
+
 
 def create_db_engine(url: str, *, create: bool = True) -> Engine:
     """Create an engine; SQLite gets WAL and write-intent transactions for many worker processes.
@@ -46,7 +51,9 @@ def create_db_engine(url: str, *, create: bool = True) -> Engine:
         # Pools open connections only as threads ask for them, but keep no more than pool_size
         # idle: below a worker's thread count (8 on the bulk pool), every busy moment opened and
         # closed connections (docs/benchmarks.md, "End to end").
-        return create_engine(url, pool_pre_ping=True, pool_size=IDLE_CONNECTIONS_KEPT, hide_parameters=HIDE_PARAMETERS)
+        engine = create_engine(url, pool_size=IDLE_CONNECTIONS_KEPT, hide_parameters=HIDE_PARAMETERS)
+        _ping_after_idle(engine)
+        return engine
 
     if parsed.database and parsed.database != ":memory:":
         if not create and not Path(parsed.database).is_file():
@@ -79,6 +86,32 @@ def create_db_engine(url: str, *, create: bool = True) -> Engine:
         connection.exec_driver_sql("BEGIN IMMEDIATE")
 
     return engine
+
+
+def _ping_after_idle(engine: Engine) -> None:
+    """Ping a connection before it is handed out only when it sat idle in the pool for a while.
+
+    What breaks a pooled connection (a restarted server, a proxy's or firewall's idle timeout)
+    happens while it sits idle; a connection given back a moment ago by a busy worker is still
+    good, and pinging it anyway was a round trip (and a statement on the server) per message. A
+    connection that broke all the same fails its first statement, which invalidates it (and the
+    pool's older ones): the message is retried, and recording a send retries by itself.
+    """
+
+    @event.listens_for(engine, "checkin")
+    def _returned(_dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
+        record.info["returned_at"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _handed_out(dbapi_connection: Any, record: ConnectionPoolEntry, _proxy: PoolProxiedConnection) -> None:
+        returned_at = record.info.get("returned_at")  # none yet: a connection just made
+        if returned_at is None or time.monotonic() - returned_at <= PING_AFTER_IDLE_SECONDS:
+            return
+        try:
+            engine.dialect.do_ping(dbapi_connection)
+        except engine.dialect.loaded_dbapi.Error as error:
+            # The pool replaces the connection and tries again (SQLAlchemy's own pre-ping does the same).
+            raise exc.DisconnectionError() from error
 
 
 def sqlite_file(url: str) -> Path | None:

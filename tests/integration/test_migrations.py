@@ -8,7 +8,9 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import inspect, text
+from sqlalchemy.orm import Session
 
+from reports import partitions
 from reports.database import create_db_engine, downgrade, upgrade
 from reports.models import Base
 
@@ -221,3 +223,41 @@ def test_rows_of_a_period_that_is_no_month_stop_the_partitioning_and_change_noth
             assert layout(connection) == {table: "r" for table in ("report_items", "deliveries", "reports")}
     finally:
         engine.dispose()
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_report_bodies_are_stored_compressed_with_lz4_and_the_migration_goes_down_and_up(settings, sessions):
+    body = "<p>Spent 12.34 on groceries.</p>" * 500  # compressible, past the size PostgreSQL compresses at
+    engine = create_db_engine(settings.database_url)
+    insert = text(
+        "INSERT INTO reports (period, user_id, template_version, subject, body_text, body_html, rendered_at)"
+        " VALUES (:period, 1, 'v1', 's', 't', :body, now())"
+    )
+    compression = text("SELECT pg_column_compression(body_html) FROM reports WHERE period = :period")
+    try:
+        with engine.begin() as connection:
+            connection.execute(
+                text("INSERT INTO users (id, email, name, active) VALUES (1, 'a@example.test', 'A', true)")
+            )
+        with Session(engine) as session, session.begin():
+            partitions.ensure(session, "2026-10")
+        with engine.begin() as connection:
+            connection.execute(insert, {"period": "2026-10", "body": body})
+        downgrade(settings, "0013")
+        with engine.begin() as connection:
+            connection.execute(insert, {"period": "2026-11", "body": body})
+        upgrade(settings)
+        # A month whose partitions are made after the migration compresses with LZ4 too.
+        with Session(engine) as session, session.begin():
+            partitions.ensure(session, "2026-12")
+        with engine.begin() as connection:
+            connection.execute(insert, {"period": "2026-12", "body": body})
+        with engine.connect() as connection:
+            methods = [
+                connection.execute(compression, {"period": p}).scalar_one() for p in ("2026-10", "2026-11", "2026-12")
+            ]
+            bodies = connection.execute(text("SELECT DISTINCT body_html FROM reports")).scalars().all()
+    finally:
+        engine.dispose()
+    assert methods == ["lz4", "pglz", "lz4"]
+    assert bodies == [body]
