@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import ColumnElement, ColumnExpressionArgument, DateTime, case, exists, func, literal, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from reports import items
+from reports import items, partitions
 from reports.clock import utcnow
 from reports.counters import FALLBACKS
 from reports.errors import PermanentError
@@ -190,6 +190,9 @@ def _record_page(
         if run.planned:
             run.updated_at = now
             return _release_page(session, period, run, page_size, now)
+        if run.cursor is None:
+            # Triggered by a release that made no partitions (during a deploy that brings them).
+            partitions.ensure(session, period)
         page = select(User.id).where(User.active, after(User.id, run.cursor)).order_by(User.id).limit(page_size)
         last = session.scalar(select(func.max(page.subquery().c.id)))
         run.updated_at, run.paused_at = now, None

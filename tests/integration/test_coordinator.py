@@ -6,8 +6,9 @@ from collections import Counter
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import select, text, update
 
+from reports import partitions
 from reports.clock import utcnow
 from reports.fanout.coordinator import HANDOFF_GRACE, UnknownRun, walk_slice
 from reports.fanout.reconcile import reconcile
@@ -305,3 +306,19 @@ def test_reconcile_re_enqueues_lost_items_of_zero_and_negative_ids(settings, ses
     found = reconcile(sessions, PERIOD, again, stuck_after=timedelta(minutes=10), now=utcnow() + timedelta(minutes=11))
 
     assert found.requeued == 3 and sorted(again.user_ids) == population.active
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_a_month_triggered_by_a_release_that_made_no_partitions_is_walked_all_the_same(settings, sessions, broker):
+    population = load_users(sessions, count=10)
+    trigger(sessions, settings)
+    with sessions.begin() as session:
+        for table in partitions.PARTITIONED:
+            session.execute(text(f"DROP TABLE {partitions.name(table, PERIOD)}"))
+    sender = RecordingQueue(broker)
+
+    assert walk(sessions, settings, sender).planned
+
+    assert sorted(sender.user_ids) == sorted(population.active)
+    with sessions() as session:
+        assert partitions.present(session, PERIOD) == list(partitions.PARTITIONED)
