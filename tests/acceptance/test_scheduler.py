@@ -146,6 +146,30 @@ def test_a_signal_stops_the_scheduler_cleanly_within_seconds(settings, sessions,
     assert "Traceback" not in log, log
 
 
+def _catches(pid: int, sig: int) -> bool:
+    """Whether the process has a handler of its own for ``sig`` (its SigCgt mask in /proc)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    caught = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
+    return bool(caught >> (sig - 1) & 1)
+
+
+def test_a_sigterm_while_the_scheduler_still_imports_is_a_clean_stop(settings, start_scheduler):
+    # A deploy signals every process at once, a scheduler that has only just been started included.
+    scheduler = start_scheduler(settings)
+    wait_until(
+        lambda: scheduler.process.poll() is not None or _catches(scheduler.process.pid, signal.SIGTERM),
+        timeout=10,
+        interval=0.002,
+        what="the scheduler to catch SIGTERM",
+    )
+    scheduler.process.send_signal(signal.SIGTERM)
+
+    assert scheduler.process.wait(timeout=10) == 0, scheduler.log()
+    log = scheduler.log()
+    assert "starting" not in log, "the signal came after the imports: this test needs it during them"
+    assert "Traceback" not in log, log
+
+
 # --- reconcile tick ----------------------------------------------------------------------------
 
 
