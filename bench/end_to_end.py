@@ -28,6 +28,9 @@ seeded by `reports.ops.seed.seed` (what `reports seed --users N` runs) for last 
    what the build_report actor runs, with the context actors/process.py builds. The clock stops
    when every job has returned.
 
+Each queue run also prints its rate over each tenth of the users, the bulk pool's and the
+redis-server's peak memory, and each table's size after it (bench/run_trace.py).
+
 Each run prints its wall time, reports/s, the SMTP connections opened against the emails sent, the
 PostgreSQL sessions opened, and the CPU per report of each part of the run, read from /proc at its
 start and end (bench/proc_cpu.py: each process tree's utime + stime, threads and reaped children
@@ -69,6 +72,7 @@ from typing import Any
 import proc_cpu  # bench/proc_cpu.py, beside this script
 import psycopg
 import redis
+import run_trace  # bench/run_trace.py, beside this script
 from smtp_sink import Delivered  # bench/smtp_sink.py, beside this script
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
@@ -330,6 +334,7 @@ def _queue_run(
         requests_before = Counter(requests)
         meter.start()
         started = time.monotonic()
+        trace = run_trace.Trace(bulk_pool.pid, bench.settings.broker_url, started)
         runs.trigger_and_enqueue(
             sessions, queue_for(broker), bench.period, template_version=settings.template_version, now=utcnow()
         )
@@ -339,6 +344,7 @@ def _queue_run(
             expected=len(bench.active),
             timeout=args.timeout,
             interval=POLL_SECONDS,
+            on_progress=trace,
             alive=pools.check,
         )
         ended = time.monotonic()
@@ -348,6 +354,7 @@ def _queue_run(
     finally:
         pools.stop_all()
     extra = _requests_per_report(spent, len(bench.active)) if requests is not None else ""
+    extra += trace.describe() + run_trace.table_sizes(settings.database_url)
     return finish(kind.label, bench, sessions, started, ended, planned_at, before, cpu, extra)
 
 
