@@ -21,10 +21,9 @@ import uuid
 from dataclasses import replace
 from pathlib import Path
 
-import psycopg
 from items import PERIOD, period_of_items  # bench/items.py, beside this script
 from progress import percentile  # bench/progress.py, beside this script
-from support import temporary_database  # bench/support.py, beside this script
+from support import pg_connect, temporary_database  # bench/support.py, beside this script
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -75,7 +74,7 @@ def main() -> None:
 
 
 def _fill(url: str, dead: int) -> None:
-    with psycopg.connect(url.replace("+psycopg", ""), autocommit=True) as connection:
+    with pg_connect(url) as connection:
         connection.execute(
             "INSERT INTO period_runs (period, state, template_version, cursor, planned, triggered_at, updated_at) "
             "SELECT to_char(make_date(2025, m, 1), 'YYYY-MM'), 'active', 'v2', 0, true, now(), now() "

@@ -70,7 +70,6 @@ from pathlib import Path
 from typing import Any
 
 import proc_cpu  # bench/proc_cpu.py, beside this script
-import psycopg
 import redis
 import run_trace  # bench/run_trace.py, beside this script
 from smtp_sink import Delivered  # bench/smtp_sink.py, beside this script
@@ -84,6 +83,7 @@ from support import (
     Vhosts,
     interrupt_on_sigterm,
     mail_bench,
+    pg_connect,
     python_of,
     settings_environ,
     watch_period,
@@ -181,13 +181,13 @@ class Run:
 def pg_sessions(url: str) -> int:
     """Sessions ever opened on the database (pg_stat_database; PostgreSQL 14+)."""
     time.sleep(1.0)  # backends report their statistics within about a second
-    with psycopg.connect(url.replace("+psycopg", ""), autocommit=True) as connection:
+    with pg_connect(url) as connection:
         row = connection.execute("SELECT sessions FROM pg_stat_database WHERE datname = current_database()").fetchone()
     return int(row[0]) if row and row[0] is not None else 0
 
 
 def empty_run_tables(url: str) -> None:
-    with psycopg.connect(url.replace("+psycopg", ""), autocommit=True) as connection:
+    with pg_connect(url) as connection:
         tables = ", ".join(
             name
             for (name,) in connection.execute(

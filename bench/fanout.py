@@ -56,12 +56,11 @@ from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit
 
 import pika
-import psycopg
 import redis
 from dramatiq.brokers.rabbitmq import RabbitmqBroker
 from dramatiq.brokers.redis import RedisBroker
 from sqlalchemy.orm import Session, sessionmaker
-from support import RABBITMQ_URL, Vhosts, interrupt_on_sigterm, redis_server, temporary_database
+from support import RABBITMQ_URL, Vhosts, interrupt_on_sigterm, pg_connect, redis_server, temporary_database
 
 from reports.database import create_db_engine, session_factory, upgrade
 from reports.fanout import coordinator, runs
@@ -282,7 +281,7 @@ class Peak:
 
 def _empty_items(database_url: str) -> None:
     """No run and no item: each walk starts as the first one would."""
-    with psycopg.connect(database_url.replace("+psycopg", ""), autocommit=True) as connection:
+    with pg_connect(database_url) as connection:
         connection.execute("TRUNCATE report_items, item_counts, period_runs CASCADE")
 
 
@@ -492,7 +491,7 @@ def main() -> None:
             moto.moto_server(requests) if "sqs" in names else contextlib.nullcontext("") as endpoint,
         ):
             upgrade(Settings(database_url=url, broker_url=redis_url))
-            with psycopg.connect(url.replace("+psycopg", ""), autocommit=True) as connection:
+            with pg_connect(url) as connection:
                 connection.execute(
                     "INSERT INTO users (id, email, name, active) "
                     "SELECT g, 'user' || g || '@example.test', 'User ' || g, true FROM generate_series(1, %s) g",

@@ -26,9 +26,8 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
 
-import psycopg
 from sqlalchemy import func, select
-from support import postgres_cpu_seconds, redis_server, temporary_database  # bench/support.py
+from support import pg_connect, postgres_cpu_seconds, redis_server, temporary_database  # bench/support.py
 
 from reports.database import create_db_engine, session_factory, upgrade
 from reports.fanout import progress, runs
@@ -106,7 +105,7 @@ class SkippingClock:
 
 def load(url: str, users: int) -> None:
     upgrade(Settings(database_url=url))
-    with psycopg.connect(url.replace("+psycopg", ""), autocommit=True) as connection:
+    with pg_connect(url) as connection:
         connection.execute(
             "INSERT INTO users (id, email, name, active, time_zone) "
             "SELECT g, 'user' || g || '@example.test', 'User ' || g, true, (%s::text[])[g %% %s + 1] "
@@ -158,7 +157,7 @@ def run(users: int, page_size: int, redis_url: str) -> dict[str, float]:
                     pass
 
             walk_seconds = timed(walk)
-            with psycopg.connect(url.replace("+psycopg", ""), autocommit=True) as connection:
+            with pg_connect(url) as connection:
                 connection.execute("VACUUM ANALYZE report_items")
             progress_ms = []
             for _ in range(5):

@@ -7,9 +7,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-import psycopg
 import redis
-from support import tree_rss_kib
+from support import pg_connect, tree_rss_kib
 
 from reports.fanout import progress
 
@@ -24,6 +23,7 @@ class Trace:
     """Fed every progress reading of a run (``watch_period``'s ``on_progress``)."""
 
     pool_pid: int
+    #: The bench's redis-server: the broker on Redis runs, the shared state on the others.
     redis_url: str
     started: float
     readings: list[tuple[float, int]] = field(default_factory=list)
@@ -33,6 +33,11 @@ class Trace:
     #: Peak of Redis's ``used_memory`` (bytes), sampled.
     peak_redis_bytes: int = 0
     _memory_at: float = 0.0
+    _redis: redis.Redis = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # One connection for the run's samples, not one every sample.
+        self._redis = redis.Redis.from_url(self.redis_url)
 
     def __call__(self, current: progress.Progress) -> None:
         now = time.monotonic()
@@ -45,11 +50,7 @@ class Trace:
         rss = tree_rss_kib(self.pool_pid)
         self.peak_pool_kib = max(self.peak_pool_kib, sum(rss.values()))
         self.peak_process_kib = max(self.peak_process_kib, *rss.values(), 0)
-        client = redis.Redis.from_url(self.redis_url)
-        try:
-            self.peak_redis_bytes = max(self.peak_redis_bytes, int(client.info("memory")["used_memory"]))
-        finally:
-            client.close()
+        self.peak_redis_bytes = max(self.peak_redis_bytes, int(self._redis.info("memory")["used_memory"]))
 
     def tenth_rates(self) -> list[float]:
         """Reports/s over each tenth of the delivered users, from the first reading at or past its end."""
@@ -72,7 +73,7 @@ class Trace:
         return (
             f"\n            reports/s by tenth of the users: {' '.join(f'{r:,.0f}' for r in rates)}{spread}"
             f"\n            peak RSS: bulk pool {self.peak_pool_kib / 1024:,.0f} MiB in all, largest process "
-            f"{self.peak_process_kib / 1024:,.0f} MiB; broker's redis-server used_memory peak "
+            f"{self.peak_process_kib / 1024:,.0f} MiB; redis-server used_memory peak "
             f"{self.peak_redis_bytes / 2**20:,.1f} MiB (sampled every {MEMORY_EVERY_SECONDS:.0f} s)"
         )
 
@@ -91,7 +92,7 @@ ORDER BY 2 + 3 DESC
 
 def table_sizes(url: str, smallest_bytes: int = 1 << 20) -> str:
     """The database's size, and each table's of at least ``smallest_bytes``: data (with TOAST) + indexes."""
-    with psycopg.connect(url.replace("+psycopg", ""), autocommit=True) as connection:
+    with pg_connect(url) as connection:
         rows = connection.execute(SIZES).fetchall()
         (database,) = connection.execute("SELECT pg_database_size(current_database())").fetchone() or (0,)
     shown = ", ".join(

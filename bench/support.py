@@ -52,6 +52,12 @@ if TYPE_CHECKING:
     from smtp_sink import SmtpSink
 
 
+def pg_connect(url: str) -> psycopg.Connection[tuple[object, ...]]:
+    """A plain psycopg connection in autocommit to a database named by a SQLAlchemy URL
+    (``postgresql+psycopg://…``), for what a bench reads or runs outside the code under test."""
+    return psycopg.connect(url.replace("+psycopg", ""), autocommit=True)
+
+
 def interrupt_on_sigterm() -> None:
     """Make SIGTERM raise KeyboardInterrupt, so a benchmark stopped that way still stops what it started."""
 
@@ -188,7 +194,7 @@ def seed_users(
             active = set(session.scalars(select(User.id).where(User.active)))
     finally:
         engine.dispose()
-    with psycopg.connect(database_url.replace("+psycopg", ""), autocommit=True) as connection:
+    with pg_connect(database_url) as connection:
         connection.execute("VACUUM ANALYZE")
     return active
 
