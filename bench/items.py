@@ -13,10 +13,11 @@ import time
 from collections.abc import Iterator, Mapping
 from datetime import datetime
 
-import psycopg
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
+from support import pg_connect  # bench/support.py, beside this file
 
+from reports import partitions
 from reports.database import create_db_engine, session_factory, upgrade
 from reports.fanout import runs
 from reports.models import ItemState, PeriodRun
@@ -38,25 +39,28 @@ def period_of_items(
     if sum(percent.values()) > 100 or ItemState.DELIVERED in percent:
         raise ValueError(f"Shares of the states other than delivered, at most 100 % in all: {dict(percent)}")
     upgrade(Settings(database_url=url))
-    with psycopg.connect(url.replace("+psycopg", ""), autocommit=True) as connection:
-        started = time.perf_counter()
-        cases, bound, parameters = [], 0, []
-        for state, share in percent.items():
-            bound += share
-            cases.append("WHEN g %% 100 < %s THEN %s")
-            parameters += [bound, str(state)]
-        connection.execute(
-            "INSERT INTO report_items (period, user_id, state, attempts, created_at, updated_at) "
-            f"SELECT %s, g, CASE {' '.join(cases)} ELSE 'delivered' END, 1, now(), now() "
-            "FROM generate_series(1, %s) g",
-            (str(PERIOD), *parameters, items),
-        )
-        connection.execute("VACUUM ANALYZE report_items")
-        mix = ", ".join(f"{share}% {state}" for state, share in percent.items())
-        print(f"loaded {items:,} items ({mix}) in {time.perf_counter() - started:.1f} s")
     engine = create_db_engine(url)
     try:
         sessions = session_factory(engine)
+        # The month's partitions first, as its trigger would make them: the items are loaded before it.
+        with sessions.begin() as session:
+            partitions.ensure(session, PERIOD)
+        with pg_connect(url) as connection:
+            started = time.perf_counter()
+            cases, bound, parameters = [], 0, []
+            for state, share in percent.items():
+                bound += share
+                cases.append("WHEN g %% 100 < %s THEN %s")
+                parameters += [bound, str(state)]
+            connection.execute(
+                "INSERT INTO report_items (period, user_id, state, attempts, created_at, updated_at) "
+                f"SELECT %s, g, CASE {' '.join(cases)} ELSE 'delivered' END, 1, now(), now() "
+                "FROM generate_series(1, %s) g",
+                (str(PERIOD), *parameters, items),
+            )
+            connection.execute("VACUUM ANALYZE report_items")
+            mix = ", ".join(f"{share}% {state}" for state, share in percent.items())
+            print(f"loaded {items:,} items ({mix}) in {time.perf_counter() - started:.1f} s")
         with sessions.begin() as session:
             runs.trigger(session, PERIOD, template_version="v1", now=datetime.now())
             if planned:
