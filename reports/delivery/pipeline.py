@@ -1,8 +1,8 @@
 """One user's report for one period: read at run time, render, claim, send, record.
 
-Three short steps, so no transaction stays open while talking to the mail provider:
+Three short steps, so no transaction stays open while rendering or talking to the mail provider:
 1. One transaction (the store's read and claim): read the item, the user and their activity,
-   and take the delivery claim; then render.
+   and take the delivery claim; then, outside it, render.
 2. Wait for a slot of the send rate, ask the breaker and, last, check that the claim's lease
    outlasts the whole send; hand the email to the mail backend.
 3. One transaction: mark the claim sent and the item delivered, tried until the lease is nearly
@@ -20,7 +20,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.headerregistry import Address
-from typing import Any
 
 import redis
 import sqlalchemy.exc
@@ -106,7 +105,7 @@ class Context:
 def run(ctx: Context, job: ReportJob) -> Outcome:
     """The monthly email for one (period, user)."""
     with ctx.store.transactions() as transaction:
-        return _deliver(ctx, lambda db: _prepare(ctx, db, job), transaction)
+        return _deliver(ctx, lambda: _prepare(ctx, transaction, job), transaction)
 
 
 def send_now(ctx: Context, job: SendNowJob) -> Outcome:
@@ -117,17 +116,17 @@ def send_now(ctx: Context, job: SendNowJob) -> Outcome:
     *is* the monthly email (its claim and Message-ID), so the monthly run will not send a second
     one; otherwise it has a Message-ID of its own.
     """
-    return _deliver(ctx, lambda session: _prepare_now(ctx, session, job), ctx.sessions.begin)
+
+    def prepare() -> _Prepared | Outcome:
+        with ctx.sessions.begin() as session:
+            return _prepare_now(ctx, session, job)
+
+    return _deliver(ctx, prepare, ctx.sessions.begin)
 
 
-def _deliver(
-    ctx: Context,
-    prepare: Callable[[Any], _Prepared | Outcome],
-    transaction: Transaction,
-) -> Outcome:
+def _deliver(ctx: Context, prepare: Callable[[], _Prepared | Outcome], transaction: Transaction) -> Outcome:
     try:
-        with transaction() as db:
-            prepared = prepare(db)
+        prepared = prepare()
     except ClaimHeld as held:
         return Outcome.deferred(held.retry_after_seconds, "claim held by another copy")
     if not isinstance(prepared, _Prepared):
@@ -137,10 +136,10 @@ def _deliver(
     try:
         go = _may_send(ctx, prepared)
     except redis.RedisError:
-        _release(ctx, prepared, transaction)
+        _release(ctx, prepared.claims, transaction, report=prepared.report)
         raise
     if isinstance(go, Outcome):
-        _release(ctx, prepared, transaction)
+        _release(ctx, prepared.claims, transaction, report=prepared.report)
         return go
     permit, slot = go
     outcome = _send(ctx, prepared, permit, transaction)
@@ -185,7 +184,7 @@ def _send(
         ctx.mailer.send(prepared.email, recipient=prepared.address)
     except Exception as error:
         bounced = error if isinstance(error, MailRejected) and error.recipient else None
-        _release(ctx, prepared, transaction, bounced=bounced)
+        _release(ctx, prepared.claims, transaction, report=prepared.report, bounced=bounced)
         if _opens_breaker(ctx, permit, error):
             # The provider is down: wait out the cool-down instead of spending a retry.
             return Outcome.deferred(ctx.breaker.cooldown_ms / 1000, "mail breaker opened")  # type: ignore[union-attr]
@@ -208,19 +207,21 @@ def _send(
 
 def _release(
     ctx: Context,
-    prepared: _Prepared,
+    held: list[claims.Claim],
     transaction: Transaction,
     *,
+    report: StoredReport | None = None,
     bounced: MailRejected | None = None,
 ) -> None:
-    """Keep the report that was not sent, and end the claims' leases early, so the next attempt
-    need not wait them out; on a hard bounce also put the user on the suppression list, so no later
-    month mails a refused address."""
+    """Keep the report that was not sent (if it was rendered), and end the claims' leases early,
+    so the next attempt need not wait them out; on a hard bounce also put the user on the
+    suppression list, so no later month mails a refused address."""
     try:
         with transaction() as db:
-            first = prepared.claims[0]
-            keep_report(db, first.period, first.user_id, prepared.report)
-            for claim in prepared.claims:
+            first = held[0]
+            if report is not None:
+                keep_report(db, first.period, first.user_id, report)
+            for claim in held:
                 claims.release(db, claim)
             if bounced is not None:
                 suppressions.add(
@@ -371,16 +372,60 @@ def _lease_ends(ctx: Context) -> float:
     return time.monotonic() + ctx.settings.claim_lease_seconds
 
 
-def _prepare(ctx: Context, session: Executor, job: ReportJob) -> _Prepared | Outcome:
+def _prepare(ctx: Context, transaction: Transaction, job: ReportJob) -> _Prepared | Outcome:
     stable_id = message_id(job.period, job.user_id, ctx.settings.mail_domain)
     now, lease_ends = ctx.clock(), _lease_ends(ctx)
+    with transaction() as db:
+        inputs = _read_and_claim(ctx, db, job, message_id=stable_id, now=now)
+    if isinstance(inputs, Outcome):
+        return inputs
+    claim = inputs.claim
+    assert claim is not None and inputs.email is not None  # a mailable report has an address
+    try:
+        to = recipient(inputs.email, inputs.name)
+        unsubscribe_url = ctx.unsubscribe_url(job.user_id)
+        rendered = render(
+            ctx.settings.templates_dir,
+            job.template_version,
+            name=inputs.name,
+            summary=inputs.summary,
+            look=ctx.look,
+            locale=inputs.locale,
+            unsubscribe_url=unsubscribe_url,
+        )
+        email = compose(
+            rendered,
+            to=to,
+            mail_from=ctx.settings.mail_from,
+            period=job.period,
+            user_id=job.user_id,
+            date=now,
+            message_id=stable_id,
+            unsubscribe_url=unsubscribe_url,
+        )
+    except Exception:
+        # The claim is taken for good by now: end its lease, so that a retry need not wait it out.
+        _release(ctx, [claim], transaction)
+        raise
+    return _Prepared(
+        claims=[claim],
+        email=email,
+        address=to.addr_spec,
+        lease_ends=lease_ends + inputs.lock_wait_seconds,
+        report=StoredReport(job.template_version, rendered, now),
+    )
+
+
+def _read_and_claim(ctx: Context, db: Executor, job: ReportJob, *, message_id: str, now: datetime) -> Inputs | Outcome:
+    """The report's inputs with the monthly email's claim; the outcome instead when there is
+    nothing to send (the item is settled here, in the same transaction)."""
     # Reading locks the item: copies of this job serialize here, before they race for the claim.
     inputs = ctx.store.read_and_claim(
-        session,
+        db,
         ReadAndClaim(
             job.period,
             job.user_id,
-            message_id=stable_id,
+            message_id=message_id,
             lease_seconds=ctx.settings.claim_lease_seconds,
             now=now,
             empty_month=ctx.settings.report_empty_month,
@@ -395,43 +440,14 @@ def _prepare(ctx: Context, session: Executor, job: ReportJob) -> _Prepared | Out
         return Outcome.CANCELLED
     # Suppressed after the coordinator planned the user (or before, by an older release): skipped.
     if not inputs.mailable:
-        items.touch(session, job.period, job.user_id, now=now)
-        items.finish(session, job.period, job.user_id, ItemState.SKIPPED, now=now)
+        items.touch(db, job.period, job.user_id, now=now)
+        items.finish(db, job.period, job.user_id, ItemState.SKIPPED, now=now)
         return Outcome.SKIPPED
     if inputs.claim is None:
         # The email already went out; make the item say so.
-        items.finish(session, job.period, job.user_id, ItemState.DELIVERED, now=now)
+        items.finish(db, job.period, job.user_id, ItemState.DELIVERED, now=now)
         return Outcome.ALREADY_DONE
-
-    assert inputs.email is not None  # a mailable report has an address
-    to = recipient(inputs.email, inputs.name)
-    unsubscribe_url = ctx.unsubscribe_url(job.user_id)
-    rendered = render(
-        ctx.settings.templates_dir,
-        job.template_version,
-        name=inputs.name,
-        summary=inputs.summary,
-        look=ctx.look,
-        locale=inputs.locale,
-        unsubscribe_url=unsubscribe_url,
-    )
-    email = compose(
-        rendered,
-        to=to,
-        mail_from=ctx.settings.mail_from,
-        period=job.period,
-        user_id=job.user_id,
-        date=now,
-        message_id=stable_id,
-        unsubscribe_url=unsubscribe_url,
-    )
-    return _Prepared(
-        claims=[inputs.claim],
-        email=email,
-        address=to.addr_spec,
-        lease_ends=lease_ends + inputs.lock_wait_seconds,
-        report=StoredReport(job.template_version, rendered, now),
-    )
+    return inputs
 
 
 def _missing_item(inputs: Inputs, job: ReportJob) -> Outcome:
@@ -442,7 +458,7 @@ def _missing_item(inputs: Inputs, job: ReportJob) -> Outcome:
 
 
 def _prepare_now(ctx: Context, session: Session, job: SendNowJob) -> _Prepared | Outcome:
-    # Lock the monthly item (if the period has one) first, as _prepare does.
+    # Lock the monthly item (if the period has one) first, as the monthly message's read does.
     item = session.get(ReportItem, (str(job.period), job.user_id), with_for_update=True)
     run = session.get(PeriodRun, str(job.period))
     now = ctx.clock()

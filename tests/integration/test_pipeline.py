@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 from dataclasses import replace
 
+import psycopg
 import pytest
 import redis
 from sqlalchemy import select, text, update
 
 from reports.clock import utcnow
 from reports.content.render import money
+from reports.database import sqlite_file
 from reports.delivery import pipeline, send_rate
-from reports.delivery.mail.backend import build_mailer
+from reports.delivery.mail.backend import Mailer, build_mailer
 from reports.errors import InvalidRecipient, ProviderUnavailable
 from reports.jobs import ReportJob
 from reports.models import Delivery, DeliveryState, ItemState, Report, ReportItem
@@ -278,7 +281,7 @@ def test_an_encoded_line_break_in_a_name_adds_no_header_and_leaves_the_body_alon
     assert "Your account is closed" not in message.as_string()
 
 
-def test_an_invalid_email_address_is_a_permanent_failure_that_sends_nothing(
+def test_an_invalid_email_address_is_a_permanent_failure_that_sends_nothing_and_holds_nothing(
     settings, sessions, context, smtp_server, population
 ):
     with sessions.begin() as session:
@@ -288,8 +291,14 @@ def test_an_invalid_email_address_is_a_permanent_failure_that_sends_nothing(
         pipeline.run(context, job(settings, 3))
 
     assert smtp_server.messages == []
-    with sessions() as session:
-        assert session.scalars(select(Delivery)).all() == []
+    assert item_state(sessions, 3) == ItemState.PENDING
+    # The address fixed and the message replayed well inside the 5 s lease: the claim taken before
+    # the email was built was given back, so the replay sends at once.
+    with sessions.begin() as session:
+        session.execute(text("UPDATE users SET email = 'fixed3@example.test' WHERE id = 3"))
+    assert pipeline.run(context, job(settings, 3)) == pipeline.Outcome.DELIVERED
+    assert [envelope for envelope, _ in smtp_server.handler.messages] == [["fixed3@example.test"]]
+    assert item_state(sessions, 3) == ItemState.DELIVERED
 
 
 def test_an_unreachable_provider_is_transient_and_releases_the_claim(
@@ -365,3 +374,53 @@ def test_a_send_past_the_fleets_rate_is_deferred_and_gives_its_claim_back(
     with sessions() as session:
         claim = session.scalars(select(Delivery).where(Delivery.user_id == 2)).one()
         assert claim.state == DeliveryState.CLAIMED and claim.lease_expires_at <= utcnow()
+
+
+class _WatchingMailer:
+    """The SMTP mailer, looking first at whether any session holds a transaction open on the database."""
+
+    def __init__(self, inner: Mailer, database_url: str) -> None:
+        self.inner, self.database_url = inner, database_url
+        self.open_at_send: list[int] = []
+
+    def send(self, message: bytes, *, recipient: str) -> None:
+        self.open_at_send.append(_open_transactions(self.database_url))
+        self.inner.send(message, recipient=recipient)
+
+
+def _open_transactions(database_url: str) -> int:
+    path = sqlite_file(database_url)
+    if path is not None:
+        # A write transaction holds SQLite's one write lock: taking it without waiting fails while one is open.
+        probe = sqlite3.connect(path, timeout=0, isolation_level=None)
+        try:
+            probe.execute("BEGIN IMMEDIATE")
+            probe.execute("ROLLBACK")
+            return 0
+        except sqlite3.OperationalError:
+            return 1
+        finally:
+            probe.close()
+    with psycopg.connect(database_url.replace("+psycopg", ""), autocommit=True) as probe:
+        row = probe.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            " AND xact_start IS NOT NULL"
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+
+def test_no_transaction_is_open_on_the_database_while_the_email_goes_out(
+    settings, sessions, context, smtp_server, population
+):
+    watching = _WatchingMailer(context.mailer, settings.database_url)
+    watched = replace(context, mailer=watching)
+
+    for user_id in (1, 2, 3):
+        assert pipeline.run(watched, job(settings, user_id)) == pipeline.Outcome.DELIVERED
+
+    assert sorted(smtp_server.by_user()) == [1, 2, 3]
+    assert watching.open_at_send == [0, 0, 0]
+    # The look sees one that is open.
+    with sessions.begin() as session:
+        session.execute(update(ReportItem).where(ReportItem.user_id == 9).values(attempts=0))
+        assert _open_transactions(settings.database_url) == 1

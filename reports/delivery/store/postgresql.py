@@ -3,18 +3,23 @@
 Reading locks the item, reads the run, the user, their suppression-list entry and two months of
 activity, and, when there is a report to mail, counts the attempt and takes the claim; recording
 marks the item delivered and the claim sent and stores the report. Both run on one bare connection
-per message (no ORM session).
+per message (no ORM session), in autocommit: each step is one statement, and so its own
+transaction, without a BEGIN and a COMMIT of two round trips more around it.
+
+The message's few steps of more than one statement, on paths that send nothing (settling an item
+that needs no email, giving a claim back after a failed send), commit statement by statement
+too: each statement is one that may run again, so a crash between two of them leaves what the
+next copy of the message finishes.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 from datetime import datetime, timedelta
 
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Engine
 
 from reports.content.activity import summarize
 from reports.delivery import claims
@@ -118,11 +123,12 @@ class PostgresStore:
 
     @contextmanager
     def transactions(self) -> Iterator[Transaction]:
-        # One connection per message, checked out (and pinged) once, not once per transaction.
-        # Between the transactions it holds none open; one that broke meanwhile reconnects at its
+        # One connection per message, checked out (and pinged) once, not once per step. Between
+        # its statements it holds no transaction open; one that broke meanwhile reconnects at its
         # next statement, which the record's retries absorb.
         with self._engine.connect() as connection:
-            yield functools.partial(_transaction_on, connection)
+            statements = connection.execution_options(isolation_level="AUTOCOMMIT")
+            yield lambda: nullcontext(statements)
 
     def read_and_claim(self, db: Executor, asked: ReadAndClaim) -> Inputs:
         period = asked.period
@@ -179,9 +185,3 @@ class PostgresStore:
             },
         ).scalar_one()
         return bool(recorded)
-
-
-@contextmanager
-def _transaction_on(connection: Connection) -> Iterator[Connection]:
-    with connection.begin():
-        yield connection
