@@ -33,7 +33,7 @@ from typing import Any
 import redis
 from sqlalchemy import Engine, event, text
 from sqlalchemy.orm import Session, sessionmaker
-from support import redis_server, seed_users, temporary_database  # bench/support.py, beside this script
+from support import in_autocommit, redis_server, seed_users, temporary_database  # bench/support.py, beside this script
 
 from reports import tokens
 from reports.content.activity import summarize
@@ -79,15 +79,18 @@ class Meter:
 
     @contextmanager
     def watching(self, engine: Engine) -> Iterator[None]:
-        def before(*_args: Any) -> None:
+        def before(connection: Any, *_args: Any) -> None:
             self.statements += 1
+            if in_autocommit(connection):
+                self.transactions += 1  # a transaction by itself
             self._started = time.process_time()
 
         def after(*_args: Any) -> None:
             self.driver_cpu += time.process_time() - self._started
 
-        def commit(*_args: Any) -> None:
-            self.transactions += 1
+        def commit(connection: Any) -> None:
+            if not in_autocommit(connection):
+                self.transactions += 1
 
         listeners = {"before_cursor_execute": before, "after_cursor_execute": after, "commit": commit}
         for name, listener in listeners.items():

@@ -44,6 +44,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 # Defined once, in tests/support; the benchmarks import them from here.
+from tests.support.databases import in_autocommit as in_autocommit
 from tests.support.databases import temporary_database as temporary_database
 from tests.support.processes import free_port as free_port
 from tests.support.processes import redis_server as redis_server

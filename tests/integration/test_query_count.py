@@ -24,6 +24,7 @@ from reports.jobs import ReportJob
 from reports.models import Activity, User
 from reports.settings import Settings
 from tests.integration.conftest import PERIOD, walk_everything
+from tests.support.databases import in_autocommit
 from tests.support.smtp import SmtpServer
 
 #: Statements one monthly report sends to the database today. On PostgreSQL: lock the item, read the
@@ -113,11 +114,6 @@ class Counted:
         return self.begun + self.autocommitted
 
 
-def _in_autocommit(connection: Any) -> bool:
-    # psycopg's flag; sqlite3 has none before Python 3.12, and the engine begins its transactions itself.
-    return bool(getattr(connection.connection.dbapi_connection, "autocommit", False))
-
-
 @contextmanager
 def counting(engine: Engine) -> Iterator[Counted]:
     """Record every statement and transaction ``engine`` runs inside the block."""
@@ -127,12 +123,12 @@ def counting(engine: Engine) -> Iterator[Counted]:
         # On SQLite the engine opens each transaction with this statement itself (reports.database).
         if statement.strip().upper() != "BEGIN IMMEDIATE":
             counted.statements.append(statement.strip().splitlines()[0])
-        if _in_autocommit(conn):
+        if in_autocommit(conn):
             counted.autocommitted += 1
 
     def on_begin(conn: Any) -> None:
         # SQLAlchemy begins one on a connection in autocommit too, which sends the server nothing.
-        if not _in_autocommit(conn):
+        if not in_autocommit(conn):
             counted.begun += 1
 
     event.listen(engine, "before_cursor_execute", on_statement)

@@ -6,6 +6,7 @@ import contextlib
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
 from sqlalchemy import text
@@ -84,3 +85,10 @@ def load_users(
             activities,
         )
     return population
+
+
+def in_autocommit(connection: Any) -> bool:
+    """Whether a SQLAlchemy connection's statements each run as a transaction by themselves: psycopg's
+    flag, which SQLAlchemy's begin and commit events do not show (sqlite3 has none before Python 3.12,
+    and the engine begins SQLite's transactions itself)."""
+    return bool(getattr(connection.connection.dbapi_connection, "autocommit", False))
