@@ -424,3 +424,33 @@ def test_no_transaction_is_open_on_the_database_while_the_email_goes_out(
     with sessions.begin() as session:
         session.execute(update(ReportItem).where(ReportItem.user_id == 9).values(attempts=0))
         assert _open_transactions(settings.database_url) == 1
+
+
+class _CuttingMailer:
+    """The SMTP mailer that, as it sends, ends every other session on the database, the message's own too."""
+
+    def __init__(self, inner: Mailer, database_url: str) -> None:
+        self.inner, self.database_url = inner, database_url
+
+    def send(self, message: bytes, *, recipient: str) -> None:
+        with psycopg.connect(self.database_url.replace("+psycopg", ""), autocommit=True) as admin:
+            ended = admin.execute(
+                "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            ).fetchone()
+        assert ended and ended[0] >= 1
+        self.inner.send(message, recipient=recipient)
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_a_send_whose_connection_died_during_it_is_recorded_on_a_new_one_and_never_sent_again(
+    settings, sessions, context, smtp_server, population
+):
+    cutting = replace(context, mailer=_CuttingMailer(context.mailer, settings.database_url))
+
+    assert pipeline.run(cutting, job(settings, 7)) == pipeline.Outcome.DELIVERED
+
+    assert item_state(sessions, 7) == ItemState.DELIVERED
+    assert pipeline.run(context, job(settings, 7)) == pipeline.Outcome.ALREADY_DONE
+    assert smtp_server.by_user() == {7: smtp_server.messages}
+    assert len(smtp_server.messages) == 1

@@ -14,12 +14,13 @@ next copy of the message finishes.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import replace
 from datetime import datetime, timedelta
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 
 from reports.content.activity import summarize
 from reports.delivery import claims
@@ -127,8 +128,7 @@ class PostgresStore:
         # its statements it holds no transaction open; one that broke meanwhile reconnects at its
         # next statement, which the record's retries absorb.
         with self._engine.connect() as connection:
-            statements = connection.execution_options(isolation_level="AUTOCOMMIT")
-            yield lambda: nullcontext(statements)
+            yield functools.partial(_transaction_on, connection.execution_options(isolation_level="AUTOCOMMIT"))
 
     def read_and_claim(self, db: Executor, asked: ReadAndClaim) -> Inputs:
         period = asked.period
@@ -185,3 +185,12 @@ class PostgresStore:
             },
         ).scalar_one()
         return bool(recorded)
+
+
+@contextmanager
+def _transaction_on(connection: Connection) -> Iterator[Connection]:
+    # In autocommit SQLAlchemy's transaction sends the server nothing. It is kept for a statement
+    # that fails: rolling it back is what lets the next statement reconnect a connection that
+    # broke, instead of refusing until someone does.
+    with connection.begin():
+        yield connection
