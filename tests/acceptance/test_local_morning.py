@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 import pytest
 from sqlalchemy import select, text
 
+from reports.fanout.coordinator import RELEASE_LOOK_SECONDS
 from reports.fanout.progress import count
 from reports.models import PeriodRun, ReportItem
 from reports.periods import Period
@@ -141,7 +142,14 @@ def test_a_release_killed_mid_page_loses_nobody_and_mails_nobody_twice(
     wait_until(lambda: scheduled(sessions, datetime(2026, 11, 1)) == 300, timeout=30, what="the walk")
 
     clock.set(DUE["Asia/Tashkent"] - timedelta(seconds=1))
-    wait_until(lambda: released(sessions) >= 40, timeout=60, interval=0.02, what="the release to be under way")
+    # The chain's next look comes at once on the moved clock, and at the latest a look's interval
+    # on; then its first pages. A minute in all was once too short on a loaded machine.
+    wait_until(
+        lambda: released(sessions) >= 40,
+        timeout=RELEASE_LOOK_SECONDS + 60,
+        interval=0.02,
+        what="the release to be under way",
+    )
     chain.kill()
     at_kill = released(sessions)
     assert at_kill < 300, "the release finished before the kill; the test proved nothing"
