@@ -24,7 +24,6 @@ from urllib.parse import quote, unquote, urlsplit, urlunsplit
 import pika
 import pika.exceptions
 import proc_cpu  # bench/proc_cpu.py, beside this file
-import psycopg
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -45,18 +44,13 @@ if str(ROOT) not in sys.path:
 
 # Defined once, in tests/support; the benchmarks import them from here.
 from tests.support.databases import in_autocommit as in_autocommit
+from tests.support.databases import pg_connect as pg_connect
 from tests.support.databases import temporary_database as temporary_database
 from tests.support.processes import free_port as free_port
 from tests.support.processes import redis_server as redis_server
 
 if TYPE_CHECKING:
     from smtp_sink import SmtpSink
-
-
-def pg_connect(url: str) -> psycopg.Connection[tuple[object, ...]]:
-    """A plain psycopg connection in autocommit to a database named by a SQLAlchemy URL
-    (``postgresql+psycopg://…``), for what a bench reads or runs outside the code under test."""
-    return psycopg.connect(url.replace("+psycopg", ""), autocommit=True)
 
 
 def interrupt_on_sigterm() -> None:

@@ -6,7 +6,6 @@ import sqlite3
 import threading
 from dataclasses import replace
 
-import psycopg
 import pytest
 import redis
 from sqlalchemy import select, text, update
@@ -21,7 +20,7 @@ from reports.jobs import ReportJob
 from reports.models import Delivery, DeliveryState, ItemState, Report, ReportItem
 from reports.sql import server_now
 from tests.integration.conftest import PERIOD, walk_everything
-from tests.support.databases import load_users
+from tests.support.databases import load_users, pg_connect
 from tests.support.processes import free_port
 
 BCC_NAME = "Mallory\r\nBcc: attacker@example.com"
@@ -401,7 +400,7 @@ def _open_transactions(database_url: str) -> int:
             return 1
         finally:
             probe.close()
-    with psycopg.connect(database_url.replace("+psycopg", ""), autocommit=True) as probe:
+    with pg_connect(database_url) as probe:
         row = probe.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
             " AND xact_start IS NOT NULL"
@@ -433,7 +432,7 @@ class _CuttingMailer:
         self.inner, self.database_url = inner, database_url
 
     def send(self, message: bytes, *, recipient: str) -> None:
-        with psycopg.connect(self.database_url.replace("+psycopg", ""), autocommit=True) as admin:
+        with pg_connect(self.database_url) as admin:
             ended = admin.execute(
                 "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity"
                 " WHERE datname = current_database() AND pid <> pg_backend_pid()"

@@ -92,3 +92,9 @@ def in_autocommit(connection: Any) -> bool:
     flag, which SQLAlchemy's begin and commit events do not show (sqlite3 has none before Python 3.12,
     and the engine begins SQLite's transactions itself)."""
     return bool(getattr(connection.connection.dbapi_connection, "autocommit", False))
+
+
+def pg_connect(url: str) -> psycopg.Connection[tuple[object, ...]]:
+    """A plain psycopg connection in autocommit to a database named by a SQLAlchemy URL
+    (``postgresql+psycopg://…``), for what a test or a bench reads or runs outside the code under test."""
+    return psycopg.connect(url.replace("+psycopg", ""), autocommit=True)
