@@ -7,11 +7,13 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from reports import items, suppressions
 from reports.clock import utcnow
-from reports.delivery import pipeline
+from reports.content.render import RenderedReport
+from reports.delivery import claims, pipeline
 from reports.delivery.mail.backend import build_mailer
-from reports.delivery.store import PostgresStore, ReadAndClaim, SqliteStore
+from reports.delivery.store import Inputs, PostgresStore, ReadAndClaim, SqliteStore, StoredReport
 from reports.fanout import runs
 from reports.models import ItemState, SuppressionReason, User
+from reports.periods import Period
 from reports.settings import Settings
 from tests.integration.conftest import PERIOD, walk_everything
 from tests.support.databases import load_users
@@ -21,13 +23,14 @@ def _context(settings: Settings, sessions: sessionmaker[Session]) -> pipeline.Co
     return pipeline.Context(settings=settings, sessions=sessions, mailer=build_mailer(settings))
 
 
-def _mailable(context: pipeline.Context, user_id: int, *, empty_month: str = "skip") -> bool:
-    """Whether the store says there is a report to mail; the claim is taken exactly then."""
+def _read_and_claim(
+    context: pipeline.Context, user_id: int, *, period: Period = PERIOD, empty_month: str = "skip"
+) -> Inputs:
     with context.store.transactions() as transaction, transaction() as db:
-        inputs = context.store.read_and_claim(
+        return context.store.read_and_claim(
             db,
             ReadAndClaim(
-                PERIOD,
+                period,
                 user_id,
                 message_id=f"<{user_id}@reports.test>",
                 lease_seconds=5,
@@ -35,6 +38,11 @@ def _mailable(context: pipeline.Context, user_id: int, *, empty_month: str = "sk
                 empty_month=empty_month,
             ),
         )
+
+
+def _mailable(context: pipeline.Context, user_id: int, *, empty_month: str = "skip") -> bool:
+    """Whether the store says there is a report to mail; the claim is taken exactly then."""
+    inputs = _read_and_claim(context, user_id, empty_month=empty_month)
     assert (inputs.claim is not None) == inputs.mailable, inputs
     return inputs.mailable
 
@@ -86,3 +94,31 @@ def test_nothing_is_mailable_in_a_cancelled_period(settings: Settings, sessions:
         assert runs.cancel(session, PERIOD, now=utcnow())
 
     assert not _mailable(_context(settings, sessions), 1)
+
+
+def test_a_month_never_triggered_or_pruned_reads_as_no_item_and_records_nothing(
+    settings: Settings, sessions: sessionmaker[Session]
+) -> None:
+    # On PostgreSQL such a month has no partitions: the statements name a month's own partitions.
+    load_users(sessions, count=1)
+    walk_everything(sessions, settings)
+    context = _context(settings, sessions)
+    month = PERIOD.previous()
+
+    inputs = _read_and_claim(context, 1, period=month, empty_month="send")
+    with context.store.transactions() as transaction, transaction() as db:
+        recorded = context.store.record_sent(
+            db,
+            claims.Claim(month, 1, claims.new_token()),
+            StoredReport("v1", RenderedReport("Your report", "text", "<p>html</p>"), utcnow()),
+            now=utcnow(),
+        )
+
+    assert (inputs.item_state, inputs.run_state, inputs.email, inputs.mailable) == (
+        None,
+        None,
+        "user1@example.test",
+        False,
+    )
+    assert not recorded
+    assert _mailable(context, 1, empty_month="send")  # the month that has its partitions

@@ -1,6 +1,6 @@
 """The store port: the per-report statements every database adapter runs, and what they read.
 
-"There is a report to mail" is :func:`sendable`, one SQL condition that every adapter runs.
+"There is a report to mail" is :func:`mailable`, one SQL condition that every adapter runs.
 """
 
 from __future__ import annotations
@@ -102,22 +102,38 @@ class Store(Protocol):
 _FINAL = ", ".join(sorted(f"'{state.value}'" for state in FINAL_STATES))
 
 
+def mailable(
+    *, item_state: str, run_state: str, email: str, active: str, suppressed: str, active_in_period: str
+) -> str:
+    """Whether there is a report to mail, as one SQL condition over expressions of what it reads (and
+    the parameter ``:send_empty``): the item is not final, the period not cancelled, the user has an
+    address, is active and not suppressed, and had activity in the period or empty months are sent.
+    A missing item or user reads as NULL, which is not mailable."""
+    return f"""{item_state} NOT IN ({_FINAL}) AND ({run_state} IS NULL OR {run_state} <> '{RunState.CANCELLED.value}')
+      AND {email} IS NOT NULL AND {active} AND NOT {suppressed}
+      AND (:send_empty OR {active_in_period})"""
+
+
 def sendable(time: Callable[[str], str] = str) -> str:
-    """Whether there is a report to mail, as the ``FROM … WHERE`` of a query over ``item`` (the
-    item's ``state``, read first) and the parameters ``:period``, ``:user_id``, ``:send_empty``,
-    ``:start`` and ``:end``.
+    """:func:`mailable` as the ``FROM … WHERE`` of a query over ``item`` (the item's ``state``,
+    read first) and the parameters ``:period``, ``:user_id``, ``:send_empty``, ``:start`` and ``:end``.
 
     :param time: how a timestamp (a column or a parameter) is written to compare in order.
     """
     occurred_at, start, end = time("occurred_at"), time(":start"), time(":end")
+    condition = mailable(
+        item_state="item.state",
+        run_state="r.state",
+        email="u.email",
+        active="u.active",
+        suppressed="EXISTS (SELECT 1 FROM suppressions WHERE user_id = :user_id)",
+        active_in_period=f"""EXISTS (
+          SELECT 1 FROM activities WHERE user_id = :user_id AND {occurred_at} >= {start} AND {occurred_at} < {end}
+      )""",
+    )
     return f"""
     FROM item JOIN users u ON u.id = :user_id LEFT JOIN period_runs r ON r.period = :period
-    WHERE item.state NOT IN ({_FINAL}) AND (r.state IS NULL OR r.state <> '{RunState.CANCELLED.value}')
-      AND u.email IS NOT NULL AND u.active
-      AND NOT EXISTS (SELECT 1 FROM suppressions WHERE user_id = :user_id)
-      AND (:send_empty OR EXISTS (
-          SELECT 1 FROM activities WHERE user_id = :user_id AND {occurred_at} >= {start} AND {occurred_at} < {end}
-      ))"""
+    WHERE {condition}"""
 
 
 def sendable_parameters(asked: ReadAndClaim) -> dict[str, object]:

@@ -15,13 +15,18 @@ next copy of the message finishes.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from typing import Any
 
-from sqlalchemy import Connection, Engine
+import psycopg
+import sqlalchemy.exc
+from sqlalchemy import Connection, Engine, Result
+from sqlalchemy.sql.selectable import TextualSelect
 
+from reports import partitions
 from reports.content.activity import summarize
 from reports.delivery import claims
 from reports.delivery.store.port import (
@@ -29,82 +34,123 @@ from reports.delivery.store.port import (
     ReadAndClaim,
     StoredReport,
     Transaction,
-    sendable,
+    mailable,
     sendable_parameters,
     with_columns,
 )
 from reports.sql import POSTGRESQL_NOW, Executor
 
-# ``sendable`` reads the locked item, so the lock is granted before the claim's clock (the
-# server's) is read. Data-modifying CTEs run whether or not the query reads them.
-_READ_AND_CLAIM = with_columns(
-    f"""
+
+@dataclass(frozen=True)
+class _Tables:
+    """The tables a message's statements name: one month's partitions, or their parents."""
+
+    report_items: str = "report_items"
+    deliveries: str = "deliveries"
+    reports: str = "reports"
+
+
+#: The parents: partitioning routes each row to its month, and a month with no partitions reads as empty.
+_PARENTS = _Tables()
+
+
+@functools.lru_cache(maxsize=64)
+def _partitions(period: str) -> _Tables:
+    # A month's own partitions, named directly: a prepared statement over the parent runs on a
+    # generic plan that locks every month's partition on each execution, a cost that grows with
+    # each month kept (twice the server's CPU per report with a year of months).
+    return _Tables(*(partitions.name(table, period) for table in partitions.PARTITIONED))
+
+
+@functools.lru_cache(maxsize=64)
+def _read_and_claim(t: _Tables) -> TextualSelect:
+    # Each table is read once: ``facts`` reads the item (locking it) before the server's clock,
+    # so the claim's lease starts when the lock is granted. Data-modifying CTEs run whether or not
+    # the query reads them.
+    condition = mailable(
+        item_state="item_state",
+        run_state="run_state",
+        email="email",
+        active="active",
+        suppressed="suppressed",
+        active_in_period="EXISTS (SELECT 1 FROM activity WHERE in_period)",
+    )
+    return with_columns(
+        f"""
 WITH item AS (
-    SELECT state FROM report_items WHERE period = :period AND user_id = :user_id FOR UPDATE
-), sendable AS (
-    SELECT clock_timestamp() - statement_timestamp() AS lock_wait, {POSTGRESQL_NOW} AS claimed_at
-    {sendable()}
-), attempted AS (
-    UPDATE report_items SET attempts = attempts + 1, updated_at = :now, enqueued_at = coalesce(enqueued_at, :now)
-    WHERE period = :period AND user_id = :user_id AND EXISTS (SELECT 1 FROM sendable)
-), claimed AS (
-    INSERT INTO deliveries (period, user_id, state, message_id, claim_token, lease_expires_at, times_taken, claimed_at)
-    SELECT :period, :user_id, 'claimed', :message_id, :token, claimed_at + :lease, 1, claimed_at
-    FROM sendable
-    ON CONFLICT (period, user_id) DO UPDATE SET state = 'claimed', claim_token = excluded.claim_token,
-        lease_expires_at = excluded.lease_expires_at, times_taken = deliveries.times_taken + 1,
-        claimed_at = excluded.claimed_at
-    WHERE deliveries.state = 'claimed' AND deliveries.lease_expires_at <= excluded.claimed_at
-    RETURNING 1
-)
-SELECT (SELECT state FROM item), r.state, r.planned, r.cursor, u.email, u.name, u.active,
-       a.in_period, a.category, a.n, a.total, s.reason,
-       extract(epoch FROM (SELECT lock_wait FROM sendable)), (SELECT count(*) FROM claimed), u.locale
-FROM (SELECT 1) AS one
-LEFT JOIN period_runs r ON r.period = :period
-LEFT JOIN users u ON u.id = :user_id
-LEFT JOIN suppressions s ON s.user_id = :user_id
-LEFT JOIN LATERAL (
+    SELECT state FROM {t.report_items} WHERE period = :period AND user_id = :user_id FOR UPDATE
+), activity AS (
     SELECT occurred_at >= :start AS in_period, category, count(*) AS n, sum(amount_cents) AS total
     FROM activities
     WHERE user_id = :user_id AND occurred_at >= :previous AND occurred_at < :end
     GROUP BY 1, 2
-) a ON true
-""",
-    "item_state",
-    "run_state",
-    "planned",
-    "cursor",
-    "email",
-    "name",
-    "active",
-    "in_period",
-    "category",
-    "n",
-    "total",
-    "reason",
-    "lock_wait",
-    "taken",
-    "locale",
+), facts AS (
+    SELECT item.state AS item_state, r.state AS run_state, r.planned, r.cursor, u.email, u.name, u.active,
+           u.locale, s.reason, s.user_id IS NOT NULL AS suppressed,
+           clock_timestamp() - statement_timestamp() AS lock_wait, {POSTGRESQL_NOW} AS claimed_at
+    FROM (SELECT 1) AS one
+    LEFT JOIN item ON true
+    LEFT JOIN period_runs r ON r.period = :period
+    LEFT JOIN users u ON u.id = :user_id
+    LEFT JOIN suppressions s ON s.user_id = :user_id
+), sendable AS (
+    SELECT lock_wait, claimed_at FROM facts WHERE {condition}
+), attempted AS (
+    UPDATE {t.report_items} SET attempts = attempts + 1, updated_at = :now, enqueued_at = coalesce(enqueued_at, :now)
+    WHERE period = :period AND user_id = :user_id AND EXISTS (SELECT 1 FROM sendable)
+), claimed AS (
+    INSERT INTO {t.deliveries} AS d
+        (period, user_id, state, message_id, claim_token, lease_expires_at, times_taken, claimed_at)
+    SELECT :period, :user_id, 'claimed', :message_id, :token, claimed_at + :lease, 1, claimed_at
+    FROM sendable
+    ON CONFLICT (period, user_id) DO UPDATE SET state = 'claimed', claim_token = excluded.claim_token,
+        lease_expires_at = excluded.lease_expires_at, times_taken = d.times_taken + 1,
+        claimed_at = excluded.claimed_at
+    WHERE d.state = 'claimed' AND d.lease_expires_at <= excluded.claimed_at
+    RETURNING 1
 )
+SELECT f.item_state, f.run_state, f.planned, f.cursor, f.email, f.name, f.active,
+       a.in_period, a.category, a.n, a.total, f.reason,
+       extract(epoch FROM (SELECT lock_wait FROM sendable)), (SELECT count(*) FROM claimed), f.locale
+FROM facts AS f LEFT JOIN activity AS a ON true
+""",
+        "item_state",
+        "run_state",
+        "planned",
+        "cursor",
+        "email",
+        "name",
+        "active",
+        "in_period",
+        "category",
+        "n",
+        "total",
+        "reason",
+        "lock_wait",
+        "taken",
+        "locale",
+    )
 
-# The item is locked before the claim, as reading locks it before it takes the claim: the claim's
-# condition waits on the item's update (an InitPlan, run before the claim's row is locked). Without
-# that order a copy taking the claim and this one recording it can deadlock. The report is stored
-# only by the claim's holder, after the claim's row is locked.
-_RECORD_SENT = with_columns(
-    """
+
+@functools.lru_cache(maxsize=64)
+def _record_sent(t: _Tables) -> TextualSelect:
+    # The item is locked before the claim, as reading locks it before it takes the claim: the
+    # claim's condition waits on the item's update (an InitPlan, run before the claim's row is
+    # locked). Without that order a copy taking the claim and this one recording it can deadlock.
+    # The report is stored only by the claim's holder, after the claim's row is locked.
+    return with_columns(
+        f"""
 WITH finished AS (
-    UPDATE report_items SET state = 'delivered', finished_at = :now, updated_at = :now, last_error = NULL
+    UPDATE {t.report_items} SET state = 'delivered', finished_at = :now, updated_at = :now, last_error = NULL
     WHERE period = :period AND user_id = :user_id AND state IN ('pending', 'dead')
     RETURNING 1
 ), sent AS (
-    UPDATE deliveries SET state = 'sent', sent_at = :now
+    UPDATE {t.deliveries} SET state = 'sent', sent_at = :now
     WHERE period = :period AND user_id = :user_id AND claim_token = :token
       AND (SELECT count(*) FROM finished) >= 0
     RETURNING 1
 ), stored AS (
-    INSERT INTO reports (period, user_id, template_version, subject, body_text, body_html, rendered_at)
+    INSERT INTO {t.reports} AS r (period, user_id, template_version, subject, body_text, body_html, rendered_at)
     SELECT :period, :user_id, :template_version, :subject, :body_text, :body_html, :rendered_at FROM sent
     ON CONFLICT (period, user_id) DO UPDATE SET template_version = excluded.template_version,
         subject = excluded.subject, body_text = excluded.body_text, body_html = excluded.body_html,
@@ -112,8 +158,21 @@ WITH finished AS (
 )
 SELECT count(*) FROM sent
 """,
-    "recorded",
-)
+        "recorded",
+    )
+
+
+def _execute(
+    db: Executor, period: str, statement: Callable[[_Tables], TextualSelect], parameters: dict[str, Any]
+) -> Result[*tuple[Any, ...]]:
+    """Run ``statement`` on ``period``'s partitions, or on the parent tables when the month has none
+    (never triggered, or pruned): there it finds no rows, as it would in an empty partition."""
+    try:
+        return db.execute(statement(_partitions(period)), parameters)
+    except sqlalchemy.exc.ProgrammingError as error:
+        if not isinstance(error.orig, psycopg.errors.UndefinedTable):
+            raise
+    return db.execute(statement(_PARENTS), parameters)
 
 
 class PostgresStore:
@@ -133,8 +192,10 @@ class PostgresStore:
     def read_and_claim(self, db: Executor, asked: ReadAndClaim) -> Inputs:
         period = asked.period
         claim = claims.Claim(period, asked.user_id, claims.new_token())
-        rows = db.execute(
-            _READ_AND_CLAIM,
+        rows = _execute(
+            db,
+            str(period),
+            _read_and_claim,
             {
                 **sendable_parameters(asked),
                 "previous": period.previous().start,
@@ -170,8 +231,10 @@ class PostgresStore:
         return replace(inputs, lock_wait_seconds=lock_wait)
 
     def record_sent(self, db: Executor, claim: claims.Claim, report: StoredReport, *, now: datetime) -> bool:
-        recorded = db.execute(
-            _RECORD_SENT,
+        recorded = _execute(
+            db,
+            str(claim.period),
+            _record_sent,
             {
                 "period": str(claim.period),
                 "user_id": claim.user_id,
