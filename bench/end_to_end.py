@@ -4,10 +4,13 @@ Usage: .venv/bin/python bench/end_to_end.py [--users 40000] [--repeats 1] [--pro
                                             [--inactive-percent 0] [--timeout 3600]
                                             [--broker redis|rabbitmq|sqs|both] [--rabbitmq-url URL]
                                             [--code CHECKOUT]... [--no-plain] [--in-process-users 2000]
+                                            [--months-kept 0]
 
 On a PostgreSQL database of its own (TEST_POSTGRES_URL's server), a private redis-server and a local
 SMTP sink in a process of its own (bench/smtp_sink.py), with --users users and their activities
-seeded by `reports.ops.seed.seed` (what `reports seed --users N` runs) for last month:
+seeded by `reports.ops.seed.seed` (what `reports seed --users N` runs) for last month, and
+--months-kept earlier months' partitions, as a database that keeps a year has them (empty: what a
+statement over the partitioned tables pays for is their number, not their rows):
 
 1. queue: worker pools started as the Procfile does, `dramatiq actors --queues bulk --processes 2
    --threads 8` and the coordinator's `--queues default --processes 1 --threads 2`, booted before
@@ -89,11 +92,13 @@ from support import (
     watch_period,
 )
 
+from reports import partitions
 from reports.clock import utcnow
 from reports.database import create_db_engine, session_factory
 from reports.delivery import pipeline
 from reports.fanout import coordinator, progress, runs
 from reports.jobs import BUILD_REPORT, BULK_QUEUE, DEFAULT_QUEUE, ActorSpec, ReportJob
+from reports.periods import previous_month
 from reports.queue import InMemoryQueue
 from reports.settings import Settings
 from reports.worker.broker import build_broker
@@ -197,6 +202,15 @@ def empty_run_tables(url: str) -> None:
         )
         connection.execute(f"TRUNCATE {tables} RESTART IDENTITY")
         connection.execute(f"VACUUM ANALYZE {tables}")
+
+
+def keep_months(sessions: sessionmaker[Session], months: int) -> None:
+    """Make the partitions of the ``months`` months before last month."""
+    month = previous_month(utcnow())
+    with sessions.begin() as session:
+        for _ in range(months):
+            month = month.previous()
+            partitions.ensure(session, month)
 
 
 def finish(
@@ -591,6 +605,12 @@ def main() -> int:
         help="users of bench/per_report.py, run once per repeat for each --code checkout, to which the bulk "
         "workers' CPU per report is compared; 0 leaves it out",
     )
+    parser.add_argument(
+        "--months-kept",
+        type=int,
+        default=0,
+        help="earlier months whose (empty) partitions the database holds, as one that keeps them does",
+    )
     args = parser.parse_args()
     interrupt_on_sigterm()
     brokers = BROKERS[:2] if args.broker == "both" else (args.broker,)
@@ -617,6 +637,7 @@ def main() -> int:
             )
             engine = create_db_engine(bench.settings.database_url)
             sessions = session_factory(engine)
+            keep_months(sessions, args.months_kept)
             shared = redis.Redis.from_url(bench.settings.broker_url)
             for repeat in range(args.repeats):
                 for kind in kinds if repeat % 2 == 0 else kinds[::-1]:
