@@ -58,8 +58,8 @@ _PARENTS = _Tables()
 def _partitions(period: str) -> _Tables:
     # A month's own partitions, named directly: a prepared statement over the parent runs on a
     # generic plan that locks every month's partition on each execution, a cost that grows with
-    # each month kept (twice the server's CPU per report with a year of months).
-    return _Tables(*(partitions.name(table, period) for table in partitions.PARTITIONED))
+    # each month kept.
+    return _Tables(**{table: partitions.name(table, period) for table in partitions.PARTITIONED})
 
 
 @functools.lru_cache(maxsize=64)
