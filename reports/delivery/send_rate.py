@@ -5,11 +5,17 @@ a lock. A caller that will wait books its slot in the same call; one whose wait 
 will sleep books nothing and is deferred (docs/explanation/failures.md, "The send rate is
 fleet-wide"). The rate follows the provider's pace (:mod:`reports.delivery.aimd`, and
 docs/howto/throughput.md). Times are milliseconds passed in by the caller.
+
+With no ceiling, a process that has just read "no cut" from Redis trusts that reading for
+``reading_ms`` and lets its sends go without asking, counting them to report with its next call:
+what that costs and promises, docs/explanation/failures.md.
 """
 
 from __future__ import annotations
 
 import enum
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import cast
@@ -49,10 +55,15 @@ FORGET_AFTER_MS = 600_000
 #: A wait no caller outlives, in milliseconds (a century): "reserve whatever the wait".
 FOREVER_MS = 100 * 366 * 86_400_000.0
 
+#: With no ceiling, how long a process trusts a reading of "no cut" before it asks Redis again, in
+#: milliseconds. Bounds how late another process's cut is followed, as the breaker's state cache does.
+READING_MS = 250
+
 # KEYS: the TAT key, the throttled counter hash, the adjusted rate's hash, the observed rate's hash.
 # ARGV: now ms, the ceiling's interval ms (0: none), burst, longest wait ms to reserve, counter
 # field for a wait, counter field for a deferral, shortest and longest probe spacing ms, the
-# probe spacing's fraction of the time since the cut.
+# probe spacing's fraction of the time since the cut, sends admitted without asking since this
+# process last asked (counted as sent before this one).
 # Returns {reserved (0/1), wait in ms as text, adapting (0/1)}: Lua numbers would lose their
 # fraction on the way out.
 _ACQUIRE = """
@@ -77,17 +88,18 @@ if wait > tonumber(ARGV[4]) then
   return {0, tostring(wait), adapting}
 end
 redis.call('SET', KEYS[1], string.format('%.3f', new_tat), 'PX', math.ceil(new_tat - now) + 1000)
+local earlier = tonumber(ARGV[10])
 local seen = redis.call('HMGET', KEYS[4], 'since_ms', 'sends')
 local since = tonumber(seen[1] or '0')
 if since == 0 then
-  redis.call('HSET', KEYS[4], 'since_ms', string.format('%.3f', now), 'sends', 1)
+  redis.call('HSET', KEYS[4], 'since_ms', string.format('%.3f', now), 'sends', 1 + earlier)
   redis.call('PEXPIRE', KEYS[4], 60000)
 elseif now - since >= 1000 then
-  local per_second = tonumber(seen[2]) * 1000 / (now - since)
+  local per_second = (tonumber(seen[2]) + earlier) * 1000 / (now - since)
   redis.call('HSET', KEYS[4], 'since_ms', string.format('%.3f', now), 'sends', 1, 'per_second', tostring(per_second))
   redis.call('PEXPIRE', KEYS[4], 60000)
 else
-  redis.call('HINCRBY', KEYS[4], 'sends', 1)
+  redis.call('HINCRBY', KEYS[4], 'sends', 1 + earlier)
 end
 if wait > 0 then
   redis.call('HINCRBY', KEYS[2], ARGV[5], 1)
@@ -119,15 +131,36 @@ class Slot:
     at_ms: float = field(default=0.0, compare=False)
 
 
+@dataclass(frozen=True)
+class _Reading:
+    """What a process last read of the fleet's rate: whether it follows no cut, and when it asked
+    (``clock`` seconds)."""
+
+    uncut: bool
+    asked_at: float
+
+
 class SendRate:
     """The fleet's send schedule: at most ``per_second`` sends a second, ``burst`` at once, and
     less while the provider asks for less.
 
     :param per_second: the ceiling, in sends per second (more than 0); ``None``: none but the provider's.
     :param burst: sends admitted back to back after an idle spell (at least 1).
+    :param reading_ms: with no ceiling, how long a reading of "no cut" is trusted (:data:`READING_MS`;
+        0: never, every send asks Redis).
+    :param clock: seconds from an arbitrary start, for the reading's age (``time.monotonic``).
     """
 
-    def __init__(self, client: redis.Redis, *, namespace: str, per_second: float | None, burst: int = 1) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        namespace: str,
+        per_second: float | None,
+        burst: int = 1,
+        reading_ms: int = READING_MS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if (per_second is not None and not per_second > 0) or burst < 1:
             raise ValueError(f"A send rate needs a rate above 0 and a burst of at least 1, got {per_second}, {burst}.")
         self.client = client
@@ -144,13 +177,27 @@ class SendRate:
             self._observed_key,
         ]
         self._acquire = client.register_script(_ACQUIRE)
+        # A ceiling spaces every send, which only the schedule in Redis can do: no reading is trusted.
+        self._reading_s = reading_ms / 1000 if per_second is None else 0.0
+        self._clock = clock
+        self._reading: _Reading | None = None
+        self._unasked = 0  # sends let go on the reading since this process last asked
+        self._lock = threading.Lock()
 
     def acquire(self, now_ms: float, *, max_wait_ms: float = FOREVER_MS) -> Slot:
-        """Ask for a slot at ``now_ms`` (epoch milliseconds), in one atomic call.
+        """Ask for a slot at ``now_ms`` (epoch milliseconds): at once while this process's reading
+        of "no cut" is fresh, otherwise in one atomic call.
 
         :param max_wait_ms: longest wait this caller reserves a slot for (it will wait that
             long); a longer wait is only reported, and the caller defers. Default: any wait.
         """
+        with self._lock:
+            reading = self._reading
+            if reading is not None and reading.uncut and self._clock() - reading.asked_at < self._reading_s:
+                self._unasked += 1
+                return Slot(wait_ms=0.0, reserved=True, at_ms=now_ms)
+            unasked, self._unasked = self._unasked, 0
+        asked_at = self._clock()
         reserved, wait_ms, adapting = cast(
             list[bytes],
             self._acquire(
@@ -165,15 +212,23 @@ class SendRate:
                     PROBE_MIN_MS,
                     PROBE_MAX_MS,
                     PROBE_FRACTION,
+                    unasked,
                 ],
             ),
         )
+        self._remember(_Reading(uncut=not int(adapting), asked_at=asked_at))
         return Slot(
             wait_ms=max(float(wait_ms), 0.0),
             reserved=bool(int(reserved)),
             adapting=bool(int(adapting)),
             at_ms=now_ms,
         )
+
+    def _remember(self, reading: _Reading) -> None:
+        # Threads' answers can arrive out of order; the one asked last saw the latest state.
+        with self._lock:
+            if self._reading is None or reading.asked_at >= self._reading.asked_at:
+                self._reading = reading
 
     def adapted(self) -> aimd.Adapted | None:
         """The rate the fleet follows the provider with, or ``None`` while it is at the ceiling."""
@@ -184,13 +239,13 @@ class SendRate:
         overload is made already. Returns the new rate, or ``None`` when it was left as it was."""
 
         made: list[aimd.Adapted | None] = [None]
+        unasked = self._unasked
 
         def cut(pipe: redis.client.Pipeline) -> None:
             state = _decode(cast(dict[bytes, bytes], pipe.hgetall(self._adapted_key)))
             seen = cast(dict[bytes, bytes], pipe.hgetall(self._observed_key))
-            after = aimd.after_refusal(
-                state, now_ms=now_ms, observed_per_second=_observed(seen, now_ms), ceiling=self.ceiling
-            )
+            observed = _observed(seen, now_ms, unasked=unasked)
+            after = aimd.after_refusal(state, now_ms=now_ms, observed_per_second=observed, ceiling=self.ceiling)
             if after is not None:
                 pipe.multi()
                 pipe.hset(self._adapted_key, mapping=_encode(after))
@@ -198,6 +253,9 @@ class SendRate:
             made[0] = after
 
         self.client.transaction(cut, self._adapted_key)
+        # The fleet follows a cut now (this one, or the one made already): this process's next
+        # send asks Redis. Read after the commit, so no answer read before it can replace this.
+        self._remember(_Reading(uncut=False, asked_at=self._clock()))
         return made[0]
 
     def sped(self, sent_at_ms: float) -> None:
@@ -217,14 +275,16 @@ class SendRate:
         self.client.transaction(rise, self._adapted_key)
 
 
-def _observed(seen: dict[bytes, bytes], now_ms: float) -> float | None:
+def _observed(seen: dict[bytes, bytes], now_ms: float, *, unasked: int) -> float | None:
     """Sends a second the fleet made lately: the last whole second's count, or within the first
-    second the count so far (a provider may refuse before a second has passed)."""
+    second the count so far (a provider may refuse before a second has passed), with this
+    process's ``unasked`` sends that Redis has not counted yet."""
     if b"per_second" in seen:
         return float(seen[b"per_second"])
     if b"since_ms" not in seen:
         return None
-    return int(seen[b"sends"]) * 1000 / max(now_ms - float(seen[b"since_ms"]), OBSERVED_AT_LEAST_MS)
+    sends = int(seen[b"sends"]) + unasked
+    return sends * 1000 / max(now_ms - float(seen[b"since_ms"]), OBSERVED_AT_LEAST_MS)
 
 
 #: The shortest span a rate is read over, in milliseconds: a first send alone is not a rate.
