@@ -269,6 +269,9 @@ def in_process_ms(root: Path, users: int) -> float:
     done = subprocess.run(
         [python_of(root), "bench/per_report.py", "--users", str(users)],
         cwd=root,
+        # A script's own folder comes first on its path, not the checkout: without this a checkout
+        # whose .venv installs another checkout's package (a worktree's, shared) would run that code.
+        env={**os.environ, "PYTHONPATH": str(root)},
         capture_output=True,
         text=True,
         check=False,

@@ -26,6 +26,11 @@ PARTITIONED = ("report_items", "deliveries", "reports")
 #: the second waits for the first to commit and then finds its partitions made.
 _LOCK = 0x70617274  # "part"
 
+#: Storage parameters of each table's partitions. An item's row is updated after it is written (handed
+#: out, then claimed) with no indexed column changed: half of each page left free lets those updates
+#: stay on the page (HOT), with no new entry in the item's four indexes (migration 0016).
+STORAGE = {"report_items": " WITH (fillfactor = 50)"}
+
 _NAME = re.compile(r"(report_items|deliveries|reports)_[0-9]{4}_[0-9]{2}")
 
 
@@ -63,5 +68,8 @@ def ensure(session: Session, period: Period | str) -> None:
     literal = str(Period.parse(str(period)))
     for table in PARTITIONED:
         session.execute(
-            text(f"CREATE TABLE IF NOT EXISTS {name(table, period)} PARTITION OF {table} FOR VALUES IN ('{literal}')")
+            text(
+                f"CREATE TABLE IF NOT EXISTS {name(table, period)} PARTITION OF {table} FOR VALUES IN ('{literal}')"
+                + STORAGE.get(table, "")
+            )
         )

@@ -261,3 +261,28 @@ def test_report_bodies_are_stored_compressed_with_lz4_and_the_migration_goes_dow
         engine.dispose()
     assert methods == ["lz4", "pglz", "lz4"]
     assert bodies == [body]
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_the_items_partitions_that_exist_get_room_for_updates_and_lose_it_going_down(settings, sessions):
+    options = text(
+        "SELECT relname, reloptions FROM pg_class WHERE relname LIKE 'report_items_2026_%' AND relkind = 'r' ORDER BY 1"
+    )
+    engine = create_db_engine(settings.database_url)
+    try:
+        downgrade(settings, "0015")
+        with Session(engine) as session, session.begin():
+            partitions.ensure(session, "2026-10")  # made as the code before made it
+            session.execute(text("ALTER TABLE report_items_2026_10 RESET (fillfactor)"))
+        upgrade(settings)
+        with Session(engine) as session, session.begin():
+            partitions.ensure(session, "2026-11")  # made after the upgrade
+        with engine.connect() as connection:
+            upgraded = connection.execute(options).all()
+        downgrade(settings, "0015")
+        with engine.connect() as connection:
+            downgraded = connection.execute(options).all()
+    finally:
+        engine.dispose()
+    assert upgraded == [("report_items_2026_10", ["fillfactor=50"]), ("report_items_2026_11", ["fillfactor=50"])]
+    assert downgraded == [("report_items_2026_10", None), ("report_items_2026_11", None)]

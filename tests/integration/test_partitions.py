@@ -15,6 +15,7 @@ from reports import partitions
 from reports.clock import utcnow
 from reports.errors import BadInput
 from reports.fanout import runs
+from reports.fanout.coordinator import stamp_handed_out
 from reports.models import ReportItem
 from reports.ops import send_now
 from reports.periods import Period
@@ -74,6 +75,41 @@ def test_a_second_process_making_the_same_partitions_waits_for_the_first_then_fi
             )
         )
         assert session.scalar(text("SELECT count(*) FROM report_items_2026_10")) == 1
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_an_items_updates_before_its_send_mostly_stay_on_its_page(sessions) -> None:
+    """Handed out, then claimed: neither changes an indexed column, and the partition's free room
+    keeps them on the item's page (HOT, no new index entry). On a page filled to the brim every
+    row moves when the walk stamps it."""
+
+    def pages() -> list[float]:
+        with sessions() as session:
+            return list(
+                session.scalars(text("SELECT (ctid::text::point)[0] FROM report_items_2026_10 ORDER BY user_id"))
+            )
+
+    with sessions.begin() as session:
+        partitions.ensure(session, PERIOD)
+        session.execute(
+            text(
+                "INSERT INTO report_items (period, user_id, state, attempts, created_at, updated_at)"
+                " SELECT '2026-10', n, 'pending', 0, now(), now() FROM generate_series(1, 2000) AS n"
+            )
+        )
+    written = pages()
+    with sessions.begin() as session:  # handed out, as the walk stamps a page of items at once
+        stamp_handed_out(session, PERIOD, 1, 2000, now=utcnow())
+    handed_out = pages()
+    # The stamp makes each row a little longer, so a page's last few rows may not fit beside it.
+    assert sum(1 for before, after in zip(written, handed_out, strict=True) if before != after) <= 2000 / 10
+    for user_id in range(1, 2001):  # each claimed, its attempt counted in a statement of its own
+        with sessions.begin() as session:
+            session.execute(
+                text("UPDATE report_items SET attempts = attempts + 1 WHERE period = '2026-10' AND user_id = :u"),
+                {"u": user_id},
+            )
+    assert pages() == handed_out
 
 
 @pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
