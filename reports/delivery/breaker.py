@@ -21,6 +21,8 @@ from typing import cast
 
 import redis
 
+from reports.delivery.reading import LastReading
+
 logger = logging.getLogger(__name__)
 
 
@@ -118,15 +120,6 @@ class Permit:
 _GO = Permit(allowed=True, wait_ms=0, probe=False)
 
 
-@dataclass(frozen=True)
-class _Reading:
-    """The state as a script last answered it, and when that call was sent (monotonic seconds)."""
-
-    state: State
-    until_ms: int
-    asked_at: float
-
-
 class CircuitBreaker:
     """The breaker ``name`` in Redis, as one process sees it.
 
@@ -165,8 +158,8 @@ class CircuitBreaker:
         self._allow = client.register_script(_ALLOW)
         self._failure = client.register_script(_FAILURE)
         self._success = client.register_script(_SUCCESS)
-        self._reading: _Reading | None = None
-        self._reading_lock = threading.Lock()
+        # The state as a script last answered it, and its ``until_ms``.
+        self._reading: LastReading[tuple[State, int]] = LastReading(state_cache_ms, clock)
         self._asking = threading.Lock()
 
     def state(self) -> State:
@@ -191,7 +184,7 @@ class CircuitBreaker:
             keys=[self._state_key], args=[now_ms, self.probe_timeout_ms]
         )
         after = State(state.decode())
-        self._remember(after, int(until_ms), asked_at)
+        self._reading.remember((after, int(until_ms)), asked_at)
         if changed:
             self._log(State.OPEN, State.HALF_OPEN)
         return Permit(allowed=bool(allowed), wait_ms=int(wait_ms), probe=bool(allowed) and after is State.HALF_OPEN)
@@ -204,7 +197,7 @@ class CircuitBreaker:
             args=[now_ms, self.window_ms, self.failure_threshold, self.cooldown_ms, token],
         )
         after = State(state.decode())
-        self._remember(after, int(until_ms), asked_at)
+        self._reading.remember((after, int(until_ms)), asked_at)
         if changed:
             self._log(State(before.decode()), after)
         return after
@@ -212,27 +205,22 @@ class CircuitBreaker:
     def record_success(self) -> None:
         asked_at = self._clock()
         before = State(self._success(keys=[self._state_key, self._failures_key]).decode())
-        self._remember(State.CLOSED, 0, asked_at)
+        self._reading.remember((State.CLOSED, 0), asked_at)
         if before is not State.CLOSED:
             self._log(before, State.CLOSED)
 
     def _cached_permit(self, now_ms: int) -> Permit | None:
         """The answer the last reading gives without Redis: go while closed, wait while open."""
-        reading = self._reading
-        if reading is None or self._clock() - reading.asked_at >= self.state_cache_ms / 1000:
+        reading = self._reading.fresh()
+        if reading is None:
             return None
-        if reading.state is State.CLOSED:
+        state, until_ms = reading
+        if state is State.CLOSED:
             return _GO
-        if reading.state is State.OPEN and now_ms < reading.until_ms:
-            return Permit(allowed=False, wait_ms=reading.until_ms - now_ms, probe=False)
+        if state is State.OPEN and now_ms < until_ms:
+            return Permit(allowed=False, wait_ms=until_ms - now_ms, probe=False)
         # Half-open, or a cool-down that has passed: only the script may hand out the probe.
         return None
-
-    def _remember(self, state: State, until_ms: int, asked_at: float) -> None:
-        # Threads' answers can arrive out of order; the one sent last saw the latest state.
-        with self._reading_lock:
-            if self._reading is None or asked_at >= self._reading.asked_at:
-                self._reading = _Reading(state, until_ms, asked_at)
 
     def _log(self, before: State, after: State) -> None:
         logger.warning(

@@ -25,6 +25,7 @@ from redis.typing import EncodableT, FieldT
 
 from reports import counters
 from reports.delivery import aimd
+from reports.delivery.reading import LastReading
 from reports.outcome import Outcome
 
 #: Name of the fleet-wide counter of throttled sends, by outcome (``waited``, ``deferred``).
@@ -131,15 +132,6 @@ class Slot:
     at_ms: float = field(default=0.0, compare=False)
 
 
-@dataclass(frozen=True)
-class _Reading:
-    """What a process last read of the fleet's rate: whether it follows no cut, and when it asked
-    (``clock`` seconds)."""
-
-    uncut: bool
-    asked_at: float
-
-
 class SendRate:
     """The fleet's send schedule: at most ``per_second`` sends a second, ``burst`` at once, and
     less while the provider asks for less.
@@ -177,12 +169,11 @@ class SendRate:
             self._observed_key,
         ]
         self._acquire = client.register_script(_ACQUIRE)
-        # A ceiling spaces every send, which only the schedule in Redis can do: no reading is trusted.
-        self._reading_s = reading_ms / 1000 if per_second is None else 0.0
-        self._clock = clock
-        self._reading: _Reading | None = None
+        # Whether the fleet follows no cut. A ceiling spaces every send, which only the schedule in
+        # Redis can do: then no reading is trusted.
+        self._uncut: LastReading[bool] = LastReading(reading_ms if per_second is None else 0, clock)
         self._unasked = 0  # sends let go on the reading since this process last asked
-        self._lock = threading.Lock()
+        self._unasked_lock = threading.Lock()
 
     def acquire(self, now_ms: float, *, max_wait_ms: float = FOREVER_MS) -> Slot:
         """Ask for a slot at ``now_ms`` (epoch milliseconds): at once while this process's reading
@@ -191,13 +182,12 @@ class SendRate:
         :param max_wait_ms: longest wait this caller reserves a slot for (it will wait that
             long); a longer wait is only reported, and the caller defers. Default: any wait.
         """
-        with self._lock:
-            reading = self._reading
-            if reading is not None and reading.uncut and self._clock() - reading.asked_at < self._reading_s:
+        with self._unasked_lock:
+            if self._uncut.fresh():
                 self._unasked += 1
                 return Slot(wait_ms=0.0, reserved=True, at_ms=now_ms)
             unasked, self._unasked = self._unasked, 0
-        asked_at = self._clock()
+        asked_at = self._uncut.clock()
         reserved, wait_ms, adapting = cast(
             list[bytes],
             self._acquire(
@@ -216,19 +206,13 @@ class SendRate:
                 ],
             ),
         )
-        self._remember(_Reading(uncut=not int(adapting), asked_at=asked_at))
+        self._uncut.remember(not int(adapting), asked_at)
         return Slot(
             wait_ms=max(float(wait_ms), 0.0),
             reserved=bool(int(reserved)),
             adapting=bool(int(adapting)),
             at_ms=now_ms,
         )
-
-    def _remember(self, reading: _Reading) -> None:
-        # Threads' answers can arrive out of order; the one asked last saw the latest state.
-        with self._lock:
-            if self._reading is None or reading.asked_at >= self._reading.asked_at:
-                self._reading = reading
 
     def adapted(self) -> aimd.Adapted | None:
         """The rate the fleet follows the provider with, or ``None`` while it is at the ceiling."""
@@ -255,7 +239,7 @@ class SendRate:
         self.client.transaction(cut, self._adapted_key)
         # The fleet follows a cut now (this one, or the one made already): this process's next
         # send asks Redis. Read after the commit, so no answer read before it can replace this.
-        self._remember(_Reading(uncut=False, asked_at=self._clock()))
+        self._uncut.remember(False, self._uncut.clock())
         return made[0]
 
     def sped(self, sent_at_ms: float) -> None:

@@ -18,6 +18,7 @@ import redis
 
 from reports.delivery.breaker import STATE_CACHE_MS, CircuitBreaker, Permit, State, mail_breaker_name
 from tests.support.broker import redis_commands
+from tests.support.clocks import FakeClock
 
 THRESHOLD = 5
 WINDOW_MS = 10_000
@@ -315,19 +316,6 @@ def test_twenty_threads_sharing_one_client_also_get_exactly_one_probe(new_breake
 # --- The state cache: a Redis call per cache period, not per send ------------------------------
 
 
-class FakeClock:
-    """Monotonic seconds that move only when told."""
-
-    def __init__(self) -> None:
-        self.now = 1_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance_ms(self, ms: float) -> None:
-        self.now += ms / 1000
-
-
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
@@ -463,7 +451,7 @@ def test_an_answer_read_earlier_never_replaces_one_read_later(new_breaker: NewBr
     open_breaker(breaker, T0)
 
     # Reordered replies cannot be staged through Redis; this is the step the earlier reply takes.
-    breaker._remember(State.CLOSED, 0, earlier_call_sent_at)
+    breaker._reading.remember((State.CLOSED, 0), earlier_call_sent_at)
 
     assert breaker.allow(T0 + 1) == denied(COOLDOWN_MS - 1)
 

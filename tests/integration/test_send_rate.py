@@ -21,6 +21,7 @@ from reports.delivery.breaker import mail_breaker_name
 from reports.delivery.send_rate import SendRate, Slot, pace
 from reports.ops.metrics import ReportsCollector
 from reports.outcome import Outcome
+from tests.support.clocks import FakeClock
 
 T0 = 1_800_000_000_000.0  # an arbitrary "now", in epoch milliseconds
 
@@ -132,19 +133,6 @@ def test_the_exporter_counts_throttled_sends_from_zero(
 # --- With no ceiling: a process trusts its reading of "no cut" for READING_MS ------------------
 
 
-class WalkedClock:
-    """A monotonic clock in seconds that the test walks, shared by the "processes" of one test."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def walk_ms(self, ms: float) -> None:
-        self.now += ms / 1000
-
-
 def observed_sends(redis_url: str, namespace: str) -> int:
     raw = redis.Redis.from_url(redis_url).hget(f"{namespace}:send_rate:observed", "sends")
     return int(raw or 0)
@@ -153,29 +141,29 @@ def observed_sends(redis_url: str, namespace: str) -> int:
 def test_with_no_ceiling_sends_on_a_fresh_reading_go_without_redis_and_are_counted_with_the_next_ask(
     new_limiter: NewLimiter, redis_url: str, broker_namespace: str
 ) -> None:
-    clock = WalkedClock()
+    clock = FakeClock()
     limiter = new_limiter(per_second=None, clock=clock)
     assert limiter.acquire(T0) == Slot(wait_ms=0, reserved=True)
     for i in range(1, 40):
-        clock.walk_ms(5)
+        clock.advance_ms(5)
         assert limiter.acquire(T0 + 5 * i) == Slot(wait_ms=0, reserved=True, adapting=False)
     # 195 ms on: only the first send has asked Redis, so only it is counted there.
     assert observed_sends(redis_url, broker_namespace) == 1
-    clock.walk_ms(send_rate.READING_MS)
+    clock.advance_ms(send_rate.READING_MS)
     limiter.acquire(T0 + 450)
     # The reading went stale: this send asked, and brought the 39 sent without asking.
     assert observed_sends(redis_url, broker_namespace) == 41
 
 
 def test_a_cut_in_another_process_is_followed_once_the_reading_goes_stale(new_limiter: NewLimiter) -> None:
-    clock = WalkedClock()
+    clock = FakeClock()
     fleet_a, fleet_b = new_limiter(per_second=None, clock=clock), new_limiter(per_second=None, clock=clock)
     assert not fleet_a.acquire(T0).adapting
     assert fleet_b.slow_down(T0 + 10) is not None
     # Within its reading's life, the other process still sends as it read: the bounded price.
-    clock.walk_ms(send_rate.READING_MS - 1)
+    clock.advance_ms(send_rate.READING_MS - 1)
     assert fleet_a.acquire(T0 + 20) == Slot(wait_ms=0, reserved=True, adapting=False)
-    clock.walk_ms(1)
+    clock.advance_ms(1)
     followed = fleet_a.acquire(T0 + 30)
     assert followed.adapting and followed.reserved
     # Now on the cut schedule: the next probe is spaced, not let go at once.
@@ -183,7 +171,7 @@ def test_a_cut_in_another_process_is_followed_once_the_reading_goes_stale(new_li
 
 
 def test_the_process_that_cuts_follows_its_own_cut_at_once(new_limiter: NewLimiter) -> None:
-    clock = WalkedClock()
+    clock = FakeClock()
     limiter = new_limiter(per_second=None, clock=clock)
     assert not limiter.acquire(T0).adapting
     limiter.slow_down(T0 + 10)
@@ -191,7 +179,7 @@ def test_the_process_that_cuts_follows_its_own_cut_at_once(new_limiter: NewLimit
 
 
 def test_the_first_cut_counts_the_sends_this_process_made_without_asking(new_limiter: NewLimiter) -> None:
-    clock = WalkedClock()
+    clock = FakeClock()
     limiter = new_limiter(per_second=None, clock=clock)
     for i in range(40):
         limiter.acquire(T0 + 5 * i)  # 40 sends in 200 ms, one of which asked Redis
@@ -202,7 +190,7 @@ def test_the_first_cut_counts_the_sends_this_process_made_without_asking(new_lim
 
 
 def test_with_a_ceiling_every_send_asks_the_schedule(new_limiter: NewLimiter) -> None:
-    clock = WalkedClock()
+    clock = FakeClock()
     limiter = new_limiter(per_second=10, clock=clock)
     # No time passes on the process's clock, yet each send is spaced by the schedule in Redis.
     assert [limiter.acquire(T0).wait_ms for _ in range(3)] == pytest.approx([0, 100, 200])
