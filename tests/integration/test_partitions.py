@@ -78,10 +78,13 @@ def test_a_second_process_making_the_same_partitions_waits_for_the_first_then_fi
 
 
 @pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
-def test_an_items_updates_before_its_send_mostly_stay_on_its_page(sessions) -> None:
-    """Handed out, then claimed: neither changes an indexed column, and the partition's free room
-    keeps them on the item's page (HOT, no new index entry). On a page filled to the brim every
-    row moves when the walk stamps it."""
+def test_handing_out_a_page_of_items_mostly_keeps_each_on_its_page(sessions) -> None:
+    """The walk's stamp changes no indexed column, and the partition's free room keeps the new row
+    on the item's page (HOT, no new index entry). On a page filled to the brim every row moves.
+
+    The claim's update later needs the stamp's old copies pruned first, which waits for every older
+    transaction on the server, other databases' too: not something a test on a shared server can
+    count on, so only the stamp is checked here."""
 
     def pages() -> list[float]:
         with sessions() as session:
@@ -100,16 +103,8 @@ def test_an_items_updates_before_its_send_mostly_stay_on_its_page(sessions) -> N
     written = pages()
     with sessions.begin() as session:  # handed out, as the walk stamps a page of items at once
         stamp_handed_out(session, PERIOD, 1, 2000, now=utcnow())
-    handed_out = pages()
     # The stamp makes each row a little longer, so a page's last few rows may not fit beside it.
-    assert sum(1 for before, after in zip(written, handed_out, strict=True) if before != after) <= 2000 / 10
-    for user_id in range(1, 2001):  # each claimed, its attempt counted in a statement of its own
-        with sessions.begin() as session:
-            session.execute(
-                text("UPDATE report_items SET attempts = attempts + 1 WHERE period = '2026-10' AND user_id = :u"),
-                {"u": user_id},
-            )
-    assert pages() == handed_out
+    assert sum(1 for before, after in zip(written, pages(), strict=True) if before != after) <= 2000 / 10
 
 
 @pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
