@@ -2,7 +2,8 @@
 
 A scripted aiosmtpd server answers chosen commands with chosen replies (including the ones a
 handler hook cannot give, such as a reply to the DATA command itself), and counts connections,
-so each test can tell a reconnect from a kept connection.
+so each test can tell a reconnect from a kept connection. Every test runs against a provider
+that offers PIPELINING and one that does not.
 """
 
 from __future__ import annotations
@@ -118,9 +119,11 @@ class Provider:
             return [recipient for recipients, _ in self.handler.messages for recipient in recipients]
 
 
-@pytest.fixture
-def provider() -> Iterator[Provider]:
+@pytest.fixture(params=[True, False], ids=["pipelining", "one-command-at-a-time"])
+def provider(request: pytest.FixtureRequest) -> Iterator[Provider]:
+    """A provider that offers PIPELINING (the envelope's three commands come in one write) or not."""
     handler, script = RecordingHandler(), Script()
+    handler.pipelining = request.param
     port = free_port()
     controller = ScriptedController(handler, script, port)
     controller.start()
@@ -260,6 +263,89 @@ def test_a_550_to_mail_from_is_the_providers_trouble_not_a_rejection_of_the_mess
 
     assert not isinstance(failure.value, MailRejected)
     assert provider.delivered_to() == []
+
+
+# --- Pipelining: the envelope in one round trip ----------------------------------------------
+
+
+class WholeEnvelopeProvider(LoopbackServer):
+    """A raw-socket SMTP server that offers PIPELINING and answers MAIL FROM and RCPT TO only
+    together with DATA: a client that waits for each reply before the next command gets none.
+    It refuses the recipients in ``refused`` and, against RFC 2920, still accepts their DATA."""
+
+    def __init__(self, refused: frozenset[str] = frozenset()) -> None:
+        self.refused = refused
+        self.received: list[bytes] = []
+        super().__init__(self._session)
+
+    def _session(self, connection: socket.socket) -> None:
+        try:
+            with connection, connection.makefile("rb") as lines:
+                connection.sendall(b"220 whole.test ESMTP\r\n")
+                held: list[bytes] = []
+                for raw in lines:
+                    verb = raw[:4].upper()
+                    if verb == b"EHLO":
+                        connection.sendall(b"250-whole.test\r\n250 PIPELINING\r\n")
+                    elif verb == b"MAIL":
+                        held.append(b"250 OK\r\n")
+                    elif verb == b"RCPT":
+                        address = raw.decode().partition("<")[2].partition(">")[0]
+                        held.append(b"550 5.1.1 No such user\r\n" if address in self.refused else b"250 OK\r\n")
+                    elif verb == b"DATA":
+                        connection.sendall(b"".join([*held, b"354 Go ahead\r\n"]))
+                        held.clear()
+                        content = b"".join(iter(lines.readline, b".\r\n"))
+                        self.received.append(content)
+                        connection.sendall(b"250 2.0.0 Accepted\r\n")
+                    elif verb == b"QUIT":
+                        connection.sendall(b"221 Bye\r\n")
+                        return
+                    else:
+                        connection.sendall(b"250 OK\r\n")
+        except OSError:
+            pass  # the client gave up
+
+
+@pytest.fixture
+def whole_envelope(request: pytest.FixtureRequest) -> Iterator[WholeEnvelopeProvider]:
+    provider = WholeEnvelopeProvider(**getattr(request, "param", {}))
+    try:
+        yield provider
+    finally:
+        provider.stop()
+
+
+def test_to_a_provider_that_offers_pipelining_the_envelope_goes_in_one_round_trip(
+    whole_envelope: WholeEnvelopeProvider,
+) -> None:
+    mailer = SmtpMailer(f"smtp://127.0.0.1:{whole_envelope.port}", timeout_seconds=2, sender=SENDER)
+
+    send(mailer, "first@example.test")
+    send(mailer, "second@example.test")
+
+    assert [content.count(b"To: ") for content in whole_envelope.received] == [1, 1]
+    assert b"To: first@example.test" in whole_envelope.received[0]
+    assert b"To: second@example.test" in whole_envelope.received[1]
+    assert whole_envelope.connections == 1
+
+
+@pytest.mark.parametrize("whole_envelope", [{"refused": frozenset({"gone@example.test"})}], indirect=True)
+def test_a_provider_that_accepts_data_after_refusing_the_recipient_is_left_at_once_for_a_new_connection(
+    whole_envelope: WholeEnvelopeProvider,
+) -> None:
+    mailer = SmtpMailer(f"smtp://127.0.0.1:{whole_envelope.port}", timeout_seconds=5, sender=SENDER)
+    started = time.monotonic()
+
+    with pytest.raises(MailRejected) as rejected:
+        send(mailer, "gone@example.test")
+
+    elapsed = time.monotonic() - started
+    assert rejected.value.recipient
+    assert elapsed < 2.5, f"the refusal took {elapsed:.1f}s: the client waited in the provider's data mode"
+    send(mailer, "next@example.test")
+    assert [b"To: next@example.test" in content for content in whole_envelope.received] == [True]
+    assert whole_envelope.connections == 2
 
 
 # --- Personal data in the provider's replies ---------------------------------------------------

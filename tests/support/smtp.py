@@ -77,6 +77,14 @@ class RecordingHandler:
         self.rate_refusals = 0
         #: The names clients gave in EHLO or HELO.
         self.helo_names: set[str] = set()
+        #: Whether EHLO offers PIPELINING, as Postfix and the big providers do.
+        self.pipelining = True
+
+    async def handle_EHLO(self, server, session, envelope, hostname, responses):  # type: ignore[no-untyped-def]
+        session.host_name = hostname
+        if not self.pipelining:
+            return responses
+        return [*responses[:-1], "250-PIPELINING", responses[-1]]
 
     async def handle_MAIL(self, server, session, envelope, address, mail_options):  # type: ignore[no-untyped-def]
         client = session.peer[0]

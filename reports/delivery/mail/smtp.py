@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import math
 import re
@@ -9,7 +10,7 @@ import smtplib
 import ssl
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from reports.delivery.mail import replies
@@ -123,9 +124,27 @@ class _DeadlineSMTP(smtplib.SMTP):
         if self.sock is not None:
             self.sock.settimeout(left)
 
+    #: Commands held back by :meth:`pipelined`, to go out in one write.
+    _held: list[bytes] | None = None
+
     def send(self, s: Any) -> None:
+        if self._held is not None:
+            self._held.append(s.encode(self.command_encoding) if isinstance(s, str) else s)
+            return
         self.arm()
         super().send(s)
+
+    @contextlib.contextmanager
+    def pipelined(self) -> Iterator[None]:
+        """Commands given inside go out together in one write when it ends (RFC 2920): their
+        replies are then read in order, one round trip for all of them instead of one each."""
+        self._held = []
+        try:
+            yield
+            held = b"".join(self._held)
+        finally:
+            self._held = None
+        self.send(held)
 
     def getreply(self) -> tuple[int, bytes]:
         if self.sock is not None and (self.file is None or getattr(self.file, "sock", None) is not self.sock):
@@ -136,26 +155,27 @@ class _DeadlineSMTP(smtplib.SMTP):
         """smtplib's MAIL FROM, with :func:`envelope_address` (no options are sent here)."""
         if options:
             return super().mail(sender, options)
-        self.putcmd("mail", f"from:{envelope_address(sender)}")
+        self.put_mail(sender)
         return self.getreply()
 
     def rcpt(self, recip: str, options: Sequence[str] = ()) -> tuple[int, bytes]:
         """smtplib's RCPT TO, with :func:`envelope_address`."""
         if options:
             return super().rcpt(recip, options)
-        self.putcmd("rcpt", f"to:{envelope_address(recip)}")
+        self.put_rcpt(recip)
         return self.getreply()
 
-    def data(self, msg: bytes | str) -> tuple[int, bytes]:  # type: ignore[override]  # smtplib takes any buffer
-        """smtplib's DATA, its dot-stuffing done by one ``bytes.replace``: the same lines doubled
-        (every "." that starts the message or follows a "\\n"), but smtplib's multiline regular
-        expression over the whole message cost half as much as encoding the report's HTML."""
-        if not isinstance(msg, bytes):
-            return super().data(msg)
-        self.putcmd("data")
-        code, reply = self.getreply()
-        if code != 354:
-            raise smtplib.SMTPDataError(code, reply)
+    def put_mail(self, sender: str) -> None:
+        self.putcmd("mail", f"from:{envelope_address(sender)}")
+
+    def put_rcpt(self, recipient: str) -> None:
+        self.putcmd("rcpt", f"to:{envelope_address(recipient)}")
+
+    def content(self, msg: bytes) -> tuple[int, bytes]:
+        """The message after DATA's ``354``, and the reply to it. smtplib's ``data`` dot-stuffs
+        with a multiline regular expression over the whole message, which cost half as much as
+        encoding the report's HTML; one ``bytes.replace`` doubles the same dots (every "." that
+        starts the message or follows a "\\n")."""
         stuffed = (b"." if msg.startswith(b".") else b"") + msg.replace(b"\n.", b"\n..")
         self.send(stuffed + (b".\r\n" if stuffed.endswith(b"\r\n") else b"\r\n.\r\n"))
         return self.getreply()
@@ -171,7 +191,8 @@ class SmtpMailer:
     Reuse saves a TCP and TLS handshake per email, and keeps QUIT out of the window between the
     provider's ``250`` and the database recording the send: the narrower that window, the
     rarer the duplicate a crash inside it can cause. One send, connection included, never takes
-    longer than ``timeout_seconds``, so it cannot outlive the claim's lease.
+    longer than ``timeout_seconds``, so it cannot outlive the claim's lease. To a provider that
+    offers PIPELINING, a message's envelope goes in one write: two round trips a message, not four.
     """
 
     def __init__(self, url: str, *, timeout_seconds: float, sender: str, helo_name: str | None = None) -> None:
@@ -254,8 +275,9 @@ class SmtpMailer:
                     raise ProviderUnavailable(f"SMTP provider unreachable: {type(e).__name__}") from None
 
     def _after_refusal(self, client: _DeadlineSMTP, refused: _Refused) -> None:
-        if refused.code == SERVICE_NOT_AVAILABLE or refused.breaks_session:
-            # RFC 5321: a 421 closes the channel. Close it ourselves whatever the server does.
+        if refused.code == SERVICE_NOT_AVAILABLE or refused.breaks_session or client.sock is None:
+            # RFC 5321: a 421 closes the channel. Close it ourselves whatever the server does,
+            # as a session left in an unknown state was closed already.
             self._drop()
             return
         try:
@@ -268,19 +290,65 @@ class SmtpMailer:
 def _transaction(client: _DeadlineSMTP, sender: str, recipient: str, data: bytes, stage: list[_Stage]) -> None:
     """One mail transaction, each reply checked at its stage; ``stage`` records how far it got."""
     client.ehlo_or_helo_if_needed()
-    stage.append(_Stage.MAIL)
-    code, reply = client.mail(sender)
-    if code != 250:
-        raise _Refused(_Stage.MAIL, code, reply)
-    stage.append(_Stage.RCPT)
-    code, reply = client.rcpt(recipient)
-    if code not in (250, 251):
-        raise _Refused(_Stage.RCPT, code, reply)
-    stage.append(_Stage.DATA)
-    try:
-        stage.append(_Stage.CONTENT)
-        code, reply = client.data(data)
-    except smtplib.SMTPDataError as e:  # the reply to DATA itself was not 354: nothing was sent
-        raise _Refused(_Stage.DATA, e.smtp_code, e.smtp_error) from None
+    if client.has_extn("pipelining"):
+        _pipelined_envelope(client, sender, recipient, stage)
+    else:
+        _envelope(client, sender, recipient, stage)
+    stage.append(_Stage.CONTENT)
+    code, reply = client.content(data)
     if code != 250:
         raise _Refused(_Stage.CONTENT, code, reply)
+
+
+#: The replies each envelope command must get for the transaction to go on, in the commands' order.
+_ACCEPTED = {_Stage.MAIL: (250,), _Stage.RCPT: (250, 251), _Stage.DATA: (354,)}
+
+
+def _check(command: _Stage, code: int, reply: bytes) -> None:
+    if code not in _ACCEPTED[command]:
+        raise _Refused(command, code, reply)
+
+
+def _envelope(client: _DeadlineSMTP, sender: str, recipient: str, stage: list[_Stage]) -> None:
+    """MAIL FROM, RCPT TO and DATA, each sent once the one before it was accepted."""
+    stage.append(_Stage.MAIL)
+    _check(_Stage.MAIL, *client.mail(sender))
+    stage.append(_Stage.RCPT)
+    _check(_Stage.RCPT, *client.rcpt(recipient))
+    stage.append(_Stage.DATA)
+    _check(_Stage.DATA, *client.docmd("data"))
+
+
+def _pipelined_envelope(client: _DeadlineSMTP, sender: str, recipient: str, stage: list[_Stage]) -> None:
+    """MAIL FROM, RCPT TO and DATA in one write, to a provider that offers PIPELINING.
+
+    The first refused reply is the transaction's fate, as it would be one command at a time. The
+    replies after it (a ``503`` or ``554``: no valid sender or recipient) are read before the
+    transaction is reset on the same connection; a session the refusal broke is dropped unread.
+    """
+    with client.pipelined():
+        client.put_mail(sender)
+        client.put_rcpt(recipient)
+        client.putcmd("data")
+    commands = list(_ACCEPTED)
+    for index, command in enumerate(commands):
+        stage.append(command)
+        try:
+            _check(command, *client.getreply())
+        except _Refused as refused:
+            if not (refused.breaks_session or refused.code == SERVICE_NOT_AVAILABLE):
+                _read_unanswered(client, len(commands) - index - 1)
+            raise
+
+
+def _read_unanswered(client: _DeadlineSMTP, replies_left: int) -> None:
+    """Read the replies to the commands after a refused one, so the next command's reply is its
+    own. A provider that accepts DATA all the same (RFC 2920 says it must not) or does not
+    answer leaves the session unknown: it is closed, and the next message opens another."""
+    try:
+        for _ in range(replies_left):
+            if client.getreply()[0] == 354:
+                client.close()
+                return
+    except (smtplib.SMTPException, OSError):
+        client.close()
