@@ -2,11 +2,13 @@
 
 Usage (the benchmarks start it through ``SmtpSink``)::
 
-    .venv/bin/python bench/smtp_sink.py --port PORT
+    .venv/bin/python bench/smtp_sink.py --port PORT [--reply-delay-ms 0] [--no-pipelining]
 
 A minimal SMTP server on 127.0.0.1 (asyncio, see :class:`SinkProtocol`) that accepts every message and counts them per ``Message-ID`` and
 per ``X-Report-User-Id``, and counts the connections it accepted (to show whether senders reuse
-them). It prints ``ready PORT`` once it listens, then answers one line per command on stdin:
+them). With --reply-delay-ms each write of replies goes out that much later, as from a provider
+that far away; --no-pipelining leaves PIPELINING out of its EHLO reply. It prints ``ready PORT``
+once it listens, then answers one line per command on stdin:
 ``stats`` (one JSON object), ``users`` (JSON: user id -> emails), ``reset`` (``ok``). It stops at
 the end of its stdin.
 """
@@ -21,6 +23,7 @@ import subprocess
 import sys
 import threading
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Self, cast
 
@@ -28,7 +31,8 @@ from typing import Self, cast
 _MESSAGE_ID = re.compile(rb"^Message-ID:[ \t]*(.*?)\r?$", re.IGNORECASE | re.MULTILINE)
 _USER_ID = re.compile(rb"^X-Report-User-Id:[ \t]*(.*?)\r?$", re.IGNORECASE | re.MULTILINE)
 
-_EHLO = b"250-sink.bench.test\r\n250-8BITMIME\r\n250 SIZE 10485760\r\n"
+_EHLO = b"250-sink.bench.test\r\n250-PIPELINING\r\n250-8BITMIME\r\n250 SIZE 10485760\r\n"
+_EHLO_WITHOUT_PIPELINING = _EHLO.replace(b"250-PIPELINING\r\n", b"")
 
 
 class Recorder:
@@ -65,15 +69,18 @@ class Recorder:
 
 
 class SinkProtocol(asyncio.Protocol):
-    """Just enough SMTP for smtplib (EHLO, MAIL, RCPT, DATA, RSET, NOOP, QUIT), every message accepted.
+    """Just enough SMTP for smtplib (EHLO, MAIL, RCPT, DATA, RSET, NOOP, QUIT), with PIPELINING,
+    every message accepted.
 
     Written on asyncio's protocol callbacks rather than aiosmtpd: the sink's CPU is the benchmark's
     CPU on a two-core machine, and aiosmtpd's per-message cost (about 2.5 ms, sampled) was larger
     than PostgreSQL's. A provider's own work is not the system's to pay for.
     """
 
-    def __init__(self, recorder: Recorder) -> None:
+    def __init__(self, recorder: Recorder, *, reply_delay_seconds: float = 0.0, pipelining: bool = True) -> None:
         self.recorder = recorder
+        self.reply_delay_seconds = reply_delay_seconds
+        self.ehlo = _EHLO if pipelining else _EHLO_WITHOUT_PIPELINING
         self.buffer = bytearray()
         self.in_data = False
 
@@ -85,6 +92,23 @@ class SinkProtocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
+        # The replies to what arrived together go out together, as Postfix answers a pipelined
+        # envelope: one write once the input is drained, not one per command.
+        replies = b"".join(self._answer_buffered())
+        if self.reply_delay_seconds and replies:
+            asyncio.get_running_loop().call_later(self.reply_delay_seconds, self._write, replies)
+        elif replies:
+            self._write(replies)
+
+    def _write(self, replies: bytes) -> None:
+        if self.transport.is_closing():
+            return
+        self.transport.write(replies)
+        if replies.endswith(b"221 Bye\r\n"):
+            self.transport.close()
+
+    def _answer_buffered(self) -> Iterator[bytes]:
+        """The replies to each whole command and message in the buffer, in order."""
         while True:
             if self.in_data:
                 end = self.buffer.find(b"\r\n.\r\n")
@@ -93,21 +117,20 @@ class SinkProtocol(asyncio.Protocol):
                 self.recorder.received(bytes(self.buffer[:end]))
                 del self.buffer[: end + 5]
                 self.in_data = False
-                self.transport.write(b"250 Message accepted for delivery\r\n")
+                yield b"250 Message accepted for delivery\r\n"
                 continue
             end = self.buffer.find(b"\r\n")
             if end < 0:
                 return
-            line = bytes(self.buffer[:end])
+            verb = bytes(self.buffer[:4]).upper()
             del self.buffer[: end + 2]
-            self.transport.write(self.reply(line[:4].upper()))
-            if line[:4].upper() == b"QUIT":
-                self.transport.close()
+            yield self.reply(verb)
+            if verb == b"QUIT":
                 return
 
     def reply(self, verb: bytes) -> bytes:
         if verb == b"EHLO":
-            return _EHLO
+            return self.ehlo
         if verb == b"DATA":
             self.in_data = True
             return b"354 End data with <CR><LF>.<CR><LF>\r\n"
@@ -118,10 +141,16 @@ class SinkProtocol(asyncio.Protocol):
         return b"502 Command not implemented\r\n"
 
 
-def serve(port: int) -> None:
+def serve(port: int, *, reply_delay_seconds: float, pipelining: bool) -> None:
     recorder = Recorder()
     loop = asyncio.new_event_loop()
-    server = loop.run_until_complete(loop.create_server(lambda: SinkProtocol(recorder), "127.0.0.1", port))
+    server = loop.run_until_complete(
+        loop.create_server(
+            lambda: SinkProtocol(recorder, reply_delay_seconds=reply_delay_seconds, pipelining=pipelining),
+            "127.0.0.1",
+            port,
+        )
+    )
     threading.Thread(target=loop.run_forever, name="smtp", daemon=True).start()
     print(f"ready {port}", flush=True)
     for line in sys.stdin:
@@ -167,12 +196,13 @@ class Delivered:
 class SmtpSink:
     """The sink's process, seen from a benchmark."""
 
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, *, reply_delay_ms: float = 0.0, pipelining: bool = True) -> None:
         from support import free_port  # bench/support.py, beside this script
 
         port = port or free_port()
+        options = ["--reply-delay-ms", str(reply_delay_ms)] + ([] if pipelining else ["--no-pipelining"])
         self.process = subprocess.Popen(
-            [sys.executable, __file__, "--port", str(port)],
+            [sys.executable, __file__, "--port", str(port), *options],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -236,4 +266,7 @@ class SmtpSink:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, required=True)
-    serve(parser.parse_args().port)
+    parser.add_argument("--reply-delay-ms", type=float, default=0.0)
+    parser.add_argument("--no-pipelining", dest="pipelining", action="store_false")
+    args = parser.parse_args()
+    serve(args.port, reply_delay_seconds=args.reply_delay_ms / 1000, pipelining=args.pipelining)
