@@ -66,6 +66,12 @@ class _Refused(Exception):
         # Only a 5xx to RCPT TO, or to the content of a well-formed transaction, is about the message.
         return self.code >= 500 and self.stage in (_Stage.MAIL, _Stage.DATA)
 
+    @property
+    def ends_session(self) -> bool:
+        """Whether the connection is done with: a ``421`` closes it (RFC 5321), whatever the
+        server then does, and a broken session is not worth resetting."""
+        return self.code == SERVICE_NOT_AVAILABLE or self.breaks_session
+
     def error(self) -> MailRejected | MailDeferred | ProviderUnavailable | RateLimited:
         if replies.is_about_rate(self.code, self.reply):
             return RateLimited(self.code, self.reply)
@@ -275,9 +281,7 @@ class SmtpMailer:
                     raise ProviderUnavailable(f"SMTP provider unreachable: {type(e).__name__}") from None
 
     def _after_refusal(self, client: _DeadlineSMTP, refused: _Refused) -> None:
-        if refused.code == SERVICE_NOT_AVAILABLE or refused.breaks_session or client.sock is None:
-            # RFC 5321: a 421 closes the channel. Close it ourselves whatever the server does,
-            # as a session left in an unknown state was closed already.
+        if refused.ends_session or client.sock is None:  # None: left in an unknown state, closed
             self._drop()
             return
         try:
@@ -336,7 +340,7 @@ def _pipelined_envelope(client: _DeadlineSMTP, sender: str, recipient: str, stag
         try:
             _check(command, *client.getreply())
         except _Refused as refused:
-            if not (refused.breaks_session or refused.code == SERVICE_NOT_AVAILABLE):
+            if not refused.ends_session:
                 _read_unanswered(client, len(commands) - index - 1)
             raise
 
