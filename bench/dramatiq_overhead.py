@@ -14,7 +14,8 @@ Stacks:
 * ``defaults``: a plain ``RedisBroker`` with Dramatiq's default middleware, as its docs start.
 * ``project``: the broker and middleware the workers run (``import actors``: reports.worker.broker's
   broker with the time limit and CurrentMessage, JitteredRetries, ActorMetrics, BrokerDeadLetters,
-  Heartbeat, DrainOnce, and reports.worker.consumer: acks in batches, undecodable messages).
+  Heartbeat, DrainOnce, reports.worker.consumer: acks in batches, undecodable messages, and
+  reports.worker.signals: each signal only to the middleware that handle it).
 
 Prints each stack's median CPU per message in microseconds, and the worker's messages per second of
 CPU: a bound on what one core could do with actors that cost nothing.

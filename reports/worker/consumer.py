@@ -21,6 +21,7 @@ from dramatiq.brokers.redis import RedisBroker, _RedisConsumer
 from dramatiq.errors import ConnectionClosed, DecodeError
 
 from reports.worker import held, holding, redis_clock
+from reports.worker.signals import DirectSignals
 
 logger = logging.getLogger(__name__)
 
@@ -74,12 +75,12 @@ class _Handover:
         self.delayed: list[MessageProxy] = []
 
 
-class ReportsBroker(RedisBroker):
+class ReportsBroker(DirectSignals, RedisBroker):
     """Dramatiq's Redis broker with this module's consumer, publishing what its consumers hold, its
     heartbeats on Redis's clock."""
 
     def __init__(self, **options: Any) -> None:
-        super().__init__(**options)  # type: ignore[no-untyped-call]  # Dramatiq has no annotations
+        super().__init__(**options)
         # Every broker call goes through this script: the heartbeat it writes and the dead-worker
         # sweep it runs then read Redis's clock, not this process's (reports.worker.redis_clock).
         dispatch = cast(bytes, self.scripts["dispatch"].script).decode()  # Dramatiq registers the file's bytes

@@ -18,11 +18,12 @@ from dramatiq.message import Message
 
 from reports.worker import holding, rabbitmq, rejects
 from reports.worker.queue_types import TypedRabbitmqBroker
+from reports.worker.signals import DirectSignals
 
 logger = logging.getLogger(__name__)
 
 
-class ReportsRabbitmqBroker(holding.SharesHeld, TypedRabbitmqBroker):
+class ReportsRabbitmqBroker(DirectSignals, holding.SharesHeld, TypedRabbitmqBroker):
     """Dramatiq's RabbitMQ broker with this module's consumer, declaring its queues as one type
     (``queue_type``, RABBITMQ_QUEUE_TYPE), and sharing what its workers hold
     (:class:`reports.worker.holding.SharesHeld`, whose parameters it takes)."""

@@ -26,6 +26,7 @@ from dramatiq_sqs.broker import SQSConsumer
 
 from reports.endpoints import SqsTarget
 from reports.worker import holding, rejects, sqs
+from reports.worker.signals import DirectSignals
 from reports.worker.sqs_visibility import Receipts, VisibilityKeeper
 
 logger = logging.getLogger(__name__)
@@ -37,7 +38,7 @@ CONNECTIONS = 32
 FULL_PAUSE_SECONDS = 0.05
 
 
-class ReportsSqsBroker(holding.SharesHeld, SQSBroker):  # type: ignore[misc]  # dramatiq-sqs has no annotations
+class ReportsSqsBroker(DirectSignals, holding.SharesHeld, SQSBroker):  # type: ignore[misc]  # dramatiq-sqs has no annotations
     """dramatiq-sqs's broker with this module's consumer and enqueue.
 
     :param target: the region, queue-name prefix and endpoint (BROKER_URL).
