@@ -76,6 +76,12 @@ class ProviderUnavailable(TransientError):
     """The mail provider could not be reached (refused, reset or timed out)."""
 
 
+class SendUnconfirmed(ProviderUnavailable):
+    """The message went out and no reply to it came (the connection dropped, or the deadline
+    passed): the provider may have accepted it, so no copy may send it again before its claim's
+    lease ends."""
+
+
 class RateLimited(ReportsError):
     """The mail provider asked the fleet to send more slowly (a 4xx about the sending rate); the
     pipeline cuts the fleet's rate and defers the message, spending no retry."""

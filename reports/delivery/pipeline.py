@@ -36,7 +36,7 @@ from reports.delivery.mail.backend import Mailer
 from reports.delivery.mail.compose import compose, message_id, recipient
 from reports.delivery.send_rate import SendRate, pace
 from reports.delivery.store import Inputs, ReadAndClaim, Store, StoredReport, Transaction, keep_report, open_store
-from reports.errors import ClaimHeld, MailRejected, PermanentError, RateLimited, is_provider_failure
+from reports.errors import ClaimHeld, MailRejected, PermanentError, RateLimited, SendUnconfirmed, is_provider_failure
 from reports.jobs import ReportJob, SendNowJob
 from reports.look import ReportLook
 from reports.models import FINAL_STATES, ItemState, PeriodRun, ReportItem, RunState, SuppressionReason, User
@@ -184,7 +184,12 @@ def _send(
         ctx.mailer.send(prepared.email, recipient=prepared.address)
     except Exception as error:
         bounced = error if isinstance(error, MailRejected) and error.recipient else None
-        _release(ctx, prepared.claims, transaction, report=prepared.report, bounced=bounced)
+        # The provider may have an unconfirmed email: its claim keeps the lease, so no copy sends
+        # it again before the lease ends (docs/explanation/duplicate-window.md).
+        may_have_gone = isinstance(error, SendUnconfirmed)
+        _release(
+            ctx, prepared.claims, transaction, report=prepared.report, bounced=bounced, end_leases=not may_have_gone
+        )
         if _opens_breaker(ctx, permit, error):
             # The provider is down: wait out the cool-down instead of spending a retry.
             return Outcome.deferred(ctx.breaker.cooldown_ms / 1000, "mail breaker opened")  # type: ignore[union-attr]
@@ -212,16 +217,17 @@ def _release(
     *,
     report: StoredReport | None = None,
     bounced: MailRejected | None = None,
+    end_leases: bool = True,
 ) -> None:
-    """Keep the report that was not sent (if it was rendered), and end the claims' leases early,
-    so the next attempt need not wait them out; on a hard bounce also put the user on the
-    suppression list, so no later month mails a refused address."""
+    """Keep the report that was not sent (if it was rendered), and end the claims' leases early
+    (with ``end_leases``), so the next attempt need not wait them out; on a hard bounce also put
+    the user on the suppression list, so no later month mails a refused address."""
     try:
         with transaction() as db:
             first = held[0]
             if report is not None:
                 keep_report(db, first.period, first.user_id, report)
-            for claim in held:
+            for claim in held if end_leases else ():
                 claims.release(db, claim)
             if bounced is not None:
                 suppressions.add(

@@ -226,7 +226,12 @@ def test_an_outage_longer_than_the_retry_budget_opens_the_breaker_and_loses_no_e
         breaker_failure_threshold=3,
         breaker_window_seconds=10,
         breaker_cooldown_seconds=2,
-        smtp_timeout_seconds=2,
+        # The dead provider drops every connection at once, so no deadline runs out in the outage;
+        # after it, every held-back send goes at once, and on a loaded machine a short deadline
+        # could pass while the provider answers the final ".": the duplicate window, not the outage.
+        smtp_timeout_seconds=10,
+        claim_lease_seconds=12,
+        sqs_visibility_timeout_seconds=12,
     )
     population = load_users(sessions, count=40)
     group = start_workers(settings, processes=processes, threads=threads)

@@ -35,7 +35,7 @@ from reports.dead_message import DeadMessage
 from reports.delivery import pipeline
 from reports.delivery.breaker import CircuitBreaker, State, mail_breaker_name
 from reports.delivery.mail.backend import Mailer, build_mailer
-from reports.errors import ConfigurationError, PermanentError
+from reports.errors import ConfigurationError, PermanentError, SendUnconfirmed
 from reports.failures import dead_letters
 from reports.fanout import progress
 from reports.jobs import BUILD_REPORT, ReportJob
@@ -296,6 +296,33 @@ def test_a_send_is_recorded_when_the_database_refuses_for_seconds_after_the_prov
     assert item(sessions, 7).state == ItemState.DELIVERED
     assert claim(sessions, 7).state == DeliveryState.SENT
     assert len(smtp_server.by_user()[7]) == 1
+
+
+# --- 3b. A send the provider never answered keeps its claim to the end of the lease --------------
+
+
+def test_a_send_the_provider_kept_without_answering_in_time_is_not_sent_again_before_its_lease_ends(
+    settings, sessions, mail_settings, smtp_server, population
+):
+    short = replace(mail_settings, smtp_timeout_seconds=1, claim_lease_seconds=3)
+    context = pipeline.Context(settings=short, sessions=sessions, mailer=build_mailer(short))
+    # The provider keeps the message and answers the final "." after the send's deadline.
+    smtp_server.handler.answer_delay_seconds = 2
+    with pytest.raises(SendUnconfirmed):
+        pipeline.run(context, job(settings, 7))
+    smtp_server.handler.answer_delay_seconds = 0
+
+    # The retry that follows at once finds the claim still held: it waits for the lease, mailing nothing.
+    retry = pipeline.run(context, job(settings, 7))
+    assert (retry.is_deferred, len(smtp_server.by_user()[7])) == (True, 1)
+    assert 0.5 < retry.delay_seconds <= short.claim_lease_seconds
+    assert item(sessions, 7).state == ItemState.PENDING
+
+    # Once the lease ends a copy sends again, with the same Message-ID: the one duplicate window.
+    time.sleep(retry.delay_seconds + 0.2)
+    assert pipeline.run(context, job(settings, 7)) == pipeline.Outcome.DELIVERED
+    assert [m["Message-ID"] for m in smtp_server.by_user()[7]] == [f"<report.{PERIOD}.7@reports.test>"] * 2
+    assert item(sessions, 7).state == ItemState.DELIVERED
 
 
 # --- 4. The lease is counted from when the row lock is granted ------------------------------------

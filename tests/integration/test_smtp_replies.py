@@ -21,7 +21,7 @@ from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import SMTP
 
 from reports.delivery.mail.smtp import SmtpMailer
-from reports.errors import MailDeferred, MailRejected, ProviderUnavailable, RateLimited
+from reports.errors import MailDeferred, MailRejected, ProviderUnavailable, RateLimited, SendUnconfirmed
 from tests.support.processes import free_port
 from tests.support.smtp import LoopbackServer, RecordingHandler
 
@@ -212,8 +212,25 @@ def test_a_session_error_on_both_tries_is_a_transient_provider_failure_never_a_r
         send(mailer, "user@example.test")
 
     assert not isinstance(failure.value, MailRejected)
+    assert not isinstance(failure.value, SendUnconfirmed), "nothing of the message was on the wire"
     assert provider.delivered_to() == []
     assert provider.connections == 2, "one reconnect and one more try, no more"
+
+
+# --- No reply to the content: the provider may have the message ------------------------------
+
+
+def test_a_message_the_provider_kept_without_answering_in_time_is_unconfirmed_and_not_tried_again(
+    provider: Provider,
+) -> None:
+    provider.handler.answer_delay_seconds = 3
+    mailer = SmtpMailer(provider.url, timeout_seconds=1, sender=SENDER)
+
+    with pytest.raises(SendUnconfirmed):
+        send(mailer, "user@example.test")
+
+    assert provider.delivered_to() == ["user@example.test"]
+    assert provider.connections == 1, "a message on the wire is never tried again on a new connection"
 
 
 # --- 5xx about the message: permanent, and the connection is fine ------------------------------

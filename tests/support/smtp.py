@@ -66,6 +66,9 @@ class RecordingHandler:
         #: Seconds each message takes, to stretch a run so it can be interrupted. Spent before the
         #: data, as a slow network or a slow provider would; the final "." is answered at once.
         self.delay_seconds = 0.0
+        #: Seconds the reply to the final "." waits after the message is kept: a provider that has
+        #: the message while its client, past its deadline, cannot know it.
+        self.answer_delay_seconds = 0.0
         #: Cleared, every delivery waits at RCPT TO until it is set again: sends held in flight.
         self.answering = threading.Event()
         self.answering.set()
@@ -120,6 +123,8 @@ class RecordingHandler:
             parsed = email.message_from_bytes(envelope.content, policy=email.policy.default)
             self.messages.append((list(envelope.rcpt_tos), parsed))
             self.senders.append(envelope.mail_from)
+        if self.answer_delay_seconds:
+            await asyncio.sleep(self.answer_delay_seconds)
         return "250 Message accepted for delivery"
 
 

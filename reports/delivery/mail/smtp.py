@@ -15,7 +15,14 @@ from typing import Any
 
 from reports.delivery.mail import replies
 from reports.endpoints import SmtpTarget
-from reports.errors import SERVICE_NOT_AVAILABLE, MailDeferred, MailRejected, ProviderUnavailable, RateLimited
+from reports.errors import (
+    SERVICE_NOT_AVAILABLE,
+    MailDeferred,
+    MailRejected,
+    ProviderUnavailable,
+    RateLimited,
+    SendUnconfirmed,
+)
 
 #: A kept connection unused for this long is checked with NOOP before the next message.
 CHECK_IDLE_AFTER_SECONDS = 5.0
@@ -277,7 +284,9 @@ class SmtpMailer:
                 self._drop()
                 # Once the content is on the wire its fate is unknown: only a later attempt,
                 # after the claim's lease, may send it again.
-                if last_try or stage[-1:] == [_Stage.CONTENT]:
+                if stage[-1:] == [_Stage.CONTENT]:
+                    raise SendUnconfirmed(f"SMTP provider did not answer the message: {type(e).__name__}") from None
+                if last_try:
                     raise ProviderUnavailable(f"SMTP provider unreachable: {type(e).__name__}") from None
 
     def _after_refusal(self, client: _DeadlineSMTP, refused: _Refused) -> None:
