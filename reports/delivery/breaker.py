@@ -66,14 +66,21 @@ STATE_CACHE_MS = 250
 # The scripts also return the state's ``until`` (cool-down or probe lease end, in ms; 0 when
 # closed), so one call refreshes a process's cache.
 
-# KEYS: state hash. ARGV: now, probe lease.
+# KEYS: state hash. ARGV: now, probe lease, cool-down.
 # Returns {allowed (0/1), wait ms, state, changed (0/1), until}.
+# While the probe is out, the others wait at most a cool-down, not the probe's whole lease (three
+# send deadlines): a probe that succeeds in a second would otherwise hold them back far longer than
+# the open breaker did.
 _ALLOW = """
 local state = redis.call('HGET', KEYS[1], 'state') or 'closed'
 local now = tonumber(ARGV[1])
 if state == 'closed' then return {1, 0, state, 0, 0} end
 local until_ms = tonumber(redis.call('HGET', KEYS[1], 'until') or '0')
-if now < until_ms then return {0, until_ms - now, state, 0, until_ms} end
+if now < until_ms then
+  local wait_ms = until_ms - now
+  if state == 'half_open' then wait_ms = math.min(wait_ms, tonumber(ARGV[3])) end
+  return {0, wait_ms, state, 0, until_ms}
+end
 until_ms = now + tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], 'state', 'half_open', 'until', until_ms)
 return {1, 0, 'half_open', state == 'open' and 1 or 0, until_ms}
@@ -181,7 +188,7 @@ class CircuitBreaker:
     def _ask(self, now_ms: int) -> Permit:
         asked_at = self._clock()
         allowed, wait_ms, state, changed, until_ms = self._allow(
-            keys=[self._state_key], args=[now_ms, self.probe_timeout_ms]
+            keys=[self._state_key], args=[now_ms, self.probe_timeout_ms, self.cooldown_ms]
         )
         after = State(state.decode())
         self._reading.remember((after, int(until_ms)), asked_at)

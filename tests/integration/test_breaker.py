@@ -147,6 +147,18 @@ def test_after_the_cool_down_exactly_one_caller_gets_the_probe(new_breaker: NewB
     assert breaker.state() is State.HALF_OPEN
 
 
+def test_while_the_probe_is_out_the_others_wait_no_longer_than_a_cool_down(new_breaker: NewBreaker) -> None:
+    breaker = new_breaker(cooldown_ms=2_000, probe_timeout_ms=30_000)
+    open_breaker(breaker, T0)
+    after = T0 + 2_000
+    assert breaker.allow(after) == PROBE
+
+    assert breaker.allow(after) == denied(2_000)
+    assert breaker.allow(after + 29_000) == denied(1_000)
+    breaker.record_success()
+    assert breaker.allow(after + 2_000) == ALLOWED
+
+
 def test_a_successful_probe_closes_the_breaker_for_everyone(new_breaker: NewBreaker) -> None:
     breaker = new_breaker()
     open_breaker(breaker, T0)
