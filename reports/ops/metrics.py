@@ -35,7 +35,7 @@ from reports.feedback.events import Kind
 from reports.jobs import BUILD_REPORT, COORDINATOR, QUEUES, SEND_NOW
 from reports.models import DeadLetter, DeadLetterReason, ItemState, PeriodRun, RunState
 from reports.settings import Settings
-from reports.worker import held, rabbitmq, sqs
+from reports.worker import held, rabbitmq
 
 #: Why a message of a known actor died; an undecodable message has no actor to count it under.
 DEAD_REASONS = (DeadLetterReason.PERMANENT, DeadLetterReason.RETRIES_EXHAUSTED, DeadLetterReason.BROKER)
@@ -114,6 +114,8 @@ def _broker_depths(settings: Settings) -> Callable[[Sequence[str]], Mapping[str,
     if settings.broker_is_rabbitmq:
         return functools.partial(rabbitmq.ready_counts_at, settings.broker_url, queue_type=settings.rabbitmq_queue_type)
     if settings.broker_is_sqs:
+        from reports.worker import sqs  # boto3: only where BROKER_URL names SQS
+
         return functools.partial(sqs.depths_at, SqsTarget.from_url(settings.broker_url))
     return None
 

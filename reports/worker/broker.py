@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard, Union
 
 import dramatiq
 import redis
@@ -18,12 +19,14 @@ from reports.jobs import ActorSpec
 from reports.settings import ACTOR_TIME_LIMIT_MS, Settings
 from reports.worker.consumer import ReportsBroker
 from reports.worker.rabbitmq_consumer import ReportsRabbitmqBroker
-from reports.worker.sqs_consumer import ReportsSqsBroker
+
+if TYPE_CHECKING:
+    from reports.worker.sqs_consumer import ReportsSqsBroker
 
 logger = logging.getLogger(__name__)
 
 #: The broker as the library passes it around: only this package imports Dramatiq.
-Broker = RedisBroker | ReportsRabbitmqBroker | ReportsSqsBroker
+Broker = Union[RedisBroker, ReportsRabbitmqBroker, "ReportsSqsBroker"]  # noqa: UP007 - a name imported only for mypy
 
 #: Message option naming the coordinator chain a ``plan_period`` message belongs to.
 WALKER_OPTION = "walker"
@@ -58,6 +61,9 @@ def build_broker(settings: Settings) -> Broker:
             queue_type=settings.rabbitmq_queue_type,
         )
     if settings.broker_is_sqs:
+        # Imported here, not at the top: boto3 under it is a sixth of what a process imports.
+        from reports.worker.sqs_consumer import ReportsSqsBroker
+
         return ReportsSqsBroker(
             target=SqsTarget.from_url(settings.broker_url),
             visibility_timeout=settings.sqs_visibility_timeout_seconds,
@@ -73,6 +79,13 @@ def build_broker(settings: Settings) -> Broker:
         maintenance_chance=settings.maintenance_chance,
         middleware=middleware,
     )
+
+
+def is_sqs(broker: object) -> TypeGuard[ReportsSqsBroker]:
+    """Whether ``broker`` is the SQS broker, without importing it: a process whose BROKER_URL does
+    not name SQS never imports its module, and then holds no SQS broker."""
+    consumer = sys.modules.get("reports.worker.sqs_consumer")
+    return consumer is not None and isinstance(broker, consumer.ReportsSqsBroker)
 
 
 def declare_queues(broker: Broker, queues: Iterable[str]) -> None:
@@ -103,7 +116,7 @@ def shared_redis(broker: Broker, settings: Settings) -> redis.Redis:
     Redis, or the one the RabbitMQ or SQS broker was built with."""
     if isinstance(broker, RedisBroker) and settings.shared_redis_url == settings.broker_url:
         return broker.client
-    if isinstance(broker, ReportsRabbitmqBroker | ReportsSqsBroker):
+    if isinstance(broker, ReportsRabbitmqBroker) or is_sqs(broker):
         return broker.shared_redis
     return redis.Redis.from_url(settings.shared_redis_url)
 

@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import dramatiq
 import redis
@@ -28,8 +28,11 @@ from reports.dead_message import DeadMessage
 from reports.failures import dead_letters
 from reports.failures.alerts import WebhookAlerts
 from reports.models import DeadLetterReason
-from reports.worker import rabbitmq, sqs
-from reports.worker.sqs_consumer import ReportsSqsBroker
+from reports.worker import rabbitmq
+from reports.worker.broker import is_sqs
+
+if TYPE_CHECKING:
+    from reports.worker.sqs_consumer import ReportsSqsBroker
 
 logger = logging.getLogger(__name__)
 
@@ -138,7 +141,7 @@ class BrokerDeadLetters(Middleware):
                 moved = absorb_broker_dead_letters(broker.client, broker.namespace, self._sink)
             elif isinstance(broker, RabbitmqBroker):
                 moved = absorb_rabbitmq_dead_letters(broker, self._sink)
-            elif isinstance(broker, ReportsSqsBroker):
+            elif is_sqs(broker):
                 moved = absorb_sqs_dead_letters(broker, self._sink)
             else:
                 return
@@ -197,6 +200,8 @@ def absorb_rabbitmq_dead_letters(broker: RabbitmqBroker, on_dead: Callable[[Dead
 def absorb_sqs_dead_letters(broker: ReportsSqsBroker, on_dead: Callable[[DeadMessage], None]) -> int:
     """:func:`absorb_broker_dead_letters` for SQS: the dead-letter queue of each queue this process
     declared, where the workers move what they reject and SQS what was received too many times."""
+    from reports.worker import sqs  # imported with the SQS broker, never before it
+
     died_ms = int(time.time() * 1000)
     moved = 0
     for queue in sorted(broker.get_declared_queues()):

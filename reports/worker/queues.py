@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dramatiq
 from dramatiq.brokers.redis import RedisBroker
@@ -14,9 +14,11 @@ from redis.typing import EncodableT, FieldT
 from reports.jobs import COORDINATOR, ActorSpec
 from reports.queue import Queue
 from reports.worker import held, rabbitmq, redis_clock
-from reports.worker.broker import WALKER_OPTION, Broker, message_for, send
+from reports.worker.broker import WALKER_OPTION, Broker, is_sqs, message_for, send
 from reports.worker.rabbitmq_consumer import ReportsRabbitmqBroker
-from reports.worker.sqs_consumer import ReportsSqsBroker
+
+if TYPE_CHECKING:
+    from reports.worker.sqs_consumer import ReportsSqsBroker
 
 #: Messages per round trip in :meth:`send_jobs`.
 ENQUEUE_CHUNK = 1000
@@ -26,7 +28,7 @@ def queue_for(broker: Broker) -> Queue:
     """The queue port on ``broker``, chosen once for its kind."""
     if isinstance(broker, ReportsRabbitmqBroker):
         return RabbitmqQueue(broker)
-    if isinstance(broker, ReportsSqsBroker):
+    if is_sqs(broker):
         return SqsQueue(broker)
     return RedisQueue(broker)
 
