@@ -227,8 +227,9 @@ def _release(
             first = held[0]
             if report is not None:
                 keep_report(db, first.period, first.user_id, report)
-            for claim in held if end_leases else ():
-                claims.release(db, claim)
+            if end_leases:
+                for claim in held:
+                    claims.release(db, claim)
             if bounced is not None:
                 suppressions.add(
                     db, first.user_id, SuppressionReason.BOUNCED, now=ctx.clock(), source=f"smtp {bounced.code}"
