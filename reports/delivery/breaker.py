@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import cast
 
 import redis
@@ -114,6 +114,15 @@ if state ~= 'closed' then redis.call('DEL', KEYS[1], KEYS[2]) end
 return state
 """
 
+# KEYS: state hash. ARGV: the end of the probe's slot, now. Returns 1 when the slot was given back.
+# Only the slot this probe was handed: one that ran out and went to another probe is left alone.
+_GIVE_BACK = """
+if redis.call('HGET', KEYS[1], 'state') ~= 'half_open' then return 0 end
+if tonumber(redis.call('HGET', KEYS[1], 'until') or '0') ~= tonumber(ARGV[1]) then return 0 end
+redis.call('HSET', KEYS[1], 'until', ARGV[2])
+return 1
+"""
+
 
 @dataclass(frozen=True)
 class Permit:
@@ -122,6 +131,9 @@ class Permit:
     wait_ms: int
     #: True when this caller is the half-open probe.
     probe: bool
+    #: The probe's slot: when it ends, in milliseconds (0 for any other permit). Names the slot
+    #: to :meth:`CircuitBreaker.give_back`.
+    slot_ends_ms: int = field(default=0, compare=False)
 
 
 _GO = Permit(allowed=True, wait_ms=0, probe=False)
@@ -165,6 +177,7 @@ class CircuitBreaker:
         self._allow = client.register_script(_ALLOW)
         self._failure = client.register_script(_FAILURE)
         self._success = client.register_script(_SUCCESS)
+        self._give_back = client.register_script(_GIVE_BACK)
         # The state as a script last answered it, and its ``until_ms``.
         self._reading: LastReading[tuple[State, int]] = LastReading(state_cache_ms, clock)
         self._asking = threading.Lock()
@@ -194,7 +207,10 @@ class CircuitBreaker:
         self._reading.remember((after, int(until_ms)), asked_at)
         if changed:
             self._log(State.OPEN, State.HALF_OPEN)
-        return Permit(allowed=bool(allowed), wait_ms=int(wait_ms), probe=bool(allowed) and after is State.HALF_OPEN)
+        probe = bool(allowed) and after is State.HALF_OPEN
+        return Permit(
+            allowed=bool(allowed), wait_ms=int(wait_ms), probe=probe, slot_ends_ms=int(until_ms) if probe else 0
+        )
 
     def record_failure(self, now_ms: int, *, token: str) -> State:
         """Count a provider failure; returns the state after (``OPEN`` means: do not retry now)."""
@@ -215,6 +231,12 @@ class CircuitBreaker:
         self._reading.remember((State.CLOSED, 0), asked_at)
         if before is not State.CLOSED:
             self._log(before, State.CLOSED)
+
+    def give_back(self, permit: Permit, now_ms: int) -> None:
+        """Hand back a probe that will not send after all: the next caller becomes the probe, rather
+        than every caller waiting for the slot to run out (the probe timeout)."""
+        if permit.probe:
+            self._give_back(keys=[self._state_key], args=[permit.slot_ends_ms, now_ms])
 
     def _cached_permit(self, now_ms: int) -> Permit | None:
         """The answer the last reading gives without Redis: go while closed, wait while open."""

@@ -168,8 +168,8 @@ def _may_send(ctx: Context, prepared: _Prepared) -> tuple[Permit | None, send_ra
         return permit
     # Last, after every call that can block (a Redis that stalls holds the breaker's call for
     # as long as it stalls): only the send itself, bounded by the SMTP deadline, comes after.
-    # A probe turned back here keeps its slot until the probe timeout, as one that died would.
     if prepared.lease_left() < ctx.settings.smtp_timeout_seconds + RECORD_TIME_SECONDS:
+        _give_back(ctx, permit)
         return Outcome.deferred(0.0, "too little of the claim's lease left for a whole send")
     return permit, slot
 
@@ -245,6 +245,19 @@ def _ask_breaker(ctx: Context) -> Permit | None | Outcome:
     if not permit.allowed:
         return Outcome.deferred(permit.wait_ms / 1000, "mail breaker open")
     return permit
+
+
+def _give_back(ctx: Context, permit: Permit | None) -> None:
+    """A half-open probe that will not send hands its slot back, so the next send probes at once
+    instead of every send waiting out the probe timeout."""
+    if permit is None or not permit.probe:
+        return
+    try:
+        ctx.breaker.give_back(permit, _millis(ctx.clock()))  # type: ignore[union-attr]  # a permit comes from it
+    except redis.RedisError:
+        logger.warning(
+            "Could not give the breaker's probe back: Redis unreachable; its slot ends with the probe timeout."
+        )
 
 
 def _slow_down(ctx: Context, refused: RateLimited) -> None:

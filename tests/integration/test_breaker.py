@@ -201,6 +201,41 @@ def test_a_probe_that_never_reports_frees_its_slot_after_the_probe_timeout(new_b
     assert breaker.state() is State.HALF_OPEN
 
 
+def test_a_probe_given_back_makes_the_next_caller_the_probe_at_once(new_breaker: NewBreaker) -> None:
+    breaker = new_breaker()
+    open_breaker(breaker, T0)
+    probe_at = T0 + COOLDOWN_MS
+    probe = breaker.allow(probe_at)
+    assert probe == PROBE
+    assert breaker.allow(probe_at + 10) == denied(PROBE_TIMEOUT_MS - 10)
+
+    breaker.give_back(probe, probe_at + 20)
+
+    assert breaker.allow(probe_at + 20) == PROBE
+    assert breaker.allow(probe_at + 20) == denied(PROBE_TIMEOUT_MS)
+    assert breaker.state() is State.HALF_OPEN
+
+
+def test_a_probe_given_back_after_its_slot_ran_out_leaves_the_breaker_as_it_is(new_breaker: NewBreaker) -> None:
+    breaker = new_breaker()
+    open_breaker(breaker, T0)
+    probe_at = T0 + COOLDOWN_MS
+    stale = breaker.allow(probe_at)
+    next_at = probe_at + PROBE_TIMEOUT_MS
+    fresh = breaker.allow(next_at)
+    assert fresh == PROBE
+
+    # The slot is the next probe's now: it keeps it.
+    breaker.give_back(stale, next_at + 1)
+    assert breaker.allow(next_at + 1) == denied(PROBE_TIMEOUT_MS - 1)
+
+    # Nor does a probe given back reopen or close a breaker it no longer holds.
+    assert fail(breaker, next_at + 2) is State.OPEN
+    breaker.give_back(fresh, next_at + 3)
+    assert breaker.allow(next_at + 3) == denied(COOLDOWN_MS - 1)
+    assert breaker.state() is State.OPEN
+
+
 def test_state_follows_every_transition(new_breaker: NewBreaker) -> None:
     breaker = new_breaker()
     seen = [breaker.state()]

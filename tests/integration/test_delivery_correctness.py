@@ -430,6 +430,38 @@ def test_a_copy_whose_breaker_call_stalls_past_its_lease_sends_nothing_once_redi
     assert [(result.is_deferred, result.delay_seconds) for result in outcome] == [(True, 0.0)]  # type: ignore[attr-defined]
 
 
+def test_a_probe_turned_back_for_too_little_lease_hands_the_probe_to_the_next_send(
+    settings, sessions, mail_settings, smtp_server, population, private_redis
+):
+    short = replace(mail_settings, smtp_timeout_seconds=1, claim_lease_seconds=3)
+    shared = redis.Redis.from_url(private_redis)
+
+    def worker() -> pipeline.Context:
+        breaker = CircuitBreaker(
+            shared, name="test:breaker", failure_threshold=THRESHOLD, window_ms=10_000,
+            cooldown_ms=COOLDOWN_MS, probe_timeout_ms=60_000,
+        )  # fmt: skip
+        return pipeline.Context(settings=short, sessions=sessions, mailer=build_mailer(short), breaker=breaker)
+
+    stalling, other = worker(), worker()
+    open_past_its_cool_down(stalling.breaker)  # type: ignore[arg-type]
+    outcome: list[pipeline.Outcome] = []
+    copy = threading.Thread(target=lambda: outcome.append(pipeline.run(stalling, job(settings, 7))))
+    with stopped(shared):
+        # This copy claims; its breaker call waits on Redis until less of the lease is left than a send needs.
+        copy.start()
+        wait_until(lambda: _claim_state(sessions, 7) == DeliveryState.CLAIMED, timeout=10, what="the claim")
+        time.sleep(short.claim_lease_seconds - short.smtp_timeout_seconds)
+    copy.join(timeout=10)
+    assert [(result.is_deferred, result.delay_seconds) for result in outcome] == [(True, 0.0)]
+
+    # The probe it was handed is the next send's: it goes now and closes the breaker, rather than
+    # every send waiting out the probe timeout (a minute).
+    assert pipeline.run(other, job(settings, 8)) == pipeline.Outcome.DELIVERED
+    assert other.breaker.state() is State.CLOSED  # type: ignore[union-attr]
+    assert [message["Message-ID"] for message in smtp_server.messages] == [f"<report.{PERIOD}.8@reports.test>"]
+
+
 def _claim_state(sessions: sessionmaker[Session], user_id: int) -> str | None:
     with sessions() as session:
         found = session.get(Delivery, (str(PERIOD), user_id))
