@@ -5,8 +5,12 @@ pause the period, as ``reports cancel`` does.
 Such a reply would refuse every user alike: without the brake the whole month is dead-lettered
 in minutes. Counted fleet-wide in Redis, one sorted set per period (member: the user, score: the
 time), so a message retried or run twice counts once. The caller that reaches the threshold
-empties the set in the same call: one caller per trip pauses the period and raises the alert,
-and after a resume the count starts afresh.
+empties the set in the same call: one caller per trip pauses the period and raises the alert.
+
+The trip holds for a window: a refusal that comes after it (from a message that read the period
+as running before the pause was committed) is told how long it still holds, and its message waits
+that out instead of dying; it then finds the period paused, or resumed and the count started
+afresh. Only the refusals that tripped the brake die, however long the pause takes to commit.
 """
 
 from __future__ import annotations
@@ -22,19 +26,24 @@ from sqlalchemy.orm import Session
 from reports.models import PeriodRun, RunState
 from reports.periods import Period
 
-# KEYS: the period's set. ARGV: now ms, user id, window ms, threshold. Returns the count reached
-# when this call trips the brake, else 0.
+# KEYS: the period's set, its trip. ARGV: now ms, user id, window ms, threshold.
+# Returns {count, held ms}: the count reached when this call trips the brake, {0, 0} when it does
+# not; when the brake tripped within the window before this call, the trip's count and how long it
+# still holds.
 _NOTE = """
+local held = redis.call('PTTL', KEYS[2])
+if held > 0 then return {tonumber(redis.call('GET', KEYS[2])), held} end
 local now = tonumber(ARGV[1])
 redis.call('ZADD', KEYS[1], now, ARGV[2])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[3]))
 local count = redis.call('ZCARD', KEYS[1])
 if count >= tonumber(ARGV[4]) then
   redis.call('DEL', KEYS[1])
-  return count
+  redis.call('SET', KEYS[2], count, 'PX', ARGV[3])
+  return {count, 0}
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
-return 0
+return {0, 0}
 """
 
 
@@ -48,6 +57,9 @@ class Tripped:
     window_seconds: float
     #: The last refusal, as the provider gave it (addresses masked).
     reply: str
+    #: For a refusal after the trip, within its window: how long the trip still holds, in seconds
+    #: (the refusal is the month's, not the user's); ``None`` for the refusal that tripped it.
+    holds_for_seconds: float | None = None
 
 
 class Brake:
@@ -74,14 +86,17 @@ class Brake:
         self._note = client.register_script(_NOTE)
 
     def note(self, period: Period, user_id: int, reply: str, *, now_ms: float) -> Tripped | None:
-        """Count one user's refusal; the trip when this one reaches the threshold, else ``None``."""
-        count = int(
-            self._note(
-                keys=[f"{self.namespace}:brake:{period}"],
-                args=[f"{now_ms:.0f}", user_id, int(self.window_seconds * 1000), self.threshold],
-            )
+        """Count one user's refusal; the trip when this one reaches the threshold or comes after it
+        (:attr:`Tripped.holds_for_seconds`), else ``None``."""
+        key = f"{self.namespace}:brake:{period}"
+        count, held_ms = self._note(
+            keys=[key, f"{key}:tripped"],
+            args=[f"{now_ms:.0f}", user_id, int(self.window_seconds * 1000), self.threshold],
         )
-        return Tripped(period, count, self.window_seconds, reply) if count else None
+        if not count:
+            return None
+        holds_for = int(held_ms) / 1000 if held_ms else None
+        return Tripped(period, int(count), self.window_seconds, reply, holds_for_seconds=holds_for)
 
 
 def pause(session: Session, period: Period, *, now: datetime) -> bool:

@@ -198,7 +198,9 @@ def _send(
             _slow_down(ctx, error)
             return Outcome.deferred(error.retry_after_seconds, f"the provider asked for a slower pace ({error})")
         if isinstance(error, MailRejected) and not error.about_address:
-            _brake(ctx, prepared, error)
+            after_trip = _brake(ctx, prepared, error)
+            if after_trip is not None:
+                return after_trip
         raise
     _record_sent(ctx, prepared, transaction)
     if permit is not None and permit.probe:
@@ -284,27 +286,30 @@ def _speed_up(ctx: Context, slot: send_rate.Slot) -> None:
         logger.warning("Could not raise the send rate after a send: Redis unreachable.")
 
 
-def _brake(ctx: Context, prepared: _Prepared, error: MailRejected) -> None:
+def _brake(ctx: Context, prepared: _Prepared, error: MailRejected) -> Outcome | None:
     """Count a monthly email refused for what would refuse every user; past the threshold, pause
-    the period (its items stay pending) and raise the alert, once per trip."""
+    the period (its items stay pending) and raise the alert, once per trip. A refusal after the
+    trip is the month's, not the user's: its deferral, for as long as the trip holds."""
     first = prepared.claims[0]
     if ctx.brake is None or first.request_id is not None:
-        return
+        return None
     try:
         tripped = ctx.brake.note(first.period, first.user_id, str(error), now_ms=_millis(ctx.clock()))
     except redis.RedisError:
         logger.warning("Could not count a refusal for the brake: Redis unreachable.")
-        return
+        return None
     if tripped is None:
-        return
+        return None
+    if tripped.holds_for_seconds is not None:
+        return Outcome.deferred(tripped.holds_for_seconds, f"the brake paused period {first.period}")
     try:
         with ctx.sessions.begin() as session:
             paused = brake.pause(session, first.period, now=ctx.clock())
     except sqlalchemy.exc.SQLAlchemyError:
         logger.warning("The brake could not pause period %s: database unreachable.", first.period)
-        return
+        return None
     if not paused:
-        return  # cancelled already, by an operator
+        return None  # cancelled already, by an operator
     logger.error(
         "Period %s paused: %d different users refused within %gs for a reason not about their address "
         "(last: %s). Fix the cause, then `reports trigger %s` resumes it and `reports dlq replay` sends the "
@@ -318,6 +323,7 @@ def _brake(ctx: Context, prepared: _Prepared, error: MailRejected) -> None:
     )
     if ctx.brake.alert is not None:
         ctx.brake.alert(tripped)
+    return None
 
 
 def _opens_breaker(ctx: Context, permit: Permit | None, error: Exception) -> bool:
