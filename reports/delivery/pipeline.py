@@ -252,7 +252,7 @@ def _ask_breaker(ctx: Context) -> Permit | None | Outcome:
 def _give_back(ctx: Context, permit: Permit | None) -> None:
     """A half-open probe that will not send hands its slot back, so the next send probes at once
     instead of every send waiting out the probe timeout."""
-    if permit is None or not permit.probe:
+    if permit is None:
         return
     try:
         ctx.breaker.give_back(permit, _millis(ctx.clock()))  # type: ignore[union-attr]  # a permit comes from it

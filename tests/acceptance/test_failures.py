@@ -229,8 +229,8 @@ def test_an_outage_longer_than_the_retry_budget_opens_the_breaker_and_loses_no_e
         # The dead provider drops every connection at once, so no deadline runs out in the outage;
         # after it, every held-back send goes at once, and on a loaded machine a short deadline
         # could pass while the provider answers the final ".": the duplicate window, not the outage.
-        # The lease leaves a few seconds before the send: a half-open probe turned back for want of
-        # lease would hold its slot for the probe timeout (three deadlines) and stall the recovery.
+        # The lease leaves a few seconds over a whole send, so a send held back by the breaker or
+        # the send rate still has lease enough for one when its turn comes.
         smtp_timeout_seconds=10,
         claim_lease_seconds=15,
         sqs_visibility_timeout_seconds=15,

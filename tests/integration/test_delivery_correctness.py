@@ -81,17 +81,20 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
     client.close()
 
 
+def breaker_on(client: redis.Redis, name: str = "test:breaker", **options: int) -> CircuitBreaker:
+    """The mail breaker as a worker builds it on ``client`` (``options`` override the tests' own)."""
+    return CircuitBreaker(
+        client,
+        name=name,
+        **{"failure_threshold": THRESHOLD, "window_ms": 10_000, "cooldown_ms": COOLDOWN_MS, "probe_timeout_ms": 5_000}
+        | options,
+    )
+
+
 @pytest.fixture
 def breaker(redis_client: redis.Redis, broker_namespace: str) -> CircuitBreaker:
     """The mail breaker as a worker builds it, on the test's namespace."""
-    return CircuitBreaker(
-        redis_client,
-        name=mail_breaker_name(broker_namespace),
-        failure_threshold=THRESHOLD,
-        window_ms=10_000,
-        cooldown_ms=COOLDOWN_MS,
-        probe_timeout_ms=5_000,
-    )
+    return breaker_on(redis_client, mail_breaker_name(broker_namespace))
 
 
 def millis(moment: datetime) -> int:
@@ -392,17 +395,11 @@ def test_a_copy_whose_breaker_call_stalls_past_its_lease_sends_nothing_once_redi
     short = replace(mail_settings, smtp_timeout_seconds=1, claim_lease_seconds=3)
     shared = redis.Redis.from_url(private_redis)  # as the workers build it: no socket timeout
 
-    def breaker_on_shared(**options: int) -> CircuitBreaker:
-        return CircuitBreaker(
-            shared, name="test:breaker", failure_threshold=THRESHOLD, window_ms=10_000,
-            cooldown_ms=COOLDOWN_MS, probe_timeout_ms=5_000, **options,
-        )  # fmt: skip
-
     # Another worker read "closed" a moment ago, so its next sends do not ask Redis.
-    fresh = breaker_on_shared(state_cache_ms=60_000)
+    fresh = breaker_on(shared, state_cache_ms=60_000)
     assert fresh.allow(millis(utcnow())).allowed
     stalling = pipeline.Context(
-        settings=short, sessions=sessions, mailer=build_mailer(short), breaker=breaker_on_shared()
+        settings=short, sessions=sessions, mailer=build_mailer(short), breaker=breaker_on(shared)
     )
     other = replace(stalling, breaker=fresh)
     outcome: list[object] = []
@@ -437,10 +434,7 @@ def test_a_probe_turned_back_for_too_little_lease_hands_the_probe_to_the_next_se
     shared = redis.Redis.from_url(private_redis)
 
     def worker() -> pipeline.Context:
-        breaker = CircuitBreaker(
-            shared, name="test:breaker", failure_threshold=THRESHOLD, window_ms=10_000,
-            cooldown_ms=COOLDOWN_MS, probe_timeout_ms=60_000,
-        )  # fmt: skip
+        breaker = breaker_on(shared, probe_timeout_ms=60_000)
         return pipeline.Context(settings=short, sessions=sessions, mailer=build_mailer(short), breaker=breaker)
 
     stalling, other = worker(), worker()
