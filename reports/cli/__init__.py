@@ -1,20 +1,6 @@
-"""The ``reports`` command. Each module adds one group of subcommands to :data:`app.cli`."""
+"""The ``reports`` command. Each module adds one group of subcommands to :data:`app.cli`, when
+the command is first asked for (:data:`app.COMMAND_MODULES`)."""
 
-from reports.cli import (  # noqa: F401  (registers the commands)
-    admin,
-    console,
-    database,
-    demo,
-    dlq,
-    exporter,
-    feedback,
-    periods,
-    preview,
-    prune,
-    reconcile,
-    suppress,
-    web,
-)
 from reports.cli.app import cli, main
 
 __all__ = ["cli", "main"]

@@ -25,7 +25,6 @@ from reports.ops.demo import DEFAULT_USERS, run_demo
 @pass_obj
 def demo(obj: Obj, users: int | None, processes: int, threads: int, fresh: bool, serve: bool) -> None:
     """Run last month's reports end to end on the embedded default (SQLite, embedded Redis, Maildir)."""
-    # The web process is another command's (`reports web`); the demo serves it once it exists.
     run_demo(
         obj.settings,
         users=users,
@@ -33,6 +32,5 @@ def demo(obj: Obj, users: int | None, processes: int, threads: int, fresh: bool,
         threads=threads,
         fresh=fresh,
         serve=serve,
-        web=serve and "web" in cli.commands,
         console=Console(),
     )

@@ -71,16 +71,15 @@ def run_demo(
     threads: int,
     fresh: bool = False,
     serve: bool = False,
-    web: bool = False,
     console: Console,
 ) -> None:
     """Run last month's reports end to end; ``users`` is ``None`` when the operator did not choose.
 
     :param fresh: delete the demo's own files under ``VAR_DIR`` first (refused for a database elsewhere).
-    :param serve: keep Redis, the workers (and with ``web`` the web process) running until Ctrl-C.
+    :param serve: keep Redis, the workers and the web process running until Ctrl-C.
     """
     require_embedded_redis()
-    if serve and web:
+    if serve:
         require_free_port(WEB_HOST, WEB_PORT)
     settings = _anchored(settings)
     if fresh:
@@ -105,18 +104,14 @@ def run_demo(
                 console.print("Workers stopped.")
                 print_summary(console, settings, final, inactive=_inactive(sessions), log_path=log_path)
                 return
-            served, stopped_first = [workers], ["the workers"]
-            if web:
-                web_process = stack.enter_context(child(web_command(), settings, log_path=settings.var_dir / "web.log"))
-                served.append(web_process)
-                stopped_first.insert(0, "the web process")
-                if not await_listening(web_process, host=WEB_HOST, port=WEB_PORT):
-                    raise WebDidNotStart()
+            web_process = stack.enter_context(child(web_command(), settings, log_path=settings.var_dir / "web.log"))
+            if not await_listening(web_process, host=WEB_HOST, port=WEB_PORT):
+                raise WebDidNotStart()
             print_summary(console, settings, final, inactive=_inactive(sessions), log_path=log_path, serving=True)
-            print_serving(console, settings, period=period, user_id=_example_user(sessions, period), web=web)
-            _serve(served)
+            print_serving(console, settings, period=period, user_id=_example_user(sessions, period))
+            _serve([workers, web_process])
             # The stack stops them in the reverse of their start: what was started last goes first.
-            console.print(f"Stopping {', then '.join(stopped_first)}, then the embedded Redis.")
+            console.print("Stopping the web process, then the workers, then the embedded Redis.")
         console.print("Stopped.")
 
 

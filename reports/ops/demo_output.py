@@ -84,15 +84,13 @@ def environment_lines(settings: Settings) -> list[str]:
     return lines
 
 
-def print_serving(console: Console, settings: Settings, *, period: Period, user_id: int | None, web: bool) -> None:
+def print_serving(console: Console, settings: Settings, *, period: Period, user_id: int | None) -> None:
     reports = reports_command()
-    running = "The embedded Redis, the workers and the web process" if web else "The embedded Redis and the workers"
-    _plain(console, f"\n{running} keep running until Ctrl-C.")
-    if web:
-        _plain(console, f"Web process: http://{WEB_HOST}:{WEB_PORT}/healthz (its log: {settings.var_dir / 'web.log'})")
-        if user_id is not None:
-            # A real link, as user_id's email carries it: it opens the confirm page of the web process.
-            _plain(console, f"User {user_id}'s unsubscribe link: {tokens.links(settings).url(user_id)}")
+    _plain(console, "\nThe embedded Redis, the workers and the web process keep running until Ctrl-C.")
+    _plain(console, f"Web process: http://{WEB_HOST}:{WEB_PORT}/healthz (its log: {settings.var_dir / 'web.log'})")
+    if user_id is not None:
+        # A real link, as user_id's email carries it: it opens the confirm page of the web process.
+        _plain(console, f"User {user_id}'s unsubscribe link: {tokens.links(settings).url(user_id)}")
     _plain(console, "In a second terminal:")
     for line in environment_lines(settings):
         _plain(console, f"  {line}")

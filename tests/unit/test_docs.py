@@ -179,7 +179,9 @@ def ids(site: Path, page: str) -> set[str]:
 
 
 def command_paths(group: click.Group, prefix: str = "reports") -> Iterator[str]:
-    for name, command in group.commands.items():
+    context = click.Context(group)
+    for name in group.list_commands(context):
+        command = group.get_command(context, name)
         yield f"{prefix} {name}"
         if isinstance(command, click.Group):
             yield from command_paths(command, f"{prefix} {name}")
