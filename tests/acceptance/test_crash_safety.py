@@ -152,7 +152,7 @@ def test_a_worker_frozen_past_the_heartbeat_timeout_sends_nothing_twice(
 def test_the_coordinator_killed_mid_walk_resumes_from_its_checkpoint(
     crash_settings, sessions, smtp_server, start_workers
 ):
-    population = load_users(sessions, count=3000, inactive_every=4)
+    population = load_users(sessions, count=1000, inactive_every=4)
     settings = replace(crash_settings, plan_page_size=5)
     coordinator_pool = start_workers(settings, processes=1, threads=1, queues=("default",))
     assert run_cli(settings, "trigger", PERIOD).returncode == 0
