@@ -21,9 +21,9 @@ import redis
 from aiosmtpd.controller import Controller
 from sqlalchemy.orm import Session, sessionmaker
 
-from reports.database import create_db_engine, session_factory
+from reports.database import create_db_engine, session_factory, upgrade
 from reports.settings import Settings
-from tests.support.databases import MigratedCopies, temporary_database
+from tests.support.databases import temporary_database
 from tests.support.environment import POSTGRES_ADMIN_URL, REDIS_URL, REPO, unavailable
 from tests.support.processes import WorkerGroup, free_port, redis_server
 from tests.support.rabbitmq import temporary_vhost
@@ -182,18 +182,10 @@ def settings(
     )
 
 
-@pytest.fixture(scope="session")
-def migrated_copies(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MigratedCopies]:
-    """A database of each kind migrated once per test process, which each test's database copies."""
-    copies = MigratedCopies(tmp_path_factory.mktemp("migrated"))
-    yield copies
-    copies.close()
-
-
 @pytest.fixture
-def sessions(settings: Settings, migrated_copies: MigratedCopies) -> Iterator[sessionmaker[Session]]:
+def sessions(settings: Settings) -> Iterator[sessionmaker[Session]]:
     """Sessions on the test's database, migrated to the newest schema."""
-    migrated_copies.migrate(settings.database_url)
+    upgrade(settings)
     engine = create_db_engine(settings.database_url)
     yield session_factory(engine)
     engine.dispose()

@@ -1,22 +1,17 @@
-"""Databases: an empty PostgreSQL database of one's own, dropped after; a migrated one made from a
-copy; users loaded by plain SQL."""
+"""Databases: an empty PostgreSQL database of one's own, dropped after; users loaded by plain SQL."""
 
 from __future__ import annotations
 
 import contextlib
-import shutil
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import psycopg
-from sqlalchemy import make_url, text
+from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
-from reports.database import upgrade
-from reports.settings import Settings
 from tests.support.environment import POSTGRES_ADMIN_URL
 
 
@@ -32,52 +27,6 @@ def temporary_database(admin_url: str = POSTGRES_ADMIN_URL, *, prefix: str = "re
     finally:
         with psycopg.connect(admin_url, autocommit=True) as connection:
             connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-class MigratedCopies:
-    """Migrates a database of each kind once, then gives each test's empty database the newest
-    schema as a copy of it: a file copy on SQLite, ``CREATE DATABASE … TEMPLATE`` on PostgreSQL.
-
-    Running every migration for each test was over a third of the test processes' CPU. The
-    migrations themselves are tested on their own (tests/integration/test_migrations.py).
-    """
-
-    def __init__(self, folder: Path, admin_url: str = POSTGRES_ADMIN_URL) -> None:
-        self._folder, self._admin_url = folder, admin_url
-        self._sqlite: Path | None = None
-        self._postgresql: str | None = None
-
-    def migrate(self, database_url: str) -> None:
-        """Give the empty database at ``database_url`` the newest schema."""
-        url = make_url(database_url)
-        if url.get_backend_name() == "sqlite":
-            self._copy_file(Path(url.database or ""))
-        else:
-            self._copy_database(url.database or "")
-
-    def _copy_file(self, path: Path) -> None:
-        if self._sqlite is None:
-            self._sqlite = self._folder / "migrated.db"
-            upgrade(Settings(database_url=f"sqlite:///{self._sqlite}"))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(self._sqlite, path)
-
-    def _copy_database(self, name: str) -> None:
-        if self._postgresql is None:
-            self._postgresql = f"reports_migrated_{uuid.uuid4().hex[:12]}"
-            with psycopg.connect(self._admin_url, autocommit=True) as connection:
-                connection.execute(f'CREATE DATABASE "{self._postgresql}"')
-            base = self._admin_url.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
-            upgrade(Settings(database_url=f"{base}/{self._postgresql}"))
-        # Without FORCE: a test whose database something had already connected to fails here.
-        with psycopg.connect(self._admin_url, autocommit=True) as connection:
-            connection.execute(f'DROP DATABASE "{name}"')
-            connection.execute(f'CREATE DATABASE "{name}" TEMPLATE "{self._postgresql}"')
-
-    def close(self) -> None:
-        if self._postgresql is not None:
-            with psycopg.connect(self._admin_url, autocommit=True) as connection:
-                connection.execute(f'DROP DATABASE IF EXISTS "{self._postgresql}" WITH (FORCE)')
 
 
 @dataclass
