@@ -123,9 +123,12 @@ class ItemState(enum.StrEnum):
 FINAL_STATES = frozenset({ItemState.DELIVERED, ItemState.SKIPPED, ItemState.DEAD})
 
 
+#: An item still to be sent (or settled), as the partial index on ``report_items`` selects it.
+PENDING = "state = 'pending'"
+
 #: An item waiting to be released, as the partial indexes on ``report_items`` select it; every query
 #: that reads them says the same (:func:`reports.items.waiting`).
-WAITING = "state = 'pending' AND due_at IS NOT NULL"
+WAITING = f"{PENDING} AND due_at IS NOT NULL"
 
 
 class ReportItem(Base):
@@ -148,14 +151,22 @@ class ReportItem(Base):
     finished_at: Mapped[datetime | None] = mapped_column(DateTime())
     last_error: Mapped[str | None] = mapped_column(Text)
 
-    # Reconcile walks a period's pending items by user. The user id also makes a lookup of one
-    # user's item in a given state exact here, should the planner prefer this index to the key.
+    # Reconcile walks a period's pending items by user; only pending items are in that index, so
+    # an item that finishes writes no entry there (it changes state, so it writes a new row
+    # version, and an entry in the key). The user id also makes a lookup of one user's pending
+    # item exact here, should the planner prefer this index to the key.
     # The release hands out a period's items in due order, and only items still waiting (pending,
-    # with a due time) are in the two partial indexes: a released or finished item leaves them, so
-    # a day of releases never re-reads what it handed out, and counting what is scheduled reads
-    # the index alone. A changed time zone finds its user's waiting item by the second.
+    # with a due time) are in the next two: a released or finished item leaves them, so a day of
+    # releases never re-reads what it handed out, and counting what is scheduled reads the index
+    # alone. A changed time zone finds its user's waiting item by the second.
     __table_args__ = (
-        Index("ix_report_items_period_state_user_id", "period", "state", "user_id"),
+        Index(
+            "ix_report_items_pending_user_id",
+            "period",
+            "user_id",
+            postgresql_where=text(PENDING),
+            sqlite_where=text(PENDING),
+        ),
         Index(
             "ix_report_items_period_due_at",
             "period",

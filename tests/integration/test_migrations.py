@@ -286,3 +286,36 @@ def test_the_items_partitions_that_exist_get_room_for_updates_and_lose_it_going_
         engine.dispose()
     assert upgraded == [("report_items_2026_10", ["fillfactor=50"]), ("report_items_2026_11", ["fillfactor=50"])]
     assert downgraded == [("report_items_2026_10", None), ("report_items_2026_11", None)]
+
+
+def test_only_pending_items_are_in_the_index_by_state_and_the_migration_goes_down_and_up(settings, sessions):
+    """A period's pending items are found through an index that holds them alone, in a month that
+    existed before the upgrade as in one made after it; going down brings the index of every state back."""
+    engine = create_db_engine(settings.database_url)
+    on_postgresql = engine.dialect.name == "postgresql"
+    indexes = text(
+        "SELECT tablename, indexdef FROM pg_indexes WHERE tablename LIKE 'report_items%' AND indexdef LIKE '%(period, %'"
+        " AND indexdef LIKE '%state%' AND indexdef NOT LIKE '%due_at%' ORDER BY 1"
+        if on_postgresql
+        else "SELECT tbl_name, sql FROM sqlite_master WHERE type = 'index' AND (name LIKE '%state%'"
+        " OR name LIKE '%pending%') ORDER BY 1"
+    )
+    try:
+        downgrade(settings, "0016")
+        with Session(engine) as session, session.begin():
+            partitions.ensure(session, "2026-10")  # made before the upgrade
+        upgrade(settings)
+        with Session(engine) as session, session.begin():
+            partitions.ensure(session, "2026-11")  # made after it
+        with engine.connect() as connection:
+            upgraded = [(table, " ".join(definition.split())) for table, definition in connection.execute(indexes)]
+        downgrade(settings, "0016")
+        with engine.connect() as connection:
+            downgraded = [(table, " ".join(definition.split())) for table, definition in connection.execute(indexes)]
+    finally:
+        engine.dispose()
+    tables = ["report_items", "report_items_2026_10", "report_items_2026_11"] if on_postgresql else ["report_items"]
+    assert [table for table, _ in upgraded] == tables
+    assert all("(period, user_id) WHERE" in d and "'pending'" in d and "state," not in d for _, d in upgraded)
+    assert [table for table, _ in downgraded] == tables
+    assert all("(period, state, user_id)" in d and "WHERE" not in d for _, d in downgraded)

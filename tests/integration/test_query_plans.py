@@ -6,7 +6,8 @@ pending item" through the ``(period, state)`` index as cheap as through the prim
 it, and read every pending entry of the period for each report; psycopg's prepared statements
 then kept that plan for the connection's life. ``bench/worker_memory.py`` slowed from 85 to 49
 reports/s over 200,000 users; a manual VACUUM ANALYZE, which threw the plan away, brought it to
-123. Migration 0005 ends the index with ``user_id``, so either index finds the one entry.
+123. Migration 0005 ended that index with ``user_id``, so either index finds the one entry; since
+migration 0017 the index holds pending items alone, on ``(period, user_id)``, and still does.
 """
 
 from __future__ import annotations
