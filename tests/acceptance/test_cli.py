@@ -28,8 +28,7 @@ from tests.support.broker import jobs_in_queue, messages_in_queue, queue_counts
 from tests.support.databases import load_users
 from tests.support.environment import REPO
 from tests.support.periods import month_from_now
-from tests.support.processes import run_cli
-from tests.support.waiting import wait_until
+from tests.support.processes import run_cli, wait_for_progress
 
 pytestmark = pytest.mark.acceptance
 
@@ -182,9 +181,7 @@ def test_progress_reports_a_completed_period_as_json_as_text_and_while_watching(
     triggered = run_cli(settings, "trigger", LAST_MONTH)
     assert triggered.returncode == 0, triggered.stderr
 
-    final = wait_until(
-        lambda: (p := progress_json(settings, LAST_MONTH))["complete"] and p, timeout=60, what="the period to complete"
-    )
+    final = wait_for_progress(settings, LAST_MONTH)
     assert set(final) == PROGRESS_KEYS
     assert final["period"] == LAST_MONTH
     assert final["delivered"] + final["skipped"] + final["dead"] + final["pending"] == final["total"]

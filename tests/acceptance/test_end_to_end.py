@@ -9,8 +9,7 @@ from dataclasses import replace
 import pytest
 
 from tests.support.databases import load_users
-from tests.support.processes import run_cli
-from tests.support.waiting import wait_until
+from tests.support.processes import run_cli, wait_for_progress
 
 pytestmark = pytest.mark.acceptance
 
@@ -33,7 +32,7 @@ def test_every_active_user_gets_exactly_one_correct_email(settings, sessions, sm
     assert triggered.returncode == 0, triggered.stderr
     assert "Triggered 2026-10" in triggered.stdout
 
-    final = wait_until(lambda: (p := progress_json(settings))["complete"] and p, timeout=90, what="the period")
+    final = wait_for_progress(settings, PERIOD, timeout=90)
     assert final == {
         "period": PERIOD,
         "total": len(population.active),
@@ -81,12 +80,12 @@ def test_a_user_deactivated_after_planning_is_skipped_not_mailed(settings, sessi
     assert run_cli(settings, "trigger", PERIOD).returncode == 0
     # The walk happens in a worker; deactivate user 3 after its item exists but before any worker runs.
     group = start_workers(settings, processes=1, threads=1, queues=("default",))
-    wait_until(lambda: progress_json(settings)["planned"], timeout=30, what="the walk")
+    wait_for_progress(settings, PERIOD, until="planned", timeout=30)
     with sessions.begin() as session:
         session.execute(text("UPDATE users SET active = false WHERE id = 3"))
     group.stop()
     start_workers(settings, processes=1, threads=4)
 
-    final = wait_until(lambda: (p := progress_json(settings))["complete"] and p, timeout=60, what="the period")
+    final = wait_for_progress(settings, PERIOD)
     assert (final["delivered"], final["skipped"], final["total"]) == (9, 1, 10)
     assert sorted(smtp_server.by_user()) == [1, 2, 4, 5, 6, 7, 8, 9, 10]

@@ -11,7 +11,7 @@ import pytest
 
 from reports import tokens
 from tests.support.databases import load_users
-from tests.support.processes import run_cli, wait_for_complete
+from tests.support.processes import run_cli, wait_for_progress
 
 pytestmark = pytest.mark.acceptance
 
@@ -25,7 +25,7 @@ def test_users_with_ids_minus_5_0_and_1_each_get_one_email(settings, sessions, s
     start_workers(settings, processes=1, threads=2)
 
     assert run_cli(settings, "trigger", PERIOD).returncode == 0
-    progress = wait_for_complete(settings, PERIOD)
+    progress = wait_for_progress(settings, PERIOD)
 
     assert (progress["total"], progress["delivered"], progress["dead"]) == (3, 3, 0), progress
     by_user = smtp_server.by_user()

@@ -33,8 +33,7 @@ from tests.support.feedback import (
     ses_notification,
     sns_server,
 )
-from tests.support.processes import run_cli
-from tests.support.waiting import wait_until
+from tests.support.processes import run_cli, wait_for_progress
 from tests.support.web import WebProcess
 
 pytestmark = pytest.mark.acceptance
@@ -280,11 +279,7 @@ def test_the_next_period_mails_everyone_but_the_users_the_webhooks_suppressed(
     start_workers(mail_settings, processes=1, threads=4)
     assert run_cli(mail_settings, "trigger", PERIOD).returncode == 0
 
-    def complete() -> bool:
-        result = run_cli(mail_settings, "progress", PERIOD, "--json")
-        return bool(json.loads(result.stdout)["complete"])
-
-    wait_until(complete, timeout=90, what="the period")
+    wait_for_progress(mail_settings, PERIOD, timeout=90)
     by_user = smtp_server.by_user()
     assert sorted(by_user) == sorted(set(population.active) - set(EXPECTED))
     assert all(len(messages) == 1 for messages in by_user.values()), by_user

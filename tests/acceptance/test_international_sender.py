@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 from tests.support.databases import load_users
-from tests.support.processes import run_cli, wait_for_complete
+from tests.support.processes import run_cli, wait_for_progress
 
 pytestmark = pytest.mark.acceptance
 
@@ -27,7 +27,7 @@ def test_a_sender_on_an_internationalised_domain_gets_every_report_delivered(
     start_workers(settings, processes=1, threads=2)
 
     assert run_cli(settings, "trigger", PERIOD).returncode == 0
-    progress = wait_for_complete(settings, PERIOD)
+    progress = wait_for_progress(settings, PERIOD)
     assert progress["delivered"] == len(population.active), progress
 
     by_user = smtp_server.by_user()

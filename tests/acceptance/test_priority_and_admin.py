@@ -44,7 +44,7 @@ from tests.support.broker import held_by_workers, queued_messages
 from tests.support.databases import load_users
 from tests.support.environment import REPO
 from tests.support.periods import month_from_now
-from tests.support.processes import WorkerGroup, run_cli
+from tests.support.processes import WorkerGroup, run_cli, wait_for_progress
 from tests.support.smtp import SmtpServer
 from tests.support.waiting import wait_until
 
@@ -97,15 +97,6 @@ def cli_ok(settings: Settings, *args: str) -> str:
 
 def progress_json(settings: Settings, period: str = PERIOD) -> dict:
     return json.loads(cli_ok(settings, "progress", period, "--json"))
-
-
-def wait_complete(settings: Settings, period: str = PERIOD, timeout: float = 60) -> dict:
-    return wait_until(
-        lambda: (p := progress_json(settings, period))["complete"] and p,
-        timeout=timeout,
-        interval=0.3,
-        what=f"period {period} to complete",
-    )
 
 
 def periods_json(settings: Settings) -> list[dict]:
@@ -227,7 +218,7 @@ def test_send_now_for_a_user_never_mailed_is_the_monthly_email_and_the_monthly_r
     if before == "planned, bulk not running":
         cli_ok(settings, "trigger", PERIOD)
         groups.append(start_workers(settings, processes=1, threads=2, queues=(DEFAULT_QUEUE,)))
-        wait_until(lambda: progress_json(settings)["planned"], timeout=30, what="the walk")
+        wait_for_progress(settings, PERIOD, until="planned", timeout=30)
         assert waiting(settings, BULK_QUEUE) == len(population.active)
         assert item_state(sessions, user) == "pending"
 
@@ -254,7 +245,7 @@ def test_send_now_for_a_user_never_mailed_is_the_monthly_email_and_the_monthly_r
     groups.append(start_workers(settings, processes=1, threads=4, queues=(DEFAULT_QUEUE, BULK_QUEUE)))
     trigger = run_cli(settings, "trigger", PERIOD)
     assert trigger.returncode == 0, trigger.stderr
-    final = wait_complete(settings)
+    final = wait_for_progress(settings, PERIOD)
     assert final == {
         "period": PERIOD,
         "total": len(population.active),
@@ -282,7 +273,7 @@ def test_send_now_after_the_monthly_email_sends_one_new_email_per_request_even_i
     user = 2
     workers = start_workers(settings, processes=1, threads=4)  # every queue
     cli_ok(settings, "trigger", PERIOD)
-    wait_complete(settings)
+    wait_for_progress(settings, PERIOD)
     assert_each_mailed_once(smtp_server, population.active)
 
     # An operator asks for user 2's report again: a new email with a Message-ID of its own.
@@ -441,7 +432,7 @@ def test_cancel_stops_new_sends_and_trigger_resumes_without_mailing_anyone_twice
     resumed = run_cli(settings, "trigger", PERIOD)
     assert resumed.returncode == 0, resumed.stderr
     assert "resumed" in resumed.stdout, resumed.stdout
-    final = wait_complete(settings, timeout=90)
+    final = wait_for_progress(settings, PERIOD, timeout=90)
     assert (final["delivered"], final["pending"], final["total"]) == (len(population.active), 0, len(population.active))
     [summary] = [p for p in periods_json(settings) if p["period"] == PERIOD]
     assert summary["state"] == "active" and summary["complete"] is True
@@ -475,7 +466,7 @@ def test_periods_lists_every_triggered_period_newest_first_with_state_and_counts
     assert planned.planned
     broker.close()
     workers = start_workers(settings, processes=1, threads=4, queues=(BULK_QUEUE,))
-    wait_complete(settings, "2026-09")
+    wait_for_progress(settings, "2026-09")
     stop_all(workers)
 
     listed = periods_json(settings)
