@@ -21,6 +21,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
+#: The repository's root: where worker pools run (``dramatiq actors`` imports ``actors`` from there).
+ROOT = Path(__file__).resolve().parent.parent
+# A benchmark runs as a plain script, with bench/ on sys.path but not the repository, which holds
+# the helpers the benchmarks share with the tests. First, before anything imports ``reports``: a
+# checkout that shares another's virtualenv would otherwise run the code the virtualenv was
+# installed from, the other checkout's, and migrate its database with that checkout's migrations.
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
 import pika
 import pika.exceptions
 import proc_cpu  # bench/proc_cpu.py, beside this file
@@ -34,13 +43,6 @@ from reports.models import User
 from reports.ops.seed import seed
 from reports.periods import Period, previous_month
 from reports.settings import ENVIRONMENT, Settings
-
-#: The repository's root: where worker pools run (``dramatiq actors`` imports ``actors`` from there).
-ROOT = Path(__file__).resolve().parent.parent
-# A benchmark runs as a plain script, with bench/ on sys.path but not the repository, which holds
-# the helpers the benchmarks share with the tests.
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 # Defined once, in tests/support; the benchmarks import them from here.
 from tests.support.databases import in_autocommit as in_autocommit
