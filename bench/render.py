@@ -16,6 +16,8 @@ import argparse
 import statistics
 import time
 
+import support  # noqa: F401  (bench/support.py: this checkout's code first on sys.path)
+
 from reports.content.activity import CategoryTotal, Summary
 from reports.content.render import render
 from reports.periods import Period

@@ -28,6 +28,7 @@ import uuid
 from typing import Any
 
 import redis
+import support  # noqa: F401  (bench/support.py: this checkout's code first on sys.path)
 
 from reports.counters import counter_key
 from reports.delivery import send_rate

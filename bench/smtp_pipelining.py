@@ -18,6 +18,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from email.message import EmailMessage
 
+import support  # noqa: F401  (bench/support.py: this checkout's code first on sys.path)
 from smtp_sink import SmtpSink  # bench/smtp_sink.py, beside this script
 
 from reports.delivery.mail.smtp import SmtpMailer
