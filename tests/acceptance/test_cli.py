@@ -80,12 +80,6 @@ def assert_nothing_changed(settings: Settings, sessions: sessionmaker[Session]) 
     assert queue_counts(settings) == {"default": 0, "bulk": 0}
 
 
-def progress_json(settings: Settings, period: str) -> dict:
-    result = run_cli(settings, "progress", period, "--json")
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
-
-
 # --- trigger: rejected periods ---------------------------------------------------------------
 
 
