@@ -16,7 +16,7 @@ from typing import Any
 import dramatiq
 import pytest
 import redis
-from sqlalchemy import make_url, text
+from sqlalchemy import func, make_url, select, text
 
 from reports.clock import utcnow
 from reports.dead_message import DeadMessage
@@ -24,6 +24,7 @@ from reports.errors import BadInput
 from reports.failures import dead_letters
 from reports.fanout import coordinator, runs
 from reports.fanout.progress import count
+from reports.models import DeadLetter, DeadLetterReason
 from reports.periods import Period
 from reports.queue import InMemoryQueue
 from tests.support.broker import dead_in_broker, held_by_workers, publish_message, publish_raw, queued_messages
@@ -75,6 +76,15 @@ def dlq_list(settings, *args: str) -> list[dict[str, Any]]:
     result = run_cli(settings, "dlq", "list", "--json", *args)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
+
+
+def dead_letters_stored(sessions, reason: DeadLetterReason | None = None) -> int:
+    """Dead letters in the database, read directly: a wait polls this, not a command a process each."""
+    query = select(func.count()).select_from(DeadLetter)
+    if reason is not None:
+        query = query.where(DeadLetter.reason == reason)
+    with sessions() as session:
+        return session.scalar(query) or 0
 
 
 def trigger(settings) -> None:
@@ -314,7 +324,7 @@ def test_malformed_payloads_become_dead_letters_with_a_clear_reason_and_the_work
     )
 
     wait_until(lambda: (p := progress(sessions)) and p["complete"], timeout=30, what="both items to finish")
-    wait_until(lambda: len(dlq_list(settings)) >= len(malformed), timeout=30, what="every dead letter")
+    wait_until(lambda: dead_letters_stored(sessions) >= len(malformed), timeout=30, what="every dead letter")
     time.sleep(1)
 
     letters = {ids.get(letter["message_id"], letter["message_id"]): letter for letter in dlq_list(settings)}
@@ -356,7 +366,8 @@ def test_a_message_for_an_unknown_actor_becomes_a_broker_dead_letter_and_the_wor
     final = wait_complete(sessions)
     assert (final["delivered"], final["dead"]) == (1, 0)
     assert_each_mailed_once(smtp_server, [1])
-    letters = wait_until(lambda: dlq_list(settings), timeout=20, what="the unknown actor's dead letter")
+    wait_until(lambda: dead_letters_stored(sessions), timeout=20, what="the unknown actor's dead letter")
+    letters = dlq_list(settings)
     assert [(letter["message_id"], letter["actor"], letter["queue"]) for letter in letters] == [
         (unknown.message_id, "no_such_actor", "bulk")
     ]
@@ -381,11 +392,12 @@ def test_an_undecodable_raw_message_becomes_a_dead_letter_and_the_worker_goes_on
     final = wait_complete(sessions)
     assert (final["delivered"], final["dead"]) == (len(population.active), 0)
     assert_each_mailed_once(smtp_server, population.active)
-    letters = wait_until(
-        lambda: (found := dlq_list(settings, "--reason", "undecodable")) and len(found) == 3 and found,
+    wait_until(
+        lambda: dead_letters_stored(sessions, DeadLetterReason.UNDECODABLE) >= 3,
         timeout=30,
         what="three undecodable dead letters",
     )
+    letters = dlq_list(settings, "--reason", "undecodable")
     assert sorted(letter["message_id"] for letter in letters) == sorted(ids.values())
     by_id = {letter["message_id"]: letter for letter in letters}
     assert "not json" in by_id[ids["raw-not-json"]]["error_message"]
