@@ -233,7 +233,9 @@ def test_an_unreachable_database_fails_in_one_line_without_its_password(settings
 def test_an_unreachable_broker_fails_in_one_line_without_its_password(settings, sessions):
     settings = replace(settings, broker_url=f"redis://:{SECRET}@127.0.0.1:1/0")
     result = run_cli(settings, "trigger", LAST_MONTH)
-    assert_one_error_line(result, code=None)
+    # Exit 1 like an unreachable database: the command line itself was fine.
+    line = assert_one_error_line(result, code=1)
+    assert line == "error: Broker error (ConnectionError); is Redis reachable at BROKER_URL?"
     assert SECRET not in result.stdout
     assert SECRET not in result.stderr
 
