@@ -203,8 +203,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _is_redis_error(error: Exception) -> bool:
-    # Only a command that imported redis can raise its errors: the others (progress, the dead
-    # letters, the periods) start without importing it, a tenth of a second sooner.
+    # Only a command that imported redis can raise its errors; those that never touch the broker
+    # (suppress, db, feedback, admin, console) start without importing it.
     client = sys.modules.get("redis")
     return client is not None and isinstance(error, client.RedisError)
 
