@@ -4,7 +4,7 @@ Usage: .venv/bin/python bench/end_to_end.py [--users 40000] [--repeats 1] [--pro
                                             [--inactive-percent 0] [--timeout 3600]
                                             [--broker redis|rabbitmq|sqs|both] [--rabbitmq-url URL]
                                             [--code CHECKOUT]... [--no-plain] [--in-process-users 2000]
-                                            [--months-kept 0]
+                                            [--in-process-smtp] [--months-kept 0]
 
 On a PostgreSQL database of its own (TEST_POSTGRES_URL's server), a private redis-server and a local
 SMTP sink in a process of its own (bench/smtp_sink.py), with --users users and their activities
@@ -45,7 +45,8 @@ got exactly one email (exit status 1 if not).
 
 3. in-process: once per repeat, bench/per_report.py (--in-process-users users, on a database of its
    own) for each checkout whose workers ran, and at the end each queue kind's bulk workers' CPU per
-   report over its checkout's in-process CPU per report (target at most 1.3). --code CHECKOUT, given
+   report over its checkout's in-process CPU per report (target at most 1.3). The loop sends nowhere;
+   with --in-process-smtp it sends over SMTP to a sink of its own, as the workers do. --code CHECKOUT, given
    more than once, alternates the queue runs between those checkouts' workers (each runs with its own
    .venv; another checkout's runs are labelled BROKER@FOLDER): main's code against a branch's in one
    run. --no-plain leaves out the plain runs. With --repeats N the kinds alternate (redis, rabbitmq, plain on odd repeats, the reverse
@@ -263,11 +264,11 @@ def cpu_meter(bench: MailBench, workers: Iterable[int], coordinator: int | None 
     return proc_cpu.Meter(parts)
 
 
-def in_process_ms(root: Path, users: int) -> float:
+def in_process_ms(root: Path, users: int, *, smtp: bool) -> float:
     """CPU ms per report of ``pipeline.run`` in a loop: bench/per_report.py of the checkout at ``root``
-    (its code, its ``.venv``), on a database of its own."""
+    (its code, its ``.venv``), on a database of its own; with ``smtp``, sending as the workers do."""
     done = subprocess.run(
-        [python_of(root), "bench/per_report.py", "--users", str(users)],
+        [python_of(root), "bench/per_report.py", "--users", str(users), *(["--smtp"] if smtp else [])],
         cwd=root,
         # A script's own folder comes first on its path, not the checkout: without this a checkout
         # whose .venv installs another checkout's package (a worktree's, shared) would run that code.
@@ -549,7 +550,9 @@ def table(results: dict[str, list[Run]], users: int) -> None:
     _print_table(rows)
 
 
-def ratios(results: dict[str, list[Run]], kinds: Iterable[QueueKind], in_process: dict[Path, list[float]]) -> None:
+def ratios(
+    results: dict[str, list[Run]], kinds: Iterable[QueueKind], in_process: dict[Path, list[float]], *, smtp: bool
+) -> None:
     """Each queue kind's workers' CPU per report over its checkout's in-process CPU per report."""
     print()
     for kind in kinds:
@@ -560,7 +563,7 @@ def ratios(results: dict[str, list[Run]], kinds: Iterable[QueueKind], in_process
         inside, bulk = statistics.median(measured), statistics.median(workers)
         print(
             f"{kind.label}: bulk workers {bulk:.3f} ms CPU per report (median of {len(workers)}) / in-process "
-            f"{inside:.3f} ms (bench/per_report.py, median of {len(measured)}: "
+            f"{inside:.3f} ms (bench/per_report.py{' --smtp' if smtp else ''}, median of {len(measured)}: "
             f"{' '.join(f'{m:.3f}' for m in measured)}) = {bulk / inside:.2f}x   target <= {TARGET_WORKERS_RATIO}x"
         )
 
@@ -609,6 +612,12 @@ def main() -> int:
         "workers' CPU per report is compared; 0 leaves it out",
     )
     parser.add_argument(
+        "--in-process-smtp",
+        action="store_true",
+        help="the in-process loop sends each report over SMTP to a sink of its own, as the workers do, instead "
+        "of nowhere (bench/per_report.py --smtp)",
+    )
+    parser.add_argument(
         "--months-kept",
         type=int,
         default=0,
@@ -655,7 +664,7 @@ def main() -> int:
                     print(run.describe(repeat + 1), flush=True)
                 for root in roots if args.in_process_users <= 0 or repeat % 2 == 0 else roots[::-1]:
                     if args.in_process_users > 0:
-                        in_process[root].append(in_process_ms(root, args.in_process_users))
+                        in_process[root].append(in_process_ms(root, args.in_process_users, smtp=args.in_process_smtp))
                         print(f"in-process #{repeat + 1} ({root}): {in_process[root][-1]:.3f} ms CPU per report")
             shared.close()
             engine.dispose()
@@ -663,7 +672,7 @@ def main() -> int:
         if vhosts is not None:
             vhosts.delete_all()
     table(results, len(bench.active))
-    ratios(results, queue_kinds, in_process)
+    ratios(results, queue_kinds, in_process, smtp=args.in_process_smtp)
     if failed:
         print("FAILED: not every user got exactly one email", file=sys.stderr)
     return 1 if failed else 0
