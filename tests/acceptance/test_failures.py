@@ -16,7 +16,7 @@ from typing import Any
 import dramatiq
 import pytest
 import redis
-from sqlalchemy import func, make_url, select, text
+from sqlalchemy import make_url, text
 
 from reports.clock import utcnow
 from reports.dead_message import DeadMessage
@@ -24,7 +24,7 @@ from reports.errors import BadInput
 from reports.failures import dead_letters
 from reports.fanout import coordinator, runs
 from reports.fanout.progress import count
-from reports.models import DeadLetter, DeadLetterReason
+from reports.models import DeadLetterReason
 from reports.periods import Period
 from reports.queue import InMemoryQueue
 from tests.support.broker import dead_in_broker, held_by_workers, publish_message, publish_raw, queued_messages
@@ -78,13 +78,10 @@ def dlq_list(settings, *args: str) -> list[dict[str, Any]]:
     return json.loads(result.stdout)
 
 
-def dead_letters_stored(sessions, reason: DeadLetterReason | None = None) -> int:
+def dead_letters_stored(sessions, cause: DeadLetterReason | None = None) -> int:
     """Dead letters in the database, read directly: a wait polls this, not a command a process each."""
-    query = select(func.count()).select_from(DeadLetter)
-    if reason is not None:
-        query = query.where(DeadLetter.reason == reason)
     with sessions() as session:
-        return session.scalar(query) or 0
+        return dead_letters.count(session, dead_letters.Filter(cause=cause))[0]
 
 
 def trigger(settings) -> None:

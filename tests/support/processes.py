@@ -20,9 +20,8 @@ from typing import cast
 
 import libfaketime
 import redis
-from sqlalchemy.orm import sessionmaker
 
-from reports.database import create_db_engine
+from reports.database import create_db_engine, session_factory
 from reports.errors import BadInput
 from reports.fanout.progress import count
 from reports.periods import Period
@@ -190,7 +189,7 @@ def wait_for_progress(
     """
     engine = create_db_engine(settings.database_url)
     try:
-        sessions = sessionmaker(engine)
+        sessions = session_factory(engine)
 
         def reached() -> bool:
             with sessions() as session:
