@@ -1,4 +1,5 @@
-"""Databases: an empty PostgreSQL database of one's own, dropped after; users loaded by plain SQL."""
+"""Databases: a PostgreSQL database of one's own (empty, or a copy of a template), dropped after;
+users loaded by plain SQL."""
 
 from __future__ import annotations
 
@@ -16,11 +17,15 @@ from tests.support.environment import POSTGRES_ADMIN_URL
 
 
 @contextlib.contextmanager
-def temporary_database(admin_url: str = POSTGRES_ADMIN_URL, *, prefix: str = "reports_test") -> Iterator[str]:
-    """Create an empty database; yield its SQLAlchemy URL; drop it (and its connections) after."""
+def temporary_database(
+    admin_url: str = POSTGRES_ADMIN_URL, *, prefix: str = "reports_test", template: str | None = None
+) -> Iterator[str]:
+    """Create an empty database, or a copy of the database named ``template`` (which nobody may be
+    connected to); yield its SQLAlchemy URL; drop it (and its connections) after."""
     name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    copy = f' TEMPLATE "{template}"' if template else ""
     with psycopg.connect(admin_url, autocommit=True) as connection:
-        connection.execute(f'CREATE DATABASE "{name}"')
+        connection.execute(f'CREATE DATABASE "{name}"{copy}')
     base = admin_url.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
     try:
         yield f"{base}/{name}"
@@ -37,6 +42,11 @@ class Population:
     inactive: list[int] = field(default_factory=list)
     #: user id → (activity count, total in cents) within the period.
     expected: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+
+def database_name(url: str) -> str:
+    """The database a SQLAlchemy URL names."""
+    return url.rsplit("/", 1)[1]
 
 
 def load_users(
