@@ -26,10 +26,24 @@ PARTITIONED = ("report_items", "deliveries", "reports")
 #: the second waits for the first to commit and then finds its partitions made.
 _LOCK = 0x70617274  # "part"
 
+#: Changes to a month's partition before autovacuum first vacuums or analyzes it (migration 0018).
+#: Its statistics decide the plan that each worker's prepared statements keep until the next look:
+#: taken from a partition of a few dozen rows, as the first of a month sent at each user's morning
+#: could be, that plan scans the whole partition for each message, and the partition grows to tens
+#: of thousands of rows before autovacuum looks again. A partition never looked at is planned as
+#: one of several pages, through its keys; from a thousand rows on, its statistics say the same.
+FIRST_LOOK_AFTER = 1000
+
+_FIRST_LOOK = f"autovacuum_vacuum_threshold = {FIRST_LOOK_AFTER}, autovacuum_analyze_threshold = {FIRST_LOOK_AFTER}"
+
 #: Storage parameters of each table's partitions. An item's row is updated after it is written (handed
 #: out, then claimed) with no indexed column changed: half of each page left free lets those updates
 #: stay on the page (HOT), with no new entry in the item's four indexes (migration 0016).
-STORAGE = {"report_items": " WITH (fillfactor = 50)"}
+STORAGE = {
+    "report_items": f" WITH (fillfactor = 50, {_FIRST_LOOK})",
+    "deliveries": f" WITH ({_FIRST_LOOK})",
+    "reports": f" WITH ({_FIRST_LOOK})",
+}
 
 _NAME = re.compile(r"(report_items|deliveries|reports)_[0-9]{4}_[0-9]{2}")
 
@@ -70,6 +84,6 @@ def ensure(session: Session, period: Period | str) -> None:
         session.execute(
             text(
                 f"CREATE TABLE IF NOT EXISTS {name(table, period)} PARTITION OF {table} FOR VALUES IN ('{literal}')"
-                + STORAGE.get(table, "")
+                + STORAGE[table]
             )
         )
