@@ -81,7 +81,7 @@ def case(
             record(kept, first)
             add_claims(url, period, users[args.early :])
             on_kept = record(kept, grown)
-        engine.dispose()
+        engine.dispose()  # so that the next checkout opens a connection, which plans afresh
         with store.transactions() as new:
             on_new = record(new, later)
     finally:

@@ -19,11 +19,12 @@ import psycopg
 import pytest
 import redis
 from aiosmtpd.controller import Controller
+from sqlalchemy import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from reports.database import create_db_engine, session_factory, upgrade
 from reports.settings import Settings
-from tests.support.databases import database_name, temporary_database
+from tests.support.databases import temporary_database
 from tests.support.environment import POSTGRES_ADMIN_URL, REDIS_URL, REPO, unavailable
 from tests.support.processes import WorkerGroup, free_port, redis_server
 from tests.support.rabbitmq import temporary_vhost
@@ -124,7 +125,7 @@ def migrated_postgres(postgres_admin: str) -> Iterator[str]:
     (``CREATE DATABASE … TEMPLATE``); its name."""
     with temporary_database(postgres_admin, prefix="reports_template") as url:
         upgrade(Settings(database_url=url))
-        yield database_name(url)
+        yield make_url(url).database
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

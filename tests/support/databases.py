@@ -44,11 +44,6 @@ class Population:
     expected: dict[int, tuple[int, int]] = field(default_factory=dict)
 
 
-def database_name(url: str) -> str:
-    """The database a SQLAlchemy URL names."""
-    return url.rsplit("/", 1)[1]
-
-
 def load_users(
     sessions: sessionmaker[Session],
     *,
