@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -26,6 +28,7 @@ from reports.errors import BadInput
 from reports.fanout.progress import count
 from reports.periods import Period
 from reports.settings import Settings
+from tests.support.command_server import CommandServer, needs_new_interpreter
 from tests.support.environment import REPO
 from tests.support.waiting import wait_until
 
@@ -156,9 +159,26 @@ def kill_group(process: subprocess.Popen[bytes]) -> None:
 def run_cli(settings: Settings, *args: str | bytes, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """Run the ``reports`` command as an operator would, in a process of its own.
 
+    The process is forked from this pytest process's command server, which imported the command
+    once (:mod:`tests.support.command_server`), unless it must start a new interpreter.
     An argument may be bytes, to pass what a shell would (including bytes that are not UTF-8).
     """
-    return run_process(settings, [sys.executable, "-m", "reports", *args], timeout=timeout)
+    environ = {**os.environ, **settings.as_environ()}
+    server = command_server()
+    if server is None or needs_new_interpreter(environ, server.environ):
+        return run_process(settings, [sys.executable, "-m", "reports", *args], timeout=timeout)
+    return server.run(args, environ=environ, cwd=REPO, timeout=timeout)
+
+
+@functools.cache
+def command_server() -> CommandServer | None:
+    """This pytest process's command server, started on first use; None when every command is to
+    start a new interpreter (``TEST_NEW_INTERPRETER_PER_COMMAND`` set)."""
+    if os.environ.get("TEST_NEW_INTERPRETER_PER_COMMAND"):
+        return None
+    server = CommandServer(REPO)
+    atexit.register(server.close)
+    return server
 
 
 def run_process(
