@@ -46,12 +46,14 @@ def needs_new_interpreter(environ: Mapping[str, str], server_environ: Mapping[st
 
 
 class CommandServer:
-    """One server process and the client side of its socket. Not for use from several threads."""
+    """One server process and the client side of its socket. Commands run from several threads at
+    once run side by side, each in a process of its own."""
 
     def __init__(self, cwd: Path) -> None:
         self.folder = tempfile.TemporaryDirectory(prefix="command-server-")
         self.path = os.path.join(self.folder.name, "socket")
         self.environ = dict(os.environ)
+        self.owner = os.getpid()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "tests.support.command_server", self.path],
             cwd=cwd,
@@ -92,6 +94,8 @@ class CommandServer:
             )
 
     def close(self) -> None:
+        if os.getpid() != self.owner:
+            return  # a fork of the test process exiting: the server is still the test's
         self.process.kill()
         self.process.wait()
         self.folder.cleanup()

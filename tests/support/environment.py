@@ -17,6 +17,9 @@ REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 #: The RabbitMQ node's default vhost: tests never use it, each makes a vhost of its own there.
 RABBITMQ_URL = os.environ.get("TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672")
 IN_CI = bool(os.environ.get("CI"))
+#: Every `reports` command a test runs starts a new interpreter, as an operator's does, rather than
+#: forking from the test process's command server (tests/support/command_server.py).
+NEW_INTERPRETER_PER_COMMAND = bool(os.environ.get("TEST_NEW_INTERPRETER_PER_COMMAND"))
 REPO = Path(__file__).resolve().parent.parent.parent
 
 

@@ -29,7 +29,7 @@ from reports.fanout.progress import count
 from reports.periods import Period
 from reports.settings import Settings
 from tests.support.command_server import CommandServer, needs_new_interpreter
-from tests.support.environment import REPO
+from tests.support.environment import NEW_INTERPRETER_PER_COMMAND, REPO
 from tests.support.waiting import wait_until
 
 
@@ -174,7 +174,7 @@ def run_cli(settings: Settings, *args: str | bytes, timeout: float = 60) -> subp
 def command_server() -> CommandServer | None:
     """This pytest process's command server, started on first use; None when every command is to
     start a new interpreter (``TEST_NEW_INTERPRETER_PER_COMMAND`` set)."""
-    if os.environ.get("TEST_NEW_INTERPRETER_PER_COMMAND"):
+    if NEW_INTERPRETER_PER_COMMAND:
         return None
     server = CommandServer(REPO)
     atexit.register(server.close)
