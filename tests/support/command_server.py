@@ -30,7 +30,7 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import IO, Any, NoReturn
 
 #: Variables read when an interpreter or its C library starts, not when a command runs.
 STARTUP_VARIABLES = ("LD_", "PYTHON", "LANG", "LC_", "TZ", "FAKETIME", "DONT_FAKE")
@@ -53,7 +53,6 @@ class CommandServer:
         self.folder = tempfile.TemporaryDirectory(prefix="command-server-")
         self.path = os.path.join(self.folder.name, "socket")
         self.environ = dict(os.environ)
-        self.owner = os.getpid()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "tests.support.command_server", self.path],
             cwd=cwd,
@@ -72,6 +71,7 @@ class CommandServer:
     ) -> subprocess.CompletedProcess[str]:
         """What ``python -m reports ARGS`` run with ``environ`` in ``cwd`` prints and exits with;
         :class:`subprocess.TimeoutExpired` (the command killed) after ``timeout`` seconds."""
+        argv = ["reports", *map(os.fsdecode, args)]
         with (
             open(os.devnull, "rb") as stdin,
             tempfile.TemporaryFile() as stdout,
@@ -88,23 +88,19 @@ class CommandServer:
             except TimeoutError:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-                raise subprocess.TimeoutExpired(["reports", *map(os.fsdecode, args)], timeout) from None
-            return subprocess.CompletedProcess(
-                ["reports", *map(os.fsdecode, args)], returncode, _read(stdout), _read(stderr)
-            )
+                raise subprocess.TimeoutExpired(argv, timeout) from None
+            return subprocess.CompletedProcess(argv, returncode, _read(stdout), _read(stderr))
 
     def close(self) -> None:
-        if os.getpid() != self.owner:
-            return  # a fork of the test process exiting: the server is still the test's
         self.process.kill()
         self.process.wait()
         self.folder.cleanup()
 
 
-def _read(file: Any) -> str:
+def _read(file: IO[bytes]) -> str:
     # As subprocess.run(text=True) decodes what a command printed.
     file.seek(0)
-    text: str = file.read().decode(locale.getpreferredencoding(False))
+    text = file.read().decode(locale.getpreferredencoding(False))
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
