@@ -29,8 +29,11 @@ from reports.queue import Queue
 from reports.sql import after, insert_on_conflict
 
 #: An item recorded this long ago and still not handed out was left by a crash, not by a copy
-#: of the coordinator that is handing its page out right now.
-HANDOFF_GRACE = timedelta(seconds=60)
+#: of the coordinator that is handing its page out right now: a page takes a round trip to Redis,
+#: about a second of RabbitMQ's confirms, or a few seconds of SQS's batches of ten. Too short only
+#: costs a second message for the copy still sending, which the consumer's claim turns away; too
+#: long is how late a killed coordinator's page goes out.
+HANDOFF_GRACE = timedelta(seconds=15)
 
 #: Longest the chain waits between two looks for items come due, in seconds: a user whose time
 #: zone changed to one further east is released within this of their new due time.
