@@ -126,6 +126,9 @@ class RecordingHandler:
         #: Cleared, every delivery waits at RCPT TO until it is set again: sends held in flight.
         self.answering = threading.Event()
         self.answering.set()
+        #: Once this many messages are kept, the server clears ``answering`` itself (``None``:
+        #: never): a hold at a point in the run that does not depend on when the test looks.
+        self.hold_after: int | None = None
         #: Deliveries that reached RCPT TO, held or not.
         self.arrived = 0
         #: Past it, MAIL FROM is refused for the pace (``None``: no limit).
@@ -176,6 +179,9 @@ class RecordingHandler:
                 return reply
             self.messages.append((list(envelope.rcpt_tos), ReceivedMessage(envelope.content)))
             self.senders.append(envelope.mail_from)
+            if self.hold_after is not None and len(self.messages) >= self.hold_after:
+                self.answering.clear()
+                self.hold_after = None
         if self.answer_delay_seconds:
             await asyncio.sleep(self.answer_delay_seconds)
         return "250 Message accepted for delivery"
