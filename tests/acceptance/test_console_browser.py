@@ -53,6 +53,19 @@ def _cell(page: Any, field: str) -> str:
     return page.locator(f'[data-field="{field}"]').first.inner_text()
 
 
+def _cells(page: Any) -> dict[str, str]:
+    """Every cell at one instant: cells read one call apart may straddle the page's refresh."""
+    return page.evaluate(
+        """() => {
+            const cells = {};
+            for (const cell of document.querySelectorAll("[data-field]")) {
+                cells[cell.dataset.field] ??= cell.innerText;
+            }
+            return cells;
+        }"""
+    )
+
+
 def test_an_operator_runs_a_period_replays_its_dead_letter_and_suppresses_a_user_in_a_browser(
     settings, sessions, smtp_server, start_web, start_workers
 ):
@@ -86,8 +99,10 @@ def test_an_operator_runs_a_period_replays_its_dead_letter_and_suppresses_a_user
             url = page.url
             seen = set()
             deadline = time.monotonic() + 90
-            while _cell(page, "pending") != "0" or _cell(page, "planned") != "yes":
-                delivered = int(_cell(page, "delivered"))
+            # Read at one instant: the first look, before the walk, shows no item pending, and a
+            # refresh between reading "pending" and "planned" once ended this loop before any send.
+            while (cells := _cells(page))["pending"] != "0" or cells["planned"] != "yes":
+                delivered = int(cells["delivered"])
                 seen.add(delivered)
                 if 0 < delivered < active - 1 and not handler.answering.is_set():
                     _shoot(page, "period")
