@@ -7,6 +7,7 @@ import contextlib
 import functools
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -32,12 +33,31 @@ from tests.support.command_server import CommandServer, needs_new_interpreter
 from tests.support.environment import NEW_INTERPRETER_PER_COMMAND, REPO
 from tests.support.waiting import wait_until
 
+#: Where the kernel starts handing out connections' own (source) ports.
+EPHEMERAL_PORTS = Path("/proc/sys/net/ipv4/ip_local_port_range")
+#: The lowest port :func:`free_port` hands out, above the services' usual ports.
+LOWEST_TEST_PORT = 10_000
+
 
 def free_port() -> int:
-    """A TCP port on the loopback that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port on the loopback that nothing is bound to right now, below the kernel's range of
+    source ports.
+
+    Tests stop a server and start it again on the same port (a provider's outage, a Redis killed
+    and restarted). A port from the kernel's range could meanwhile become any connection's source
+    port on the machine, even that of a client retrying the stopped server (a connection to
+    itself), and the restart would fail with "address already in use": it did, once.
+    """
+    first_ephemeral = int(EPHEMERAL_PORTS.read_text().split()[0])
+    pick = random.SystemRandom()
+    while True:
+        port = pick.randrange(LOWEST_TEST_PORT, first_ephemeral)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
 
 
 @contextlib.contextmanager
