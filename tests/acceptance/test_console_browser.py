@@ -49,10 +49,6 @@ def _login(page: Any, base_url: str, name: str, password: str) -> None:
     page.wait_for_load_state()
 
 
-def _cell(page: Any, field: str) -> str:
-    return page.locator(f'[data-field="{field}"]').first.inner_text()
-
-
 def _cells(page: Any) -> dict[str, str]:
     """Every cell at one instant: cells read one call apart may straddle the page's refresh."""
     return page.evaluate(
@@ -111,7 +107,7 @@ def test_an_operator_runs_a_period_replays_its_dead_letter_and_suppresses_a_user
                 page.wait_for_timeout(200)
             assert page.url == url, "the page was reloaded"
             assert len({n for n in seen if 0 < n < active - 1}) >= 1, seen
-            assert _cell(page, "delivered") == str(active - 1) and _cell(page, "dead") == "1"
+            assert (cells["delivered"], cells["dead"]) == (str(active - 1), "1")
 
             page.goto(f"{web.base_url}/console/dead-letters?period={PERIOD}&reason=permanent")
             _shoot(page, "dead-letters")
@@ -124,8 +120,8 @@ def test_an_operator_runs_a_period_replays_its_dead_letter_and_suppresses_a_user
             page.wait_for_load_state()
             assert "Replayed dead letter" in page.locator(".flash").inner_text()
             page.goto(f"{web.base_url}/console/periods/{PERIOD}")
-            wait_until(lambda: _cell(page, "delivered") == str(active), timeout=30, what="the replay to be delivered")
-            assert _cell(page, "dead") == "0"
+            wait_until(lambda: _cells(page)["delivered"] == str(active), timeout=30, what="the replay to be delivered")
+            assert _cells(page)["dead"] == "0"
             assert [m for rcpt, m in handler.messages if rcpt == [REFUSED]] != []
             assert sum(rcpt == [REFUSED] for rcpt, _ in handler.messages) == 1
 
