@@ -312,8 +312,14 @@ class WholeEnvelopeProvider(LoopbackServer):
                     elif verb == b"DATA":
                         connection.sendall(b"".join([*held, b"354 Go ahead\r\n"]))
                         held.clear()
-                        content = b"".join(iter(lines.readline, b".\r\n"))
-                        self.received.append(content)
+                        content: list[bytes] = []
+                        for line in lines:
+                            if line == b".\r\n":
+                                break
+                            content.append(line)
+                        else:
+                            return  # the client left before the message's end
+                        self.received.append(b"".join(content))
                         connection.sendall(b"250 2.0.0 Accepted\r\n")
                     elif verb == b"QUIT":
                         connection.sendall(b"221 Bye\r\n")

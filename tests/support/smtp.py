@@ -4,6 +4,7 @@ TCP servers for scripted, dead and slow ones."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email
 import email.policy
 import functools
@@ -223,6 +224,10 @@ class SmtpServer:
         return grouped
 
 
+#: How long :meth:`LoopbackServer.stop` waits for a handler to end once its connection is shut.
+HANDLER_END_SECONDS = 5.0
+
+
 class LoopbackServer:
     """A TCP server on the loopback that hands each connection it accepts to ``handle``, in a thread
     of its own, and counts them; port 0 takes a free one."""
@@ -230,6 +235,7 @@ class LoopbackServer:
     def __init__(self, handle: Callable[[socket.socket], None], port: int = 0) -> None:
         self.handle = handle
         self.connections = 0
+        self._handlers: list[tuple[socket.socket, threading.Thread]] = []
         self._server = socket.create_server(("127.0.0.1", port), reuse_port=False)
         self._server.settimeout(0.2)
         self.port = int(self._server.getsockname()[1])
@@ -244,12 +250,24 @@ class LoopbackServer:
             except TimeoutError:
                 continue
             self.connections += 1
-            threading.Thread(target=self.handle, args=(connection,), daemon=True).start()
+            handler = threading.Thread(target=self.handle, args=(connection,), daemon=True)
+            self._handlers.append((connection, handler))
+            handler.start()
 
     def stop(self) -> None:
+        """Stop listening, shut every connection, and check that each handler has ended: one that
+        outlived its connection (a loop reading past the end of input) would spin in this test
+        process for the rest of the run, taking CPU from every test after it."""
         self._stopping.set()
         self._thread.join()
         self._server.close()
+        for connection, _ in self._handlers:
+            with contextlib.suppress(OSError):  # closed by its handler already
+                connection.shutdown(socket.SHUT_RDWR)
+        for _, handler in self._handlers:
+            handler.join(timeout=HANDLER_END_SECONDS)
+        running = sum(handler.is_alive() for _, handler in self._handlers)
+        assert not running, f"{running} connection handler(s) still running after their connections were shut"
 
 
 class DeadProvider(LoopbackServer):
