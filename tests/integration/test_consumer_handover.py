@@ -14,6 +14,7 @@ import redis
 
 from reports.settings import Settings
 from reports.worker.broker import build_broker
+from reports.worker.held import DELAY_SUFFIX
 from tests.support.proxy import TcpProxy, tcp_proxy
 from tests.support.waiting import wait_until
 
@@ -55,6 +56,18 @@ def pool(proxied: tuple[Settings, TcpProxy]):  # type: ignore[no-untyped-def]
     broker.close()
 
 
+def wait_until_held(broker: dramatiq.Broker) -> None:
+    """Wait until the worker's delay-queue consumer has handed the deferral out, which is when this
+    process holds it: fetched alone, it could still be in flight to the worker when the test acts,
+    in Redis's ack set and in no consumer (only the process's end requeues such a message, and the
+    items' own repair covers it, not these tests)."""
+    wait_until(
+        lambda: broker.held.counts().get(f"{QUEUE}{DELAY_SUFFIX}") == 1,  # type: ignore[attr-defined]
+        timeout=5,
+        what="the worker to hold the deferral",
+    )
+
+
 def delay_acks(broker_namespace: str, broker: dramatiq.Broker) -> str:
     """The worker's ack set of the delay queue: what it fetched from there and has not acked."""
     return f"{broker_namespace}:__acks__.{broker.broker_id}.{QUEUE}.DQ"  # type: ignore[attr-defined]
@@ -69,11 +82,8 @@ def test_a_deferred_message_runs_when_due_though_redis_dropped_the_connection_me
     worker.start()
     record.send_with_options(delay=DUE_MS)
     sent = time.monotonic()
-    wait_until(
-        lambda: client.scard(delay_acks(broker_namespace, broker)) == 1,
-        timeout=5,
-        what="the worker to hold the deferral",
-    )
+    wait_until_held(broker)
+    assert client.scard(delay_acks(broker_namespace, broker)) == 1
 
     # Redis goes away for a moment: Dramatiq drops the consumers, with the delay queue's messages.
     proxy.cut()
@@ -94,11 +104,8 @@ def test_a_stopping_worker_requeues_the_deferrals_it_holds(pool, redis_url: str,
     client = redis.Redis.from_url(redis_url)
     worker.start()
     message = record.send_with_options(delay=60_000)
-    wait_until(
-        lambda: client.scard(delay_acks(broker_namespace, broker)) == 1,
-        timeout=5,
-        what="the worker to hold the deferral",
-    )
+    wait_until_held(broker)
+    assert client.scard(delay_acks(broker_namespace, broker)) == 1
 
     worker.stop()
 
