@@ -70,7 +70,7 @@ def wait_until_held(broker: dramatiq.Broker) -> None:
 
 def delay_acks(broker_namespace: str, broker: dramatiq.Broker) -> str:
     """The worker's ack set of the delay queue: what it fetched from there and has not acked."""
-    return f"{broker_namespace}:__acks__.{broker.broker_id}.{QUEUE}.DQ"  # type: ignore[attr-defined]
+    return f"{broker_namespace}:__acks__.{broker.broker_id}.{QUEUE}{DELAY_SUFFIX}"  # type: ignore[attr-defined]
 
 
 def test_a_deferred_message_runs_when_due_though_redis_dropped_the_connection_meanwhile(
