@@ -191,6 +191,7 @@ def settings(
     an SQS queue-name prefix of its own (Redis then holds only the shared state, under the test's
     namespace)."""
     on_redis = broker_kind == "redis"
+    lease = request.node.get_closest_marker("claim_lease_seconds")
     return Settings(
         var_dir=tmp_path / "var",
         database_url=database_url,
@@ -205,7 +206,11 @@ def settings(
         min_backoff_ms=200,
         max_backoff_ms=2_000,
         max_retries=5,
-        claim_lease_seconds=5,
+        # Short, so that the crash tests see a dead worker's claims expire within seconds. Tests that
+        # run the pipeline in-process and time no lease ask for a longer one: a send starts only
+        # with the SMTP deadline and a second to record it left of the lease, which leaves 1 s of 5
+        # for the claim and the render, overrun on a loaded machine ("too little of the lease left").
+        claim_lease_seconds=lease.args[0] if lease else 5,
         smtp_timeout_seconds=3,
         # On SQS a dead worker's messages come back when this runs out: no sooner than its claims.
         sqs_visibility_timeout_seconds=5,

@@ -52,6 +52,9 @@ COOLDOWN_MS = 30_000
 
 postgresql_only = pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
 
+#: In-process sends: room for the claim and the render (tests/conftest.py says why).
+pytestmark = pytest.mark.claim_lease_seconds(10)
+
 
 # --- Fixtures and helpers ----------------------------------------------------------------------
 

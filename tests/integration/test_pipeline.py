@@ -26,13 +26,8 @@ from tests.support.processes import free_port
 BCC_NAME = "Mallory\r\nBcc: attacker@example.com"
 HTML_NAME = "<b>Eve</b> & co"
 
-
-@pytest.fixture
-def settings(settings):  # type: ignore[no-untyped-def]
-    # A send needs the SMTP deadline and a second to record it left of the lease once the report is
-    # rendered; the suite's 5 s lease left one second for the claim and the render, which they
-    # overran on a loaded machine (full suite runs: deferred, "too little of the lease left").
-    return replace(settings, claim_lease_seconds=10)
+#: In-process sends: room for the claim and the render (tests/conftest.py says why).
+pytestmark = pytest.mark.claim_lease_seconds(10)
 
 
 @pytest.fixture

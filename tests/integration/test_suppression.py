@@ -20,6 +20,9 @@ from reports.models import ItemState, ReportItem, SuppressionReason
 from tests.integration.conftest import PERIOD, RecordingQueue, walk_everything
 from tests.support.databases import load_users
 
+#: In-process sends: room for the claim and the render (tests/conftest.py says why).
+pytestmark = pytest.mark.claim_lease_seconds(10)
+
 
 @pytest.fixture
 def context(settings, sessions, smtp_server) -> pipeline.Context:  # type: ignore[no-untyped-def]
