@@ -17,7 +17,17 @@ from sqlalchemy.orm import Session, sessionmaker
 from reports.delivery.breaker import Reader
 from reports.fanout import progress
 from reports.jobs import BUILD_REPORT, SEND_NOW, CoordinatorJob, ReportJob, SendNowJob
-from reports.models import Delivery, DeliveryState, ItemState, PeriodRun, ReportItem, SendNowRequest, Suppression, User
+from reports.models import (
+    LOOK_AGAIN,
+    Delivery,
+    DeliveryState,
+    ItemState,
+    PeriodRun,
+    ReportItem,
+    SendNowRequest,
+    Suppression,
+    User,
+)
 from reports.periods import Period
 from reports.queue import Queue
 from reports.sql import after, server_now
@@ -193,8 +203,10 @@ def _lost(period: Period, untouched_since: datetime, now: datetime, *, handed_ou
         ReportItem.period == str(period),
         ReportItem.state == ItemState.PENDING,
         ReportItem.updated_at < untouched_since,
-        # One not yet due waits for its user's morning; one due and never released is lost.
-        or_(ReportItem.due_at.is_(None), ReportItem.due_at <= now),
+        # One not yet due waits for its user's morning, and one whose user changed zone for the
+        # chain to work out their new morning (LOOK_AGAIN, in the past only to be looked at
+        # first); one due and never released is lost.
+        or_(ReportItem.due_at.is_(None), and_(ReportItem.due_at <= now, ReportItem.due_at != LOOK_AGAIN)),
         ~live_claim,
         *([] if handed_out_too else [ReportItem.enqueued_at.is_(None)]),
     ]

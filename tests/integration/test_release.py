@@ -247,6 +247,52 @@ def test_resuming_a_cancelled_period_sends_nobody_before_their_morning(sessions)
     assert [m.actor for m in queue.messages].count(COORDINATOR.name) == 1
 
 
+def walked_in_tashkent_then_user_1_moves_west(sessions) -> None:  # type: ignore[no-untyped-def]
+    """Four users in Tashkent, walked; then user 1 moves to Los Angeles, by plain SQL, before any morning."""
+    load_users(sessions, count=4, inactive_every=1000)
+    with sessions.begin() as session:
+        session.execute(text("UPDATE users SET time_zone = 'Asia/Tashkent'"))
+    trigger_at_nine(sessions)
+    step(sessions, InMemoryQueue(), TRIGGERED)
+    with sessions.begin() as session:
+        session.execute(text("UPDATE users SET time_zone = 'America/Los_Angeles' WHERE id = 1"))
+
+
+def released_by_the_chain_after(sessions, repair: InMemoryQueue, at: datetime) -> Counter[int]:  # type: ignore[no-untyped-def]
+    """The chain run from ``at`` until Los Angeles's morning: who it and ``repair`` handed out, and how often."""
+    chain = InMemoryQueue()
+    step(sessions, chain, at)
+    assert handed_out(chain) == Counter(), "released before their new morning"
+    step(sessions, chain, DUE["America/Los_Angeles"])
+    return handed_out(repair, chain)
+
+
+def test_reconcile_leaves_a_user_who_changed_zone_to_the_chain_and_their_new_morning(sessions):
+    walked_in_tashkent_then_user_1_moves_west(sessions)
+
+    # The chain died: past the stuck threshold reconcile releases Tashkent's morning.
+    repair = InMemoryQueue()
+    at = DUE["Asia/Tashkent"] + timedelta(minutes=11)
+    found = reconcile(sessions, PERIOD, repair, stuck_after=timedelta(minutes=10), now=at)
+
+    assert set(handed_out(repair)) == {2, 3, 4}
+    assert found.coordinator_enqueued
+    assert released_by_the_chain_after(sessions, repair, at) == Counter({1: 1, 2: 1, 3: 1, 4: 1})
+
+
+def test_resuming_a_cancelled_period_sends_a_user_who_changed_zone_meanwhile_at_their_new_morning(sessions):
+    walked_in_tashkent_then_user_1_moves_west(sessions)
+    with sessions.begin() as session:
+        runs.cancel(session, PERIOD, now=TRIGGERED)
+
+    queue = InMemoryQueue()
+    at = DUE["Asia/Tashkent"]
+    resumed = runs.trigger_and_enqueue(sessions, queue, PERIOD, template_version="v1", now=at, schedule=NINE)
+
+    assert resumed.resumed and set(handed_out(queue)) == {2, 3, 4}
+    assert released_by_the_chain_after(sessions, queue, at) == Counter({1: 1, 2: 1, 3: 1, 4: 1})
+
+
 def test_triggering_a_walked_month_again_restarts_its_release_and_sends_nobody_early(sessions):
     zones = load_users_in_zones(sessions)
     trigger_at_nine(sessions)
