@@ -13,6 +13,7 @@ from datetime import datetime
 from sqlalchemy import delete, func, literal, select
 from sqlalchemy.orm import Session
 
+from reports import sql
 from reports.models import Suppression, SuppressionReason, User
 from reports.sql import Executor, insert_ignoring_conflicts, rowcount
 
@@ -122,14 +123,15 @@ def count_by_reason(session: Session) -> dict[str, int]:
 
 
 def search(
-    session: Session, *, user_id: int | None = None, address: str | None = None, after: int = 0, limit: int
+    session: Session, *, user_id: int | None = None, address: str | None = None, after: int | None = None, limit: int
 ) -> list[tuple[Suppression, str]]:
-    """Entries with their user's address, lowest user id first after ``after``: the user ``user_id``'s,
-    the users whose address is ``address`` (any case), or every one; a keyset page of ``limit``."""
+    """Entries with their user's address, lowest user id first after ``after`` (``None``: from the
+    lowest): the user ``user_id``'s, the users whose address is ``address`` (any case), or every
+    one; a keyset page of ``limit``."""
     statement = select(Suppression, User.email).join(User, User.id == Suppression.user_id)
     if user_id is not None:
         statement = statement.where(Suppression.user_id == user_id)
     if address is not None:
         statement = statement.where(func.lower(User.email) == address.lower())
-    statement = statement.where(Suppression.user_id > after).order_by(Suppression.user_id).limit(limit)
+    statement = statement.where(sql.after(Suppression.user_id, after)).order_by(Suppression.user_id).limit(limit)
     return [(entry, email) for entry, email in session.execute(statement)]

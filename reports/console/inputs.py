@@ -32,6 +32,19 @@ def user_id(text: str | None) -> int:
     return int(value)
 
 
+def user_id_searched(text: str | None) -> int | None:
+    """The user id a search names, ``None`` when it names none (an address, say)."""
+    try:
+        return user_id(text) if text else None
+    except BadInput:
+        return None
+
+
+def user_cursor(text: str | None) -> int | None:
+    """A keyset page's ``after`` user id; ``None`` for the first page, which starts below any id."""
+    return user_id(text) if text else None
+
+
 def dead_letter_id(text: str | None) -> int:
     return _whole(text, "dead letter id", MAX_DEAD_LETTER_ID)
 

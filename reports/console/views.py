@@ -154,10 +154,10 @@ def suppressions_page(request: Request, _user: ConsoleUser, console: Console) ->
     error = None
     try:
         text = inputs.search_text(query)
-        after = inputs.cursor(request.query_params.get("after")) or 0
+        after = inputs.user_cursor(request.query_params.get("after"))
     except BadInput as e:
-        text, after, error = None, 0, str(e)
-    by_id = int(text) if text and text.isascii() and text.isdigit() and len(text) < 10 else None
+        text, after, error = None, None, str(e)
+    by_id = inputs.user_id_searched(text)
     address = text if text and by_id is None else None
     with console.sessions.begin() as session:
         found = suppressions.search(session, user_id=by_id, address=address, after=after, limit=PAGE_SIZE + 1)

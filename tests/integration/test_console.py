@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 import redis
 from dramatiq import Message
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 from starlette.testclient import TestClient
 
 from reports import suppressions
@@ -323,12 +323,21 @@ def test_one_dead_letter_is_shown_and_replayed(console, sessions, settings):
 
 def test_suppressions_are_found_by_user_id_or_address(console, sessions):
     with sessions.begin() as session:
-        for user_id in (2, 4):
+        # 0 and negative ids are users too.
+        session.execute(
+            text(
+                "INSERT INTO users (id, email, name, active) VALUES (-5, 'minus5@example.test', 'M', true), "
+                "(0, 'zero@example.test', 'Z', true)"
+            )
+        )
+        for user_id in (-5, 0, 2, 4):
             suppressions.add(session, user_id, SuppressionReason.BOUNCED, now=utcnow(), source="smtp 550")
     assert console.login() == 200
-    rows = lambda page: re.findall(r"<td>(\d+)</td><td>([^<]*)</td>", page)  # noqa: E731
-    assert [u for u, _ in rows(console.http.get("/console/suppressions").text)] == ["2", "4"]
-    assert [u for u, _ in rows(console.http.get("/console/suppressions?q=4").text)] == ["4"]
+    rows = lambda page: re.findall(r"<td>(-?\d+)</td><td>([^<]*)</td>", page)  # noqa: E731
+    assert [u for u, _ in rows(console.http.get("/console/suppressions").text)] == ["-5", "0", "2", "4"]
+    assert [u for u, _ in rows(console.http.get("/console/suppressions?after=-5").text)] == ["0", "2", "4"]
+    for user_id in ("-5", "0", "4"):
+        assert [u for u, _ in rows(console.http.get(f"/console/suppressions?q={user_id}").text)] == [user_id]
     address = rows(console.http.get("/console/suppressions?q=2").text)[0][1]
     assert [u for u, _ in rows(console.http.get(f"/console/suppressions?q={address.upper()}").text)] == ["2"]
 
