@@ -23,6 +23,8 @@ MAX_ADDRESS = 320
 #: Longest summary kept, in characters.
 MAX_SUMMARY = 200
 
+_WHOLE_NUMBER = re.compile("[0-9]{1,18}")
+
 
 class Provider(enum.StrEnum):
     SES = "ses"
@@ -141,7 +143,8 @@ def json_body(body: bytes, expected: type[_T], what: str) -> _T:
     """``body`` parsed as JSON of the ``expected`` type; :class:`Rejected` (400) otherwise."""
     try:
         value = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    # RecursionError: arrays nested a few thousand deep, which the parser reads by recursing.
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise malformed("the body is not JSON") from None
     if not isinstance(value, expected):
         raise malformed(f"the body is not {what}")
@@ -162,6 +165,13 @@ def from_iso(value: object, *, default: datetime) -> datetime:
         return default
     try:
         parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
+        # OverflowError: a time at the calendar's very start or end, moved to UTC.
+        return parsed.astimezone(UTC).replace(tzinfo=None) if parsed.tzinfo else parsed
+    except (ValueError, OverflowError):
         return default
-    return parsed.astimezone(UTC).replace(tzinfo=None) if parsed.tzinfo else parsed
+
+
+def whole_number(text: str) -> int | None:
+    """``text`` (a Unix time or a length in a header) as a whole number; ``None`` unless it is ASCII
+    digits, and few enough that ``int`` reads them (``str.isdigit`` also takes "²", which ``int`` refuses)."""
+    return int(text) if _WHOLE_NUMBER.fullmatch(text) else None

@@ -45,7 +45,8 @@ def verify(key: str, posted: dict[str, Any], now: float) -> Post:
     expected = hmac.new(key.encode(), (timestamp + token).encode(), hashlib.sha256).hexdigest()
     if not hmac.compare_digest(expected.encode(), given.lower().encode()):
         raise unauthorized("the Mailgun signature does not verify")
-    if not timestamp.isdigit() or abs(now - int(timestamp)) > TOLERANCE_SECONDS:
+    seconds = events.whole_number(timestamp)
+    if seconds is None or abs(now - seconds) > TOLERANCE_SECONDS:
         raise unauthorized("the Mailgun timestamp is older than 5 minutes, or in the future")
     data = posted.get("event-data")
     if not isinstance(data, dict):

@@ -41,7 +41,8 @@ def verify(
     """
     if not signature or not timestamp:
         raise unauthorized("the SendGrid signature or timestamp header is missing")
-    if not timestamp.isdigit() or abs(now - int(timestamp)) > TOLERANCE_SECONDS:
+    seconds = events.whole_number(timestamp)
+    if seconds is None or abs(now - seconds) > TOLERANCE_SECONDS:
         raise unauthorized("the SendGrid timestamp is stale or unreadable")
     try:
         key.verify(base64.b64decode(signature, validate=True), timestamp.encode() + body, ec.ECDSA(hashes.SHA256()))

@@ -69,7 +69,11 @@ def parse(body: bytes, *, message_type_header: str | None) -> Message:
     """The SNS message in ``body``; :class:`Rejected` (400) when it is not one."""
     data = events.json_body(body, dict, "an SNS message")
     kind = data.get("Type")
-    if kind not in SIGNED_FIELDS or (message_type_header is not None and message_type_header != kind):
+    if (
+        not isinstance(kind, str)
+        or kind not in SIGNED_FIELDS
+        or (message_type_header is not None and message_type_header != kind)
+    ):
         raise malformed("the body is not an SNS message of a known type")
     signed = {name: data[name] for name in SIGNED_FIELDS[kind] if data.get(name) is not None}
     required = set(SIGNED_FIELDS[kind]) - {"Subject"}

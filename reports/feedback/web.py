@@ -27,7 +27,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from reports import feedback_settings
 from reports.clock import utcnow
 from reports.feedback import mailgun, postmark, sendgrid, ses, store
-from reports.feedback.events import Event, Provider, Rejected
+from reports.feedback.events import Event, Provider, Rejected, whole_number
 from reports.feedback.fetch import SnsFetcher
 from reports.settings import Settings
 
@@ -136,8 +136,9 @@ def _record(
 async def _body(request: Request) -> bytes:
     """The raw body, refused with 413 past :data:`MAX_BODY_BYTES` (however it is framed)."""
     length = request.headers.get("content-length")
-    if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
-        raise Rejected(413 if length.isdigit() else 400, "the body is over the size limit or its length unreadable")
+    size = None if length is None else whole_number(length)
+    if length is not None and (size is None or size > MAX_BODY_BYTES):
+        raise Rejected(400 if size is None else 413, "the body is over the size limit or its length unreadable")
     chunks, size = [], 0
     try:
         async for chunk in request.stream():

@@ -14,6 +14,7 @@ import pytest
 from sqlalchemy import text
 
 from reports.feedback import ses
+from reports.feedback.sendgrid import TIMESTAMP_HEADER as TIMESTAMP
 from reports.feedback.web import MAX_BODY_BYTES
 from tests.support.databases import load_users
 from tests.support.feedback import (
@@ -233,6 +234,13 @@ def test_forged_stale_replayed_or_malformed_requests_are_refused_and_change_noth
         ("/hooks/mailgun", 401, mailgun_post(good_mailgun["event-data"], timestamp=now, key="x" * 32), {}),
         ("/hooks/mailgun", 401, mailgun_post(good_mailgun["event-data"], timestamp=now - 301), {}),
         ("/hooks/mailgun", 400, b"]", {}),
+        # Arrays nested deeper than the JSON parser recurses, a Type that is no name, and timestamps
+        # that are digits to str.isdigit but not to int: refused, not a server error.
+        ("/hooks/mailgun", 400, b"[" * 5000, {}),
+        ("/hooks/ses", 400, b"[" * 5000, {}),
+        ("/hooks/ses", 400, b'{"Type": []}', {}),
+        ("/hooks/sendgrid", 401, sendgrid_body, {**sendgrid_headers(sendgrid_body, now), TIMESTAMP: "\u00b2"}),
+        ("/hooks/sendgrid", 401, sendgrid_body, {**sendgrid_headers(sendgrid_body, now), TIMESTAMP: "9" * 5000}),
         ("/hooks/other", 404, b"{}", {}),
     ]
     for path, status, body, headers in cases:

@@ -69,6 +69,13 @@ def test_any_signed_field_changed_fails_the_signature(sns, field):
     assert refusal(lambda: accepted(sns, {**data, field: value})).status == 401
 
 
+@pytest.mark.parametrize("timestamp", ["0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59-01:00", "yesterday"])
+def test_a_timestamp_that_no_clock_can_read_in_utc_is_refused_as_unreadable(sns, timestamp):
+    data = sns.message(ses.NOTIFICATION, message=ses_notification("Bounce", "a@example.test"))
+    message = ses.parse(json.dumps({**data, "Timestamp": timestamp}).encode(), message_type_header=None)
+    assert "unreadable" in refusal(lambda: ses.check_fresh(message, utcnow())).reason
+
+
 def test_a_signature_by_another_key_fails(sns, tmp_path):
     other = Pki(tmp_path)
     data = sns.message(ses.NOTIFICATION, message=ses_notification("Bounce", "a@example.test"), key=other.signing_key)
