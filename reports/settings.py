@@ -243,7 +243,8 @@ class Settings:
     brake_failure_threshold: int = 10
     #: The window ``brake_failure_threshold`` counts failures in, in seconds.
     brake_window_seconds: float = 300.0
-    #: Soft bounces of one user within ``soft_bounce_window_days`` that suppress the user.
+    #: Soft-bounced emails of one user within ``soft_bounce_window_days`` that suppress the user
+    #: (each email once, however often its provider reported it).
     soft_bounce_limit: int = 3
     soft_bounce_window_days: int = 30
     #: For tests only: a PEM file of the CAs that the SNS certificate and subscription fetches trust

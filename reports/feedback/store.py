@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import and_, delete, func, select, update
+from sqlalchemy import String, and_, cast, delete, distinct, func, select, update
 from sqlalchemy.orm import Session
 
 from reports import suppressions
@@ -221,9 +221,13 @@ def _suppress_if_soft_bounced(session: Session, event: Event, user_id: int, *, n
 
 
 def _soft_bounces(session: Session, user_id: int, *, since: datetime) -> int:
+    # Once per email, told apart by the period it was about (each event by itself when it has
+    # none): Mailgun reports a temporary failure on every one of its retries of one email, each an
+    # event of its own, so three retries in half an hour would count as three soft-bounced emails.
+    email = func.coalesce(FeedbackMatch.period, cast(FeedbackMatch.event, String))
     return (
         session.scalar(
-            select(func.count())
+            select(func.count(distinct(email)))
             .select_from(FeedbackMatch)
             .join(FeedbackEvent, FeedbackEvent.id == FeedbackMatch.event)
             .where(

@@ -113,6 +113,24 @@ def test_soft_bounces_suppress_at_the_limit_within_the_window_only(sessions):
     assert suppressed(sessions) == {1: ("bounced", "ses 3 soft bounces in 30 days", "ses", third.event_id)}
 
 
+def test_a_providers_retries_of_one_email_are_one_soft_bounce_and_three_months_emails_are_three(sessions):
+    load_users(sessions, count=2)
+    soft = lambda period: event(  # noqa: E731
+        Kind.SOFT_BOUNCE,
+        "user1@example.test",
+        provider=Provider.MAILGUN,
+        summary="failed temporary",
+        user_id=1,
+        period=period,
+    )
+    # Mailgun's temporary failure of October's email, posted again on each of its retries.
+    assert record(sessions, soft("2026-10"), soft("2026-10"), soft("2026-10")).suppressed == ()
+    assert record(sessions, soft("2026-10")).suppressed == ()
+    assert suppressed(sessions) == {}
+    assert record(sessions, soft("2026-08"), soft("2026-09")).suppressed == (1,)
+    assert suppressed(sessions)[1][:2] == ("bounced", "mailgun 3 soft bounces in 30 days")
+
+
 def test_a_dismissed_users_feedback_no_longer_counts(sessions):
     load_users(sessions, count=2)
     soft = lambda: event(Kind.SOFT_BOUNCE, "user1@example.test", period="2026-10", user_id=1)  # noqa: E731
