@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import socket
@@ -230,6 +231,11 @@ class Settings:
     web_read_timeout_seconds: float = 10.0
     #: Connections ``reports web`` serves at once; a request beyond them is answered 503.
     web_max_connections: int = 200
+    #: Comma-separated addresses or networks of the proxies in front of ``reports web`` whose
+    #: X-Forwarded-For and X-Forwarded-Proto it believes, ``*`` for any, empty for none. ``*`` on a
+    #: platform whose router is its only way in: otherwise every client seems to be the router,
+    #: and the console's login limit per address locks everyone out at once.
+    forwarded_allow_ips: str = "127.0.0.1,::1"
     #: Comma-separated Amazon SNS topic ARNs whose notifications ``/hooks/ses`` accepts; empty: 404.
     ses_topic_arns: str = ""
     #: The SendGrid Event Webhook's verification key (base64 DER, as SendGrid shows it); empty: 404.
@@ -503,6 +509,23 @@ def _check_names(settings: Settings) -> None:
         )
     if settings.log_level.upper() not in LOG_LEVELS:
         raise ConfigurationError(f"LOG_LEVEL must be one of {', '.join(LOG_LEVELS)}, got {settings.log_level!r}.")
+    trusted_proxies(settings.forwarded_allow_ips)
+
+
+def trusted_proxies(listed: str) -> list[str]:
+    """FORWARDED_ALLOW_IPS's entries, checked: ``["*"]``, or addresses and networks (10.0.0.0/8)."""
+    entries = [entry for entry in (part.strip() for part in listed.split(",")) if entry]
+    if entries == ["*"]:
+        return entries
+    for entry in entries:
+        try:
+            ipaddress.ip_network(entry)
+        except ValueError:
+            raise ConfigurationError(
+                f"FORWARDED_ALLOW_IPS must list IP addresses or networks (such as 10.0.0.0/8), or be '*' alone, "
+                f"got {entry!r}."
+            ) from None
+    return entries
 
 
 #: Each setting and the environment variable it is read from.
@@ -562,6 +585,7 @@ ENVIRONMENT = {
     "unsubscribe_secret": "UNSUBSCRIBE_SECRET",
     "web_read_timeout_seconds": "WEB_READ_TIMEOUT_SECONDS",
     "web_max_connections": "WEB_MAX_CONNECTIONS",
+    "forwarded_allow_ips": "FORWARDED_ALLOW_IPS",
     "ses_topic_arns": "SES_TOPIC_ARNS",
     "sendgrid_webhook_public_key": "SENDGRID_WEBHOOK_PUBLIC_KEY",
     "postmark_webhook_auth": "POSTMARK_WEBHOOK_AUTH",

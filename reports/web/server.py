@@ -15,7 +15,7 @@ from starlette.types import ASGIApp
 from uvicorn.config import LOGGING_CONFIG
 from uvicorn.protocols.http.h11_impl import H11Protocol, RequestResponseCycle
 
-from reports.settings import Settings
+from reports.settings import Settings, trusted_proxies
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +34,7 @@ GRACEFUL_SHUTDOWN_SECONDS = 10
 
 def build(app: ASGIApp, settings: Settings) -> uvicorn.Server:
     """The server for ``app``, bounded by the WEB_* settings, logging ``reports.*`` with its own lines."""
+    proxies = trusted_proxies(settings.forwarded_allow_ips)
     config = uvicorn.Config(
         app,
         http=_head_bounded(settings.web_read_timeout_seconds),
@@ -48,6 +49,9 @@ def build(app: ASGIApp, settings: Settings) -> uvicorn.Server:
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
         # Off: the access log would write every user's token (a credential) into the logs.
         access_log=False,
+        # The client's address as the trusted proxies tell it, for the console's login limit.
+        proxy_headers=bool(proxies),
+        forwarded_allow_ips=proxies,
     )
     return uvicorn.Server(config)
 

@@ -95,6 +95,8 @@ def test_an_explicit_database_url_wins_over_the_var_dir_default() -> None:
         ("RETENTION_MONTHS", "13", "retention_months", 13),
         ("WEB_READ_TIMEOUT_SECONDS", "0.5", "web_read_timeout_seconds", 0.5),
         ("WEB_MAX_CONNECTIONS", "1000", "web_max_connections", 1000),
+        ("FORWARDED_ALLOW_IPS", "*", "forwarded_allow_ips", "*"),
+        ("FORWARDED_ALLOW_IPS", "10.0.0.0/8, fd00::1", "forwarded_allow_ips", "10.0.0.0/8, fd00::1"),
     ],
 )
 def test_a_variable_overrides_its_setting_with_the_settings_type(
@@ -214,6 +216,9 @@ def test_a_bad_number_is_a_configuration_error_naming_the_variable(variable: str
         ("WEB_READ_TIMEOUT_SECONDS", "0"),
         ("WEB_READ_TIMEOUT_SECONDS", "nan"),
         ("WEB_MAX_CONNECTIONS", "0"),
+        ("FORWARDED_ALLOW_IPS", "router.internal"),
+        ("FORWARDED_ALLOW_IPS", "10.0.0.1/8"),
+        ("FORWARDED_ALLOW_IPS", "*, 10.0.0.1"),
     ],
 )
 def test_a_value_out_of_range_is_a_configuration_error_naming_the_variable(variable: str, raw: str) -> None:
