@@ -308,15 +308,14 @@ def _login(console: Console) -> Callable[[Request], Awaitable[Response]]:
         name = form.get("name", "")[:MAX_NAME_CHARS]
         password = form.get("password", "")[:MAX_PASSWORD_CHARS]
         address = request.client.host if request.client else "unknown"
-        if await run_in_threadpool(console.throttle.refused, name, address):
+        if await run_in_threadpool(console.throttle.attempt, name, address):
             logger.warning("Console: refused a login past the throttle.")
             return console.render(request, "login.html", status=429, error="Too many failed logins; try later.")
         user = console.users.get(name)
         if not await run_in_threadpool(lambda: passwords.verify(user, password, decoy=console.decoy)) or user is None:
-            await run_in_threadpool(console.throttle.failed, name, address)
             logger.warning("Console: a login failed.")
             return console.render(request, "login.html", status=401, error="Wrong name or password.")
-        await run_in_threadpool(console.throttle.succeeded, name)
+        await run_in_threadpool(console.throttle.succeeded, name, address)
         # A new session, with a new CSRF token: nothing from before the login carries over.
         request.session.clear()
         request.session.update(user=user.name, since=console.clock(), csrf=secrets.token_urlsafe(32))

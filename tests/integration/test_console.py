@@ -17,9 +17,17 @@ from reports.clock import utcnow
 from reports.console import throttle
 from reports.failures import dead_letters
 from reports.models import ConsoleAudit, DeadLetter, PeriodRun, RunState, SuppressionReason
-from tests.integration.conftest import PERIOD, queued_user_ids, trigger
+from tests.integration.conftest import PERIOD, queued_user_ids, run_together, trigger
 from tests.integration.test_dead_letters import report_dead
-from tests.support.console import ADMIN_PASSWORD, VIEWER_ONLY, VIEWER_PASSWORD, Clock, client, console_settings
+from tests.support.console import (
+    ADMIN_PASSWORD,
+    VIEWER_ONLY,
+    VIEWER_PASSWORD,
+    Clock,
+    ConsoleClient,
+    client,
+    console_settings,
+)
 from tests.support.databases import load_users
 from tests.support.web import SECRET, suppressed
 
@@ -109,6 +117,33 @@ def test_logins_are_throttled_per_address_across_user_names(settings, sessions):
     elsewhere = client(console_settings(settings), sessions)
     elsewhere.http = TestClient(elsewhere.http.app, base_url="http://127.0.0.1:8000", client=("10.0.0.9", 1))
     assert elsewhere.login("ada", ADMIN_PASSWORD) == 200
+
+
+def test_good_logins_from_one_address_never_reach_its_limit(console):
+    # Each login counts as failed until its password is found right, then is taken back.
+    for _ in range(throttle.MAX_FAILURES_PER_ADDRESS + 1):
+        assert console.login("vic", VIEWER_PASSWORD) == 200
+    for n in range(throttle.MAX_FAILURES_PER_ADDRESS - 1):
+        assert console.login(f"guess{n}", "wrong password") == 401
+    assert console.login("ada", ADMIN_PASSWORD) == 200
+
+
+def test_guesses_sent_at_once_get_no_more_password_checks_than_the_limit(settings, sessions):
+    load_users(sessions, count=1)
+    guessers = [client(console_settings(settings), sessions) for _ in range(4 * throttle.MAX_FAILURES_PER_USER)]
+    tokens = [guesser.csrf() for guesser in guessers]
+    statuses: list[int] = []
+
+    def guess(guesser: ConsoleClient, token: str) -> None:
+        answer = guesser.http.post("/console/login", data={"name": "ada", "password": "wrong", "csrf": token})
+        statuses.append(answer.status_code)
+
+    run_together(*(lambda g=g, t=t: guess(g, t) for g, t in zip(guessers, tokens, strict=True)))
+
+    # Counted before the password is checked: the guesses past the limit are refused unchecked.
+    assert sorted(statuses) == [401] * throttle.MAX_FAILURES_PER_USER + [429] * (
+        len(guessers) - throttle.MAX_FAILURES_PER_USER
+    )
 
 
 def test_a_post_with_a_forged_or_missing_csrf_token_is_refused_and_changes_nothing(console, sessions, settings):
