@@ -5,7 +5,8 @@ actions in :mod:`actions`.
 * Sessions are Starlette's signed cookies (itsdangerous): ``HttpOnly``, ``SameSite=Strict``,
   ``Secure`` unless PUBLIC_BASE_URL is loopback, scoped to ``/console``. A session ends
   CONSOLE_SESSION_SECONDS after its login, whatever is done with it, and when its user leaves
-  CONSOLE_USERS (the role is read from CONSOLE_USERS at each request, never from the cookie).
+  CONSOLE_USERS or is given a new password there (the role is read from CONSOLE_USERS at each
+  request, never from the cookie).
 * Every POST carries the session's CSRF token; a missing or wrong one is answered 403.
 * A ``viewer`` reads every page; its POSTs are answered 403 and change nothing.
 * Logins are throttled per user name and per address (:mod:`throttle`), fleet-wide.
@@ -13,6 +14,7 @@ actions in :mod:`actions`.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import logging
 import secrets
@@ -206,11 +208,21 @@ def _signed_in(request: Request, console: Console) -> ConsoleUser | None:
     if not isinstance(name, str) or not isinstance(since, int | float):
         return None
     user = console.users.get(name)
-    if user is None or console.clock() - since >= console.settings.console_session_seconds:
+    if (
+        user is None
+        or request.session.get("password") != _password_mark(user)
+        or console.clock() - since >= console.settings.console_session_seconds
+    ):
         request.session.clear()
         request.session["flash"] = "Your session expired; log in again."
         return None
     return user
+
+
+def _password_mark(user: ConsoleUser) -> str:
+    """A mark of the user's password hash as CONSOLE_USERS holds it now, kept in the session: a new
+    password ends the sessions logged in with the old one. A digest: the cookie is signed, not secret."""
+    return hashlib.sha256(user.password_hash.encode()).hexdigest()[:16]
 
 
 def csrf_token(request: Request) -> str:
@@ -318,7 +330,9 @@ def _login(console: Console) -> Callable[[Request], Awaitable[Response]]:
         await run_in_threadpool(console.throttle.succeeded, name, address)
         # A new session, with a new CSRF token: nothing from before the login carries over.
         request.session.clear()
-        request.session.update(user=user.name, since=console.clock(), csrf=secrets.token_urlsafe(32))
+        request.session.update(
+            user=user.name, since=console.clock(), password=_password_mark(user), csrf=secrets.token_urlsafe(32)
+        )
         await run_in_threadpool(_audit_login, console, user)
         return RedirectResponse(f"{PREFIX}/periods", status_code=303)
 
@@ -332,8 +346,11 @@ def _audit_login(console: Console, user: ConsoleUser) -> None:
 
 async def _logout(request: Request) -> Response:
     form = await _form(request)
-    if _csrf_ok(request, form):
-        request.session.clear()
+    if not _csrf_ok(request, form):
+        # Said, not passed over: a tab whose token went stale (a login in another tab since) would
+        # otherwise show the login form while its session goes on.
+        return _refused("The form is stale: reload the page and log out again.")
+    request.session.clear()
     return _to_login()
 
 

@@ -21,6 +21,8 @@ from tests.integration.conftest import PERIOD, queued_user_ids, run_together, tr
 from tests.integration.test_dead_letters import report_dead
 from tests.support.console import (
     ADMIN_PASSWORD,
+    ADMIN_WITH_A_NEW_PASSWORD,
+    NEW_ADMIN_PASSWORD,
     VIEWER_ONLY,
     VIEWER_PASSWORD,
     Clock,
@@ -219,6 +221,29 @@ def test_a_user_removed_from_console_users_is_signed_out(settings, sessions):
     without_ada = client(console_settings(settings, console_users=VIEWER_ONLY), sessions)
     without_ada.http.cookies = console.http.cookies
     assert without_ada.http.get("/console/periods").url.path == "/console/login"
+
+
+def test_a_new_password_in_console_users_signs_out_the_sessions_of_the_old_one(settings, sessions):
+    console = client(console_settings(settings), sessions)
+    assert console.login() == 200
+    changed = client(console_settings(settings, console_users=ADMIN_WITH_A_NEW_PASSWORD), sessions)
+    changed.http.cookies = console.http.cookies
+    assert changed.http.get("/console/periods").url.path == "/console/login"
+    assert changed.login("ada", ADMIN_PASSWORD) == 401
+    assert changed.login("ada", NEW_ADMIN_PASSWORD) == 200
+
+
+def test_logging_out_ends_the_session_and_a_stale_form_says_so_instead(console):
+    assert console.login() == 200
+    stale = console.csrf("/console/periods")
+    # Logged out and in again meanwhile, in another tab: the first tab's form is stale.
+    assert console.post("/console/logout", csrf=console.csrf("/console/periods"))[0] == 200
+    assert console.login() == 200
+    answer = console.http.post("/console/logout", data={"csrf": stale})
+    assert answer.status_code == 403 and "log out again" in answer.text
+    assert console.http.get("/console/periods").url.path == "/console/periods"
+    assert console.post("/console/logout")[0] == 200
+    assert console.http.get("/console/periods").url.path == "/console/login"
 
 
 def test_admin_actions_go_through_and_are_audited_with_who_did_them(console, sessions, settings):
