@@ -27,10 +27,8 @@ _HASHES = {"admin": _CHEAP.hash(ADMIN_PASSWORD), "viewer": _CHEAP.hash(VIEWER_PA
 CONSOLE_USERS = f"ada:admin:{_HASHES['admin']},vic:viewer:{_HASHES['viewer']}"
 #: CONSOLE_USERS after ``ada`` was taken out.
 VIEWER_ONLY = f"vic:viewer:{_HASHES['viewer']}"
-#: ``ada``'s password after a change.
-NEW_ADMIN_PASSWORD = "new admin password 89"
-#: CONSOLE_USERS after ``ada`` was given :data:`NEW_ADMIN_PASSWORD`.
-ADMIN_WITH_A_NEW_PASSWORD = f"ada:admin:{_CHEAP.hash(NEW_ADMIN_PASSWORD)},{VIEWER_ONLY}"
+#: CONSOLE_USERS after ``ada`` was given a new password.
+ADMIN_WITH_A_NEW_PASSWORD = f"ada:admin:{_CHEAP.hash('new admin password 89')},{VIEWER_ONLY}"
 
 _CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 
