@@ -1,5 +1,5 @@
 """The console's actions, admins only, each through the library call its ``reports`` command makes,
-and each recorded in the audit trail with its outcome (a refusal too)."""
+and each recorded in the audit trail with its outcome (a refusal or a failure too)."""
 
 from __future__ import annotations
 
@@ -40,14 +40,25 @@ def routes(console: Console) -> list[BaseRoute]:
 def _audited(
     console: Console, user: ConsoleUser, action: str, target: str, work: Callable[[], str]
 ) -> tuple[str, bool]:
-    """Run ``work`` and record its outcome line (or its refusal); the line, and whether it ran."""
+    """Run ``work`` and record its outcome line (or its refusal, or its failure); the line, and
+    whether it ran."""
     try:
         outcome, done = work(), True
     except BadInput as e:
         outcome, done = f"refused: {e}", False
+    except Exception as e:
+        # Recorded, then raised (a 500, and its traceback in the log): work that failed half way,
+        # such as a trigger committed before its enqueue found the broker down, may have changed
+        # something. The class only: the message may carry an address or a URL.
+        _record(console, user, action, target, f"failed: {type(e).__name__} (the web process's log has more)")
+        raise
+    _record(console, user, action, target, outcome)
+    return outcome, done
+
+
+def _record(console: Console, user: ConsoleUser, action: str, target: str, outcome: str) -> None:
     with console.sessions.begin() as session:
         audit.record(session, actor=user.name, action=action, target=target, outcome=outcome, now=utcnow())
-    return outcome, done
 
 
 def trigger(request: Request, user: ConsoleUser, console: Console, form: dict[str, str]) -> Response:

@@ -30,6 +30,7 @@ from tests.support.console import (
     console_settings,
 )
 from tests.support.databases import load_users
+from tests.support.processes import free_port
 from tests.support.web import SECRET, suppressed
 
 
@@ -235,6 +236,25 @@ def test_logging_out_ends_the_session_and_a_stale_form_says_so_instead(console):
     assert console.http.get("/console/periods").url.path == "/console/periods"
     assert console.post("/console/logout")[0] == 200
     assert console.http.get("/console/periods").url.path == "/console/login"
+
+
+def test_an_action_that_fails_half_way_is_in_the_audit_trail(settings, sessions):
+    load_users(sessions, count=2)
+    # The broker (RabbitMQ here; Redis keeps the shared state) is down: the trigger commits, then
+    # its enqueue fails.
+    down = console_settings(
+        settings, broker_url=f"amqp://guest:guest@127.0.0.1:{free_port()}/", redis_url=settings.shared_redis_url
+    )
+    console = client(down, sessions)
+    assert console.login() == 200
+    with pytest.raises(Exception) as failed:
+        console.post("/console/periods", {"period": str(PERIOD)})
+    with sessions() as session:
+        assert session.get(PeriodRun, str(PERIOD)) is not None
+        [(action, outcome)] = session.execute(
+            select(ConsoleAudit.action, ConsoleAudit.outcome).where(ConsoleAudit.action != "login")
+        ).all()
+    assert (action, outcome) == ("trigger", f"failed: {type(failed.value).__name__} (the web process's log has more)")
 
 
 def test_admin_actions_go_through_and_are_audited_with_who_did_them(console, sessions, settings):
