@@ -220,7 +220,8 @@ def preview_frame(request: Request, _user: ConsoleUser, console: Console) -> Res
                     raise BadInput(f"No user with id {user_id}.")
                 version = preview.template_version_for(session, settings, period, None)
                 preview.check_version(settings, version)
-                page = preview.build(session, settings, user, period, version, utcnow()).rendered.html
+                built = preview.build(session, settings, user, period, version, utcnow(), working_link=False)
+                page = built.rendered.html
             finally:
                 session.rollback()
     except (BadInput, PermanentError) as e:

@@ -28,12 +28,28 @@ class Preview:
     rendered: RenderedReport
 
 
+#: Where a preview shown to someone who is not the user points the unsubscribe link: a path the
+#: unsubscribe page answers as a link that is not valid.
+INERT_UNSUBSCRIBE_PATH = f"{tokens.PATH_PREFIX}preview"
+
+
 def build(
-    session: Session, settings: Settings, user: User, period: Period, template_version: str, now: datetime
+    session: Session,
+    settings: Settings,
+    user: User,
+    period: Period,
+    template_version: str,
+    now: datetime,
+    *,
+    working_link: bool = True,
 ) -> Preview:
     """The email the pipeline would send ``user`` for ``period`` now, built by the pipeline's own
-    read path (activity, render, compose) and nothing else: the one place a change of it lands here."""
-    unsubscribe_url = tokens.links(settings).url(user.id)
+    read path (activity, render, compose) and nothing else: the one place a change of it lands here.
+
+    ``working_link=False`` puts an inert unsubscribe link in it: the real one is the user's
+    credential, which unsubscribes them at one click, and a viewer of the console must not get it."""
+    links = tokens.links(settings)
+    unsubscribe_url = links.url(user.id) if working_link else f"{links.base_url}{INERT_UNSUBSCRIBE_PATH}"
     rendered = render(
         settings.templates_dir,
         template_version,

@@ -319,6 +319,17 @@ def test_the_preview_frame_is_the_users_report_sandboxed_and_sends_nothing(conso
     assert queued_actors(settings, "critical") == []
 
 
+def test_the_preview_shows_an_inert_unsubscribe_link_which_unsubscribes_nobody(settings, sessions):
+    load_users(sessions, count=3)
+    # v2 shows the link in the report's body; the user's own link is their credential.
+    console = client(console_settings(settings, template_version="v2"), sessions)
+    assert console.login("vic", VIEWER_PASSWORD) == 200
+    frame = console.http.get(f"/console/preview/frame?period={PERIOD}&user=2")
+    assert set(re.findall(r"/u/[^\"'<\s]*", frame.text)) == {"/u/preview"}
+    assert console.http.post("/u/preview", data={"List-Unsubscribe": "One-Click"}).status_code >= 400
+    assert suppressed(sessions) == {}
+
+
 def test_dead_letters_filter_by_period_reason_actor_and_text_and_page_by_keyset(console, sessions, monkeypatch):
     from reports.console import views
 
