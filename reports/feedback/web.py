@@ -22,7 +22,7 @@ from starlette.middleware import Middleware
 from starlette.middleware.body_limit import RequestBodyLimitMiddleware
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
-from starlette.routing import BaseRoute, Mount, Route
+from starlette.routing import BaseRoute, Mount, Route, Router
 
 from reports import feedback_settings
 from reports.clock import utcnow
@@ -75,8 +75,14 @@ def routes(
         for provider, intake in intakes.items()
     ]
     # The web process caps every body far below a webhook's (reports.web.guards); the mount raises it.
+    # No slash redirect, as on the other routes: its Location would be built from the request's own
+    # scheme and Host.
     return [
-        Mount("/hooks", routes=hooks, middleware=[Middleware(RequestBodyLimitMiddleware, max_body_size=MAX_BODY_BYTES)])
+        Mount(
+            "/hooks",
+            app=Router(hooks, redirect_slashes=False),
+            middleware=[Middleware(RequestBodyLimitMiddleware, max_body_size=MAX_BODY_BYTES)],
+        )
     ]
 
 

@@ -253,6 +253,11 @@ def test_forged_stale_replayed_or_malformed_requests_are_refused_and_change_noth
     # One line per refusal (the unknown path is Starlette's plain 404), echoing nothing of the body.
     assert log.count("Refused a ") == len(cases) - 1 + 2
     assert "user1@example.test" not in log and "not json" not in log and POSTMARK_AUTH[1] not in log
+    # No slash redirect: its Location would be built from the request's own scheme and Host.
+    assert (
+        post(web, "/hooks/postmark/", postmark_bounce("user1@example.test"), Authorization=postmark_authorization())
+        == 404
+    )
 
 
 def test_a_webhook_batch_far_larger_than_the_web_processs_own_body_cap_is_taken(sessions, start_web, sns):
