@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import delete, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from reports import items, pruning
+from reports import items, partitions, pruning
 from reports.dead_message import DeadMessage
 from reports.errors import InvalidPayload
 from reports.jobs import BUILD_REPORT, SEND_NOW, CoordinatorJob, ReportJob, SendNowJob
@@ -234,6 +234,9 @@ def _reset_item(session: Session, letter: DeadLetter, now: datetime) -> int:
         job = _job(letter.actor, *_arguments(letter))
         if isinstance(job, SendNowJob):
             _set_request_state(session, job.request_id, DeliveryState.REQUESTED, unless=DeliveryState.SENT)
+            # A prune may have dropped the month since (a send-now that died leaves no row to keep
+            # it): the message writes its report there.
+            partitions.ensure(session, job.period)
         return 0
     if letter.actor != BUILD_REPORT.name or letter.period is None or letter.user_id is None:
         return 0

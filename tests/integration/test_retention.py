@@ -18,6 +18,7 @@ from reports import partitions, pruning
 from reports.cli.prune import describe
 from reports.failures import dead_letters
 from reports.fanout import progress, runs
+from reports.jobs import SEND_NOW, SendNowJob
 from reports.models import (
     DeadLetter,
     Delivery,
@@ -505,3 +506,41 @@ def test_on_postgresql_a_drop_gives_way_to_a_long_transaction_and_tries_again(fi
         worker.close()
         assert pruning.result(timeout=30).finished
     assert rows(filled, ReportItem, OLD) == [DEAD_USER]
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_on_postgresql_a_send_now_replayed_after_its_month_was_dropped_finds_the_month_to_write_in(
+    filled, broker
+) -> None:
+    gone, user_id = "2020-05", USERS + 1
+    with filled.begin() as session:
+        fill_period(session, gone)
+        # A user with no item that month (they joined after it), whose send-now died before it
+        # wrote anything: its request dead, its letter not replayed.
+        session.add(User(id=user_id, email="late@example.test", name=None, active=True))
+        send_now_request(session, gone, user_id, DeliveryState.DEAD)
+        job = SendNowJob(Period.parse(gone), user_id, f"00000000-0000-0000-0000-{user_id:012d}", "v1")
+        session.add(
+            DeadLetter(
+                message_id="m-send-now",
+                actor=SEND_NOW.name,
+                queue="critical",
+                payload=json.dumps({"args": list(SEND_NOW.arguments(job.payload())), "kwargs": {}}),
+                period=gone,
+                user_id=user_id,
+                attempts=1,
+                reason="permanent",
+                error_class="TemplateNotFound",
+                error_message="v1",
+                first_failed_at=NOW,
+                died_at=NOW,
+            )
+        )
+    retention.prune(filled, before=BEFORE)
+    assert partitions_of(filled, gone) == []
+
+    dead_letters.replay(filled, queue_for(broker), dead_letters.Filter(period=gone), now=NOW, dry_run=False)
+
+    assert partitions_of(filled, gone) == list(partitions.PARTITIONED)
+    with filled() as session:
+        assert session.scalar(select(SendNowRequest.state).where(SendNowRequest.period == gone)) == "requested"
