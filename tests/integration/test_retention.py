@@ -107,13 +107,16 @@ def sent_delivery(period: str, user_id: int) -> Delivery:
     )
 
 
-def dead_letter(session: Session, period: str, user_id: int, *, replayed: bool) -> None:
+def dead_letter(session: Session, period: str, user_id: int, *, replayed: bool, job: SendNowJob | None = None) -> None:
+    """A monthly report's dead letter, or with ``job`` a send-now's."""
     session.add(
         DeadLetter(
             message_id=f"m-{period}-{user_id}",
-            actor="build_report",
-            queue="bulk",
-            payload=json.dumps({"args": [period, user_id, "v1"], "kwargs": {}}),
+            actor=SEND_NOW.name if job else "build_report",
+            queue="critical" if job else "bulk",
+            payload=json.dumps(
+                {"args": list(SEND_NOW.arguments(job.payload())) if job else [period, user_id, "v1"], "kwargs": {}}
+            ),
             period=period,
             user_id=user_id,
             attempts=1,
@@ -520,22 +523,7 @@ def test_on_postgresql_a_send_now_replayed_after_its_month_was_dropped_finds_the
         session.add(User(id=user_id, email="late@example.test", name=None, active=True))
         send_now_request(session, gone, user_id, DeliveryState.DEAD)
         job = SendNowJob(Period.parse(gone), user_id, f"00000000-0000-0000-0000-{user_id:012d}", "v1")
-        session.add(
-            DeadLetter(
-                message_id="m-send-now",
-                actor=SEND_NOW.name,
-                queue="critical",
-                payload=json.dumps({"args": list(SEND_NOW.arguments(job.payload())), "kwargs": {}}),
-                period=gone,
-                user_id=user_id,
-                attempts=1,
-                reason="permanent",
-                error_class="TemplateNotFound",
-                error_message="v1",
-                first_failed_at=NOW,
-                died_at=NOW,
-            )
-        )
+        dead_letter(session, gone, user_id, replayed=False, job=job)
     retention.prune(filled, before=BEFORE)
     assert partitions_of(filled, gone) == []
 
