@@ -78,6 +78,11 @@ def record(session: Session, dead: DeadMessage) -> bool:
         )
         .returning(DeadLetter.__table__.c.id)
     ).first()
+    if stored is None:
+        # Stored before, in a transaction that marked the item too. This is a copy of the same
+        # message (redelivered after a crash before its ack): marking the item dead again would
+        # undo a replay made since, and the replayed message would then find it final.
+        return False
     if isinstance(job, ReportJob):
         items.finish(
             session,
@@ -90,7 +95,7 @@ def record(session: Session, dead: DeadMessage) -> bool:
     elif isinstance(job, SendNowJob):
         # Dead, so reconcile does not send it again; a replay makes it requested once more.
         _set_request_state(session, job.request_id, DeliveryState.DEAD, unless=DeliveryState.SENT)
-    return stored is not None
+    return True
 
 
 def _set_request_state(session: Session, request_id: str, state: DeliveryState, *, unless: DeliveryState) -> int:

@@ -153,6 +153,20 @@ def test_a_dead_letter_never_undoes_a_delivered_item(sessions, settings) -> None
     assert delivered is not None and delivered.state == ItemState.DELIVERED and delivered.last_error is None
 
 
+def test_a_late_copy_of_a_dead_message_leaves_the_item_its_replay_made_pending(sessions, settings) -> None:
+    user_id = planned(sessions, settings)[0]
+    dead = report_dead(user_id)
+    assert record(sessions, dead) is True
+    replayed = dead_letters.replay(sessions, InMemoryQueue(), dead_letters.Filter(), now=NOW, dry_run=False)
+    assert replayed.items_reset == 1
+
+    # A copy of the same message, back from a worker killed before its ack, dies again.
+    assert record(sessions, report_dead(user_id, message_id=dead.message_id)) is False
+
+    pending = item(sessions, user_id)
+    assert pending is not None and pending.state == ItemState.PENDING
+
+
 MALFORMED = {
     "bad-period": (BUILD_REPORT.name, ("2026-13", 4, "v1"), {}),
     "bad-user-id": (BUILD_REPORT.name, ("2026-10", "four", "v1"), {}),
