@@ -56,8 +56,8 @@ class DeadLetterSink:
             stored = dead_letters.record(session, dead)
         if not stored:
             return  # a redelivered copy of a message already stored
-        if self.on_stored is not None:
-            self.on_stored(dead)
+        # Stored and committed: what follows tells of it, and nothing in it may fail the message,
+        # which would send a stored letter to .XQ as unstored and lose this line and the alert.
         about = dead_letters.ids(dead)
         subject = " ".join(f"{k}={v}" for k, v in about.items())
         logger.error(
@@ -79,11 +79,14 @@ class DeadLetterSink:
                 **about,
             },
         )
-        if self.alerts is not None:
+        tellings = [("count", self.on_stored), ("alert", self.alerts.dead_letter if self.alerts else None)]
+        for what, tell in tellings:
+            if tell is None:
+                continue
             try:
-                self.alerts.dead_letter(dead)
+                tell(dead)
             except redis.RedisError:
-                logger.warning("Dead-letter alert skipped: Redis unreachable.")
+                logger.warning("Dead-letter %s skipped: Redis unreachable.", what)
 
 
 class BrokerDeadLetters(Middleware):

@@ -27,6 +27,7 @@ from reports.worker.dead_letter_sink import BrokerDeadLetters, DeadLetterSink, a
 from reports.worker.queues import queue_for
 from tests.integration.conftest import PERIOD, queued_user_ids, walk_everything
 from tests.support.databases import load_users
+from tests.support.processes import free_port
 from tests.support.waiting import wait_until
 
 #: A fixed "now" (naive UTC, as the schema stores it) and the same instant in epoch milliseconds.
@@ -165,6 +166,18 @@ def test_a_late_copy_of_a_dead_message_leaves_the_item_its_replay_made_pending(s
 
     pending = item(sessions, user_id)
     assert pending is not None and pending.state == ItemState.PENDING
+
+
+def test_a_stored_dead_letter_is_logged_though_redis_cannot_count_it(sessions, settings, caplog) -> None:
+    user_id = planned(sessions, settings)[0]
+    down = redis.Redis(port=free_port(), retry=None)
+    sink = DeadLetterSink(sessions, alerts=None, on_stored=lambda dead: down.hincrby("dead", "letters", 1))
+
+    sink(report_dead(user_id))  # raising would send the stored letter to .XQ as unstored
+
+    assert [letter.user_id for letter in letters(sessions)] == [user_id]
+    assert [r.getMessage()[:12] for r in caplog.records if r.levelname == "ERROR"] == ["Dead letter:"]
+    assert "Dead-letter count skipped: Redis unreachable." in caplog.messages
 
 
 MALFORMED = {
