@@ -30,8 +30,11 @@ class Queue(Protocol):
         """Messages of ``queue`` not yet done: ready, delayed, and held by live workers."""
         ...
 
-    def enqueue_again(self, *, queue: str, actor: str, args: list[Any], kwargs: dict[str, Any]) -> str:
-        """Enqueue a stored message's arguments as a fresh message (its attempts start over); its id."""
+    def enqueue_again(
+        self, *, queue: str, actor: str, args: list[Any], kwargs: dict[str, Any], walker: str | None = None
+    ) -> str:
+        """Enqueue a stored message's arguments as a fresh message (its attempts start over), a
+        coordinator's as the chain ``walker``; its id."""
         ...
 
 
@@ -71,8 +74,10 @@ class InMemoryQueue:
     def backlog(self, queue: str) -> int:
         return sum(message.queue == queue for message in self.messages)
 
-    def enqueue_again(self, *, queue: str, actor: str, args: list[Any], kwargs: dict[str, Any]) -> str:
-        message = Message(queue, actor, tuple(args), dict(kwargs))
+    def enqueue_again(
+        self, *, queue: str, actor: str, args: list[Any], kwargs: dict[str, Any], walker: str | None = None
+    ) -> str:
+        message = Message(queue, actor, tuple(args), dict(kwargs), walker=walker)
         self.messages.append(message)
         return message.message_id
 

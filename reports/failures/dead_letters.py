@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -19,8 +20,16 @@ from sqlalchemy.orm import Session, sessionmaker
 from reports import items, partitions, pruning
 from reports.dead_message import DeadMessage
 from reports.errors import InvalidPayload
-from reports.jobs import BUILD_REPORT, SEND_NOW, CoordinatorJob, ReportJob, SendNowJob
-from reports.models import DeadLetter, DeadLetterReason, DeliveryState, ItemState, ReportItem, SendNowRequest
+from reports.jobs import BUILD_REPORT, COORDINATOR, SEND_NOW, CoordinatorJob, ReportJob, SendNowJob
+from reports.models import (
+    DeadLetter,
+    DeadLetterReason,
+    DeliveryState,
+    ItemState,
+    PeriodRun,
+    ReportItem,
+    SendNowRequest,
+)
 from reports.queue import Queue
 from reports.sql import insert_ignoring_conflicts, rowcount
 
@@ -206,7 +215,13 @@ def replay(sessions: sessionmaker[Session], queue: Queue, where: Filter, *, now:
                     continue
                 outcome.items_reset += _reset_item(session, letter, now)
                 args, kwargs = _arguments(letter)
-                message_id = queue.enqueue_again(queue=letter.queue, actor=letter.actor, args=args, kwargs=kwargs)
+                message_id = queue.enqueue_again(
+                    queue=letter.queue,
+                    actor=letter.actor,
+                    args=args,
+                    kwargs=kwargs,
+                    walker=_new_chain(session, letter, now),
+                )
                 letter.replayed_at, letter.replay_message_id = now, message_id
     return outcome
 
@@ -232,6 +247,19 @@ def _chunks(sessions: sessionmaker[Session], where: Filter, ceiling: int) -> Ite
             return
         yield ids
         after = ids[-1]
+
+
+def _new_chain(session: Session, letter: DeadLetter, now: datetime) -> str | None:
+    """For a coordinator's letter, a new chain its run names (as reconcile starts one): a message
+    of no chain the run names would find itself superseded and end at once."""
+    if letter.actor != COORDINATOR.name:
+        return None
+    job = _job(letter.actor, *_arguments(letter))
+    run = session.get(PeriodRun, str(job.period), with_for_update=True) if isinstance(job, CoordinatorJob) else None
+    if run is None:
+        return None
+    run.walker, run.updated_at = str(uuid.uuid4()), now
+    return run.walker
 
 
 def _reset_item(session: Session, letter: DeadLetter, now: datetime) -> int:

@@ -42,9 +42,15 @@ class _BrokerQueue(ABC):
     def send_coordinator(self, walker: str, payload: Mapping[str, Any], *, delay_ms: int | None = None) -> None:
         send(self.broker, COORDINATOR, payload, delay_ms=delay_ms, options={WALKER_OPTION: walker})
 
-    def enqueue_again(self, *, queue: str, actor: str, args: list[Any], kwargs: dict[str, Any]) -> str:
+    def enqueue_again(
+        self, *, queue: str, actor: str, args: list[Any], kwargs: dict[str, Any], walker: str | None = None
+    ) -> str:
         message: dramatiq.Message[Any] = dramatiq.Message(
-            queue_name=queue, actor_name=actor, args=tuple(args), kwargs=kwargs, options={}
+            queue_name=queue,
+            actor_name=actor,
+            args=tuple(args),
+            kwargs=kwargs,
+            options={WALKER_OPTION: walker} if walker else {},
         )
         self.broker.enqueue(message)
         return message.message_id

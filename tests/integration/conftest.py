@@ -87,8 +87,10 @@ class RecordingQueue:
     def backlog(self, queue: str) -> int:
         return self.queue.backlog(queue)
 
-    def enqueue_again(self, *, queue: str, actor: str, args: list[Any], kwargs: dict[str, Any]) -> str:
-        return self.queue.enqueue_again(queue=queue, actor=actor, args=args, kwargs=kwargs)
+    def enqueue_again(
+        self, *, queue: str, actor: str, args: list[Any], kwargs: dict[str, Any], walker: str | None = None
+    ) -> str:
+        return self.queue.enqueue_again(queue=queue, actor=actor, args=args, kwargs=kwargs, walker=walker)
 
 
 def make_partitions(sessions: sessionmaker[Session], *periods: Period | str) -> None:

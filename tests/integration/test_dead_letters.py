@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -18,6 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from reports.clock import utcnow
 from reports.dead_message import DeadMessage
 from reports.failures import dead_letters
+from reports.fanout.coordinator import walk_slice
 from reports.jobs import BUILD_REPORT, COORDINATOR
 from reports.models import DeadLetter, ItemState, ReportItem
 from reports.queue import InMemoryQueue
@@ -25,7 +27,7 @@ from reports.settings import Settings
 from reports.worker.broker import message_for
 from reports.worker.dead_letter_sink import BrokerDeadLetters, DeadLetterSink, absorb_broker_dead_letters
 from reports.worker.queues import queue_for
-from tests.integration.conftest import PERIOD, queued_user_ids, walk_everything
+from tests.integration.conftest import PERIOD, queued_user_ids, trigger, walk_everything
 from tests.support.databases import load_users
 from tests.support.processes import free_port
 from tests.support.waiting import wait_until
@@ -221,25 +223,42 @@ def test_a_malformed_payload_is_stored_without_period_or_user(sessions, settings
     assert all(item(sessions, user_id).state == ItemState.PENDING for user_id in active)  # type: ignore[union-attr]
 
 
-def test_a_dead_plan_job_is_stored_with_its_period_and_no_user(sessions) -> None:
-    dead = DeadMessage(
-        message_id="plan-1",
-        actor=COORDINATOR.name,
-        queue=COORDINATOR.queue,
-        args=("2026-10",),
-        kwargs={},
-        attempts=6,
-        reason="retries_exhausted",
-        error_class="OperationalError",
-        error_message="db down",
-        traceback="",
-        first_failed_ms=NOW_MS,
-        died_ms=NOW_MS,
-    )
+PLAN_DEAD = DeadMessage(
+    message_id="plan-1",
+    actor=COORDINATOR.name,
+    queue=COORDINATOR.queue,
+    args=("2026-10",),
+    kwargs={},
+    attempts=6,
+    reason="retries_exhausted",
+    error_class="OperationalError",
+    error_message="db down",
+    traceback="",
+    first_failed_ms=NOW_MS,
+    died_ms=NOW_MS,
+)
 
-    assert record(sessions, dead) is True
+
+def test_a_dead_plan_job_is_stored_with_its_period_and_no_user(sessions) -> None:
+    assert record(sessions, PLAN_DEAD) is True
     [stored] = letters(sessions)
     assert (stored.period, stored.user_id, stored.actor) == ("2026-10", None, COORDINATOR.name)
+
+
+def test_a_replayed_plan_job_walks_the_period_as_the_chain_its_run_names(sessions, settings) -> None:
+    load_users(sessions, count=6)
+    trigger(sessions, settings)
+    dead = dataclasses.replace(PLAN_DEAD, args=(str(PERIOD),))
+    assert record(sessions, dead) is True
+
+    queue = InMemoryQueue()
+    assert len(dead_letters.replay(sessions, queue, dead_letters.Filter(), now=NOW, dry_run=False).replayed) == 1
+
+    [again] = queue.of(COORDINATOR)
+    # As the actor runs it: a message that carries no chain token draws one of its own.
+    walker = again.walker or "a chain of its own"
+    walked = walk_slice(sessions, PERIOD, InMemoryQueue(), walker=walker, page_size=100, budget_seconds=60)
+    assert walked.planned, "the replayed message ended as a superseded chain, walking nothing"
 
 
 def test_a_dead_letter_whose_user_id_parses_but_exceeds_the_column_is_still_stored(sessions) -> None:
