@@ -119,7 +119,8 @@ def replay_matching(request: Request, user: ConsoleUser, console: Console, form:
     """``reports dlq replay`` of every letter a filter shows: first the count is shown with a
     confirm button; the confirmed replay takes only the letters counted (none that died since)."""
     try:
-        where = inputs.dead_letter_filter(form)
+        # Replayed letters never are again: counted, they would inflate the count shown and the cap.
+        where = dataclasses.replace(inputs.dead_letter_filter(form), include_replayed=False)
     except BadInput as e:
         return back(request, "/dead-letters", str(e))
     with console.sessions.begin() as session:

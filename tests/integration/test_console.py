@@ -373,6 +373,9 @@ def test_replaying_by_filter_shows_the_count_and_replays_only_what_was_counted(c
         waiting = session.scalars(select(DeadLetter.user_id).where(DeadLetter.replayed_at.is_(None))).all()
     assert waiting == [4]
     assert audit_trail(sessions)[-1] == ("ada", "replay", "dead letters period=2026-10 reason=permanent")
+    # With the replayed ones shown too, the count is still only what a replay would take.
+    shown = {"period": str(PERIOD), "reason": "permanent", "replayed": "1"}
+    assert 'data-field="count">1<' in console.post("/console/dead-letters/replay", shown)[1]
 
 
 def test_a_replay_past_the_cap_is_refused(console, sessions, settings, monkeypatch):
