@@ -26,6 +26,10 @@ class BadInput(ReportsError):
     """Input from an operator was rejected; nothing was changed."""
 
 
+class SendNowNotEnqueued(ReportsError):
+    """A send-now request is recorded, but the broker did not take its message: reconcile sends it."""
+
+
 class PermanentError(ReportsError):
     """Retrying cannot help: the message goes to the dead letters at once."""
 

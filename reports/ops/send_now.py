@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from reports import partitions, pruning
 from reports.delivery import claims
 from reports.delivery.mail.compose import message_id
-from reports.errors import BadInput
+from reports.errors import BadInput, SendNowNotEnqueued
 from reports.jobs import SEND_NOW, SendNowJob
 from reports.models import PeriodRun, User
 from reports.periods import Period
@@ -62,5 +62,14 @@ def request(
             message_id=message_id(period, user_id, settings.mail_domain, request_id=request_id),
             now=now,
         )
-    send(broker, SEND_NOW, job.payload())
+    try:
+        send(broker, SEND_NOW, job.payload())
+    # Whatever the broker raises (Redis's, RabbitMQ's and SQS's clients each have their own): the
+    # request is recorded, and one asked again would be a second email.
+    except Exception as error:
+        raise SendNowNotEnqueued(
+            f"Send-now request {request_id} (user {user_id}, {period}) is recorded, but the broker did not take its "
+            f"message ({type(error).__name__}). Reconcile sends it once the broker is back (the scheduler's, or "
+            f"`reports reconcile {period}`); do not request it again, which would mail the user a second time."
+        ) from error
     return job

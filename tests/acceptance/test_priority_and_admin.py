@@ -44,7 +44,7 @@ from tests.support.broker import held_by_workers, queued_messages
 from tests.support.databases import load_users
 from tests.support.environment import REPO
 from tests.support.periods import month_from_now
-from tests.support.processes import WorkerGroup, run_cli, wait_for_progress
+from tests.support.processes import WorkerGroup, free_port, run_cli, wait_for_progress
 from tests.support.smtp import SmtpServer
 from tests.support.waiting import wait_until
 
@@ -390,6 +390,21 @@ def test_send_now_to_a_deactivated_user_or_of_a_month_never_run_is_refused_unles
     assert asked.returncode == 0, asked.stderr
     assert queued_messages(settings.broker_url, settings.broker_namespace, CRITICAL_QUEUE) == 1
     assert count_rows(sessions, "resends") == 1, "the request is recorded when it is made"
+
+
+def test_send_now_whose_message_the_broker_refuses_says_the_request_is_recorded_for_reconcile(settings, sessions):
+    population = load_users(sessions, count=3)
+    # RabbitMQ is down (Redis keeps the shared state): the request is recorded, then its enqueue fails.
+    down = replace(
+        settings, broker_url=f"amqp://guest:guest@127.0.0.1:{free_port()}/", redis_url=settings.shared_redis_url
+    )
+
+    failed = run_cli(down, "send-now", str(population.active[0]), PERIOD, "--allow-untriggered")
+
+    assert failed.returncode == 1, failed.stderr
+    [line] = failed.stderr.splitlines()
+    assert "is recorded" in line and f"reports reconcile {PERIOD}" in line and "do not request it again" in line
+    assert count_rows(sessions, "resends") == 1
 
 
 # --- 4. cancel and resume --------------------------------------------------------------------
