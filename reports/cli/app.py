@@ -190,23 +190,47 @@ def main(argv: list[str] | None = None) -> None:
     except DatabaseMissing as e:
         # Like an unreachable database (exit 1), not bad input: the command line was fine.
         _fail(str(e), 1)
-    except (sqlalchemy.exc.OperationalError, sqlalchemy.exc.ProgrammingError) as e:
+    except sqlalchemy.exc.DatabaseError as e:
+        # Unreachable, not migrated, or (SQLite) a file that is no database. Its subclasses for
+        # rows the code got wrong are bugs, and keep their traceback.
+        if isinstance(e, _BUGS):
+            raise
         # The driver's text can carry the URL; show only the error's kind.
         _fail(f"Database error ({type(e.orig).__name__}); is it reachable and migrated (`reports db upgrade`)?", 1)
     except ReportsError as e:
         # A condition the command names itself (the demo's workers exited, say): its message is the line.
         _fail(str(e), 1)
     except Exception as e:
-        if not _is_redis_error(e):
+        if not _is_broker_error(e):
             raise
-        _fail(f"Broker error ({type(e).__name__}); is Redis reachable at BROKER_URL?", 1)
+        _fail(f"Broker error ({type(e).__name__}); is the broker (BROKER_URL) or Redis (REDIS_URL) reachable?", 1)
 
 
-def _is_redis_error(error: Exception) -> bool:
-    # Only a command that imported redis can raise its errors; those that never touch the broker
-    # (suppress, db, feedback, admin, console) start without importing it.
-    client = sys.modules.get("redis")
-    return client is not None and isinstance(error, client.RedisError)
+_BUGS = (
+    sqlalchemy.exc.IntegrityError,
+    sqlalchemy.exc.DataError,
+    sqlalchemy.exc.InternalError,
+    sqlalchemy.exc.NotSupportedError,
+)
+
+#: Each broker client's errors, by module and class: Redis's, Dramatiq's (RabbitMQ's connection
+#: through pika), botocore's (SQS).
+_BROKER_ERRORS = (
+    ("redis", "RedisError"),
+    ("dramatiq.errors", "ConnectionError"),
+    ("botocore.exceptions", "BotoCoreError"),
+    ("botocore.exceptions", "ClientError"),
+)
+
+
+def _is_broker_error(error: Exception) -> bool:
+    # Looked up, not imported: only a command that imported a broker's client can raise its errors,
+    # and those that never touch the broker (suppress, db, feedback, admin, console) start without them.
+    for module, name in _BROKER_ERRORS:
+        errors = getattr(sys.modules.get(module), name, None)
+        if isinstance(errors, type) and isinstance(error, errors):
+            return True
+    return False
 
 
 def _fail(message: str, code: int) -> None:

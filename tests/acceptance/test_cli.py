@@ -230,14 +230,33 @@ def test_an_unreachable_database_fails_in_one_line_without_its_password(settings
     assert SECRET not in result.stderr
 
 
-def test_an_unreachable_broker_fails_in_one_line_without_its_password(settings, sessions):
-    settings = replace(settings, broker_url=f"redis://:{SECRET}@127.0.0.1:1/0")
+@pytest.mark.parametrize(
+    ("broker_url", "error"),
+    [
+        (f"redis://:{SECRET}@127.0.0.1:1/0", "ConnectionError"),
+        (f"amqp://guest:{SECRET}@127.0.0.1:1/", "ConnectionClosed"),
+        ("sqs://us-east-1?endpoint_url=http://127.0.0.1:1", None),
+    ],
+    ids=["redis", "rabbitmq", "sqs"],
+)
+def test_an_unreachable_broker_fails_in_one_line_without_its_password(settings, sessions, broker_url, error):
+    shared = {} if broker_url.startswith("redis") else {"redis_url": settings.shared_redis_url}
+    settings = replace(settings, broker_url=broker_url, **shared)
     result = run_cli(settings, "trigger", LAST_MONTH)
     # Exit 1 like an unreachable database: the command line itself was fine.
     line = assert_one_error_line(result, code=1)
-    assert line == "error: Broker error (ConnectionError); is Redis reachable at BROKER_URL?"
+    assert line.startswith(f"error: Broker error ({error or ''}") and "reachable?" in line, line
     assert SECRET not in result.stdout
     assert SECRET not in result.stderr
+
+
+def test_a_sqlite_file_that_is_no_database_fails_in_one_line(settings, tmp_path):
+    script = tmp_path / "not-a-database.sh"
+    script.write_text("#!/bin/sh\necho this is no database, but a shell script of some length\n" * 20)
+    result = run_cli_with(settings, {"DATABASE_URL": f"sqlite:///{script}"}, "progress", LAST_MONTH)
+    assert assert_one_error_line(result, code=1) == (
+        "error: Database error (DatabaseError); is it reachable and migrated (`reports db upgrade`)?"
+    )
 
 
 # --- bad input to every command: one line, exit 2, nothing changed ---------------------------
@@ -416,6 +435,9 @@ def run_cli_with(settings: Settings, environ: dict[str, str], *args: str) -> sub
         f"postgresql+psycopg://postgres:{SECRET}@127.0.0.1:99999/reports",
         f"postgresql+psycopg://postgres@127.0.0.1:notaport/reports?sslmode=disable&password={SECRET}",
         "://x",
+        # A driver that is not installed.
+        f"postgresql+psycopg2://postgres:{SECRET}@127.0.0.1:1/reports",
+        f"mysql://root:{SECRET}@127.0.0.1:1/reports",
     ],
 )
 def test_a_malformed_database_url_is_rejected_in_one_line_without_its_password(settings, url):
