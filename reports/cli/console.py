@@ -17,6 +17,14 @@ MIN_PASSWORD_CHARS = 12
 MAX_PASSWORD_CHARS = 1024
 
 
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 @cli.group()
 def console() -> None:
     """The operator console at /console/ on the web process."""
@@ -36,8 +44,11 @@ def hash_password_command() -> None:
     if not passwords:
         raise BadInput("No password on standard input (one per line).")
     for number, password in enumerate(passwords, start=1):
+        where = f" on line {number}" if len(passwords) > 1 else ""
         if not MIN_PASSWORD_CHARS <= len(password) <= MAX_PASSWORD_CHARS:
-            where = f" on line {number}" if len(passwords) > 1 else ""
             raise BadInput(f"The password{where} must be {MIN_PASSWORD_CHARS} to {MAX_PASSWORD_CHARS} characters long.")
+        if not _is_utf8(password):
+            # Bytes that are not UTF-8 arrive as lone surrogates, which no hash input can hold.
+            raise BadInput(f"The password{where} is not UTF-8 text.")
     for password in passwords:
         click.echo(hash_password(password))

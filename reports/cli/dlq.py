@@ -74,7 +74,7 @@ def list_command(obj: Obj, period: str | None, reason: str | None, replayed: boo
     # One plain line per dead letter: nothing to cut on a narrow terminal, easy to grep.
     for row in rows:
         click.echo(
-            f"#{row['id']}  {row['died_at']}  {row['period'] or '-'}  user {row['user_id'] or '-'}  "
+            f"#{row['id']}  {row['died_at']}  {row['period'] or '-'}  user {'-' if row['user_id'] is None else row['user_id']}  "
             f"{row['actor']}  {row['reason']} after {row['attempts']}  "
             f"{row['error_class']}: {row['error_message'][:120]}"
         )

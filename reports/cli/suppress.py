@@ -8,7 +8,7 @@ import json
 import click
 
 from reports import suppressions
-from reports.cli.app import Obj, cli, pass_obj
+from reports.cli.app import Obj, cli, iso_utc, pass_obj
 from reports.clock import utcnow
 from reports.errors import BadInput
 from reports.jobs import MAX_USER_ID, MIN_USER_ID
@@ -76,7 +76,7 @@ def list_(obj: Obj, reason: str | None, limit: int, as_json: bool) -> None:
         {
             "user_id": s.user_id,
             "reason": s.reason,
-            "created_at": s.created_at.isoformat(),
+            "created_at": iso_utc(s.created_at),
             "source": s.source,
             "provider": s.provider,
             "event_id": s.event_id,

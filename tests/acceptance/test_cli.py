@@ -453,3 +453,16 @@ def test_a_broker_url_whose_database_is_not_a_number_is_rejected_and_nothing_is_
     assert "BROKER_URL" in line
     assert SECRET not in result.stdout + result.stderr
     assert_nothing_changed(settings, sessions)
+
+
+def test_a_password_that_is_not_utf8_is_refused_before_any_hash_is_printed():
+    typed = subprocess.run(
+        [sys.executable, "-m", "reports", "console", "hash-password"],
+        input=b"averylongpassword1\naverylongpassword2\xff\n",
+        cwd=REPO,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert (typed.returncode, typed.stdout) == (2, b"")
+    assert typed.stderr.decode().splitlines() == ["error: The password on line 2 is not UTF-8 text."]

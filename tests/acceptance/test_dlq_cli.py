@@ -170,6 +170,12 @@ def test_list_json_gives_every_field_oldest_first(settings, four_letters):
     assert "4 dead letter(s)." in table
 
 
+def test_the_table_names_user_0_as_a_user(settings, sessions):
+    store(sessions, dead("zero", user_id=0), dead("none", period=None, user_id=None))
+    table = dlq(settings, "list").stdout
+    assert "2026-10  user 0  " in table and "-  user -  " in table
+
+
 def test_list_filters_by_period_and_by_reason_text(settings, four_letters):
     filters = [
         ("--period", "2026-10"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from sqlalchemy import text
@@ -28,6 +29,8 @@ def test_an_operator_adds_lists_and_removes_a_complaint(settings, sessions):
     assert again.returncode == 0 and "already suppressed (complained)" in again.stdout
     listed = run_cli(settings, "suppress", "list", "--json")
     assert [(r["user_id"], r["reason"], r["source"]) for r in json.loads(listed.stdout)] == [(2, "complained", "cli")]
+    # UTC to the second with a Z, as every other command's JSON times.
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", json.loads(listed.stdout)[0]["created_at"])
     assert json.loads(run_cli(settings, "suppress", "list", "--reason", "bounced", "--json").stdout) == []
 
     removed = run_cli(settings, "suppress", "remove", "2")
