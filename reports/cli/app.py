@@ -162,6 +162,14 @@ def iso_utc(moment: datetime | None) -> str | None:
     return moment.isoformat(timespec="seconds") + "Z" if moment else None
 
 
+def non_empty(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """Refuse an empty value, which would mean something other than what was typed: the current
+    folder for a folder, every address for an address to listen on."""
+    if value is not None and not value.strip():
+        raise click.BadParameter("must not be empty.")
+    return value
+
+
 def period_option(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
     """A ``--period`` filter: ``YYYY-MM`` checked, or unset."""
     return str(Period.parse(value)) if value is not None else None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from reports.cli.app import Obj, cli, pass_obj
+from reports.cli.app import Obj, cli, pass_obj, period_option
 from reports.clock import utcnow
 from reports.database import upgrade
 from reports.ops.seed import seed as seed_users
@@ -29,7 +29,9 @@ def db_upgrade(obj: Obj) -> None:
 
 @cli.command()
 @click.option("--users", type=click.IntRange(1, MAX_SEED_USERS), required=True, help="How many users to add.")
-@click.option("--period", "period_text", help="Month to give them activities in (default: last month).")
+@click.option(
+    "--period", "period_text", callback=period_option, help="Month to give them activities in (default: last month)."
+)
 @click.option("--inactive-percent", type=click.IntRange(0, 100), default=10, show_default=True)
 @pass_obj
 def seed(obj: Obj, users: int, period_text: str | None, inactive_percent: int) -> None:

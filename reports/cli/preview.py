@@ -11,7 +11,7 @@ import click
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from reports.cli.app import Obj, cli, pass_obj, period_argument
+from reports.cli.app import Obj, cli, non_empty, pass_obj, period_argument
 from reports.clock import utcnow
 from reports.errors import BadInput, PermanentError
 from reports.jobs import MAX_USER_ID, MIN_USER_ID
@@ -65,10 +65,10 @@ def _writable(out: Path) -> Path:
     help=f"Render this many active users, lowest ids first [default: {DEFAULT_SAMPLE}].",
 )
 @click.option("--template-version", help="Render with this version, not the one the period pins.")
-@click.option("--out", "out", type=click.Path(path_type=Path), required=True, help="Folder to write the files to.")
+@click.option("--out", "out", callback=non_empty, required=True, help="Folder to write the files to.")
 @pass_obj
 def preview(
-    obj: Obj, period: Period, user_ids: tuple[int, ...], sample: int | None, template_version: str | None, out: Path
+    obj: Obj, period: Period, user_ids: tuple[int, ...], sample: int | None, template_version: str | None, out: str
 ) -> None:
     """Render PERIOD's reports as they would be sent now into OUT (an .eml and an .html per user).
 
@@ -87,7 +87,7 @@ def preview(
         users = _users(session, user_ids, sample)
         session.expunge_all()
         session.rollback()
-        _writable(out)
+        folder = _writable(Path(out))
         for user in users:
             try:
                 built = preview_build.build(session, settings, user, period, version, now)
@@ -98,7 +98,7 @@ def preview(
                 # One transaction per user: on SQLite every transaction holds the write lock
                 # (BEGIN IMMEDIATE), which a running period's workers must not wait behind.
                 session.rollback()
-            stem = out / f"{period}-{user.id}"
+            stem = folder / f"{period}-{user.id}"
             stem.with_suffix(".eml").write_bytes(built.email)
             stem.with_suffix(".html").write_text(built.rendered.html, encoding="utf-8")
             click.echo(stem.with_suffix(".eml"))

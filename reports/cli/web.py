@@ -9,12 +9,18 @@ import socket
 import click
 
 from reports import tokens
-from reports.cli.app import Obj, cli, pass_obj
+from reports.cli.app import Obj, cli, non_empty, pass_obj
 from reports.errors import BadInput
 
 
 @cli.command()
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0 on a PaaS).")
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    callback=non_empty,
+    help="Address to listen on (0.0.0.0 on a PaaS).",
+)
 @click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
 @pass_obj
 def web(obj: Obj, host: str, port: int) -> None:

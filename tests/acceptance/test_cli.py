@@ -315,6 +315,22 @@ def test_seed_rejects_users_past_the_32_bit_id_range_and_inserts_nothing(setting
     assert snapshot(settings, sessions) == before
 
 
+@pytest.mark.parametrize(
+    ("command", "named"),
+    [
+        (("preview", LAST_MONTH, "--out", ""), "--out"),  # would write into the current folder
+        (("web", "--host", "", "--port", "18765"), "--host"),  # would listen on every address
+        (("seed", "--users", "1", "--period", ""), "period"),  # would seed last month
+    ],
+    ids=["preview-out", "web-host", "seed-period"],
+)
+def test_an_empty_value_is_refused_where_it_would_mean_something_else(settings, sessions, command, named):
+    before = snapshot(settings, sessions)
+    line = assert_rejected(run_cli(settings, *command))
+    assert named in line, line
+    assert snapshot(settings, sessions) == before
+
+
 def test_the_exporter_rejects_an_unknown_host_and_a_port_in_use_in_one_line(settings):
     line = assert_rejected(run_cli(settings, "exporter", "--host", "no-such-host.invalid", "--port", "9399"))
     assert "no-such-host.invalid" in line, line
