@@ -193,7 +193,8 @@ class Settings:
     default_time_zone: str = "UTC"
     #: How many past months the scheduler triggers on start if they were never triggered.
     schedule_lookback_months: int = 1
-    #: How often the scheduler reconciles unfinished periods, in seconds; 0 turns it off.
+    #: How often the scheduler reconciles unfinished periods (and catches up), in seconds; 0 turns
+    #: both off, leaving repair to ``reports reconcile`` run by the operator.
     schedule_reconcile_interval_seconds: float = 300.0
     #: The level of every process's log.
     log_level: str = "INFO"
