@@ -69,8 +69,9 @@ def prune_lock_key(namespace: str) -> str:
     return f"{namespace}:scheduler:prune-lock"
 
 
-#: How long the prune lock is held: one replica prunes, the others skip this month's run.
-PRUNE_LOCK_MS = 86_400_000
+#: How long the prune lock is held: one replica prunes, the others skip this day's run. Under a
+#: day, so that the next day's run is not turned away by a lock taken a moment later the day before.
+PRUNE_LOCK_MS = 23 * 3_600_000
 
 
 class SchedulerProcess:
@@ -248,7 +249,7 @@ class SchedulerProcess:
         months = self.settings.retention_months
         assert months is not None
         if not self.redis.set(prune_lock_key(self.settings.broker_namespace), self.replica, nx=True, px=PRUNE_LOCK_MS):
-            logger.info("Prune skipped: another replica holds this month's lock.")
+            logger.info("Prune skipped: another replica holds today's lock.")
             return None
         before = retention.cutoff(self.clock(), months)
         result = retention.prune(self.sessions, before=before, should_stop=self.stopping.is_set)
@@ -299,7 +300,11 @@ class SchedulerProcess:
             scheduler.add_job(
                 self._guarded(self.prune),
                 id="prune",
-                trigger=CronTrigger(day=2, hour=3, minute=0, timezone=UTC),
+                # From the 2nd, a day clear of the 1st's fan-out, and each day after until the 28th:
+                # a prune missed (no replica running at 03:00, the database down) or stopped
+                # part way is done the next day, not a month later. A day with nothing older
+                # than RETENTION_MONTHS left costs a few reads.
+                trigger=CronTrigger(day="2-28", hour=3, minute=0, timezone=UTC),
                 **defaults,
             )
         interval = self.settings.schedule_reconcile_interval_seconds
