@@ -36,6 +36,7 @@ from reports.jobs import BUILD_REPORT, COORDINATOR, QUEUES, SEND_NOW
 from reports.models import DeadLetter, DeadLetterReason, ItemState, PeriodRun, RunState
 from reports.settings import Settings
 from reports.worker import held, rabbitmq
+from reports.worker.holding import ready_since_ms
 
 #: Why a message of a known actor died; an undecodable message has no actor to count it under.
 DEAD_REASONS = (DeadLetterReason.PERMANENT, DeadLetterReason.RETRIES_EXHAUSTED, DeadLetterReason.BROKER)
@@ -154,7 +155,8 @@ class ReportsCollector(Collector):
         depth = GaugeMetricFamily("reports_queue_messages", "Messages in a queue, by state.", labels=["queue", "state"])
         oldest = GaugeMetricFamily(
             "reports_queue_oldest_message_age_seconds",
-            "Age of the oldest ready message in a queue (0 when empty); on RabbitMQ and SQS see the metrics reference.",
+            "Seconds since the oldest ready message in a queue became ready (enqueued, or due after a retry's or "
+            "deferral's delay); 0 when empty; on RabbitMQ and SQS see the metrics reference.",
             labels=["queue"],
         )
         if self.broker_depths is not None:
@@ -234,7 +236,8 @@ class ReportsCollector(Collector):
         raw = cast(bytes | None, self.client.hget(f"{key}.msgs", head))
         if raw is None:
             return 0.0
-        timestamp_ms: int = json.loads(raw)["message_timestamp"]
+        message = json.loads(raw)
+        timestamp_ms = ready_since_ms(message["message_timestamp"], message.get("options") or {})
         return max(now - timestamp_ms / 1000, 0.0)
 
     def _counters(self) -> Iterator[Metric]:

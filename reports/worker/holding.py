@@ -10,6 +10,7 @@ it is acked, nacked or requeued.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from typing import Any, cast
 
 import dramatiq
@@ -23,13 +24,23 @@ from reports.worker.held import DELAY_SUFFIX, HeldMessages, Publisher
 _HELD = "_reports_held"
 
 
+def ready_since_ms(message_timestamp_ms: int, options: Mapping[str, Any]) -> int:
+    """When a message became ready to run, in Unix ms: when it was enqueued or, for one that waited
+    out a delay (a retry's backoff, a deferral), when that came due (Dramatiq's ``eta``). A copy
+    keeps the first enqueue's timestamp through every retry and deferral: counted from there, a
+    message deferred for a quarter of an hour would look a quarter of an hour old the moment it
+    was ready again."""
+    eta = options.get("eta")
+    return max(message_timestamp_ms, int(eta)) if isinstance(eta, int | float) else message_timestamp_ms
+
+
 def hold(held: HeldMessages, owner: object, queue: str, message: MessageProxy) -> None:
     """Record that ``owner`` handed ``message`` out from ``queue``; a message held already stays as it is.
 
     A delay queue's messages are only held until due: they do not count as waiting.
     """
     if getattr(message, _HELD, None) is None:
-        timestamp_ms = int(message.message_timestamp)
+        timestamp_ms = ready_since_ms(int(message.message_timestamp), message.options)
         setattr(message, _HELD, held.hold(owner, queue, timestamp_ms, waiting=not queue.endswith(DELAY_SUFFIX)))
 
 

@@ -14,6 +14,17 @@ from reports.settings import Settings
 from tests.integration.conftest import PERIOD, trigger
 
 
+def redis_collector(settings: Settings, sessions: sessionmaker[Session], *queues: str) -> ReportsCollector:
+    """The exporter's collector on the Redis broker of ``settings``."""
+    return ReportsCollector(
+        redis.Redis.from_url(settings.broker_url),
+        namespace=settings.broker_namespace,
+        sessions=sessions,
+        queues=queues,
+        breaker_name=mail_breaker_name(settings.broker_namespace),
+    )
+
+
 def gauge(collector: ReportsCollector, name: str) -> dict[tuple[str, ...], float]:
     return {
         tuple(sample.labels.values()): sample.value
@@ -27,13 +38,7 @@ def test_a_cancelled_period_reads_cancelled_and_keeps_its_item_counts(
     settings: Settings, sessions: sessionmaker[Session]
 ) -> None:
     trigger(sessions, settings)
-    collector = ReportsCollector(
-        redis.Redis.from_url(settings.broker_url),
-        namespace=settings.broker_namespace,
-        sessions=sessions,
-        queues=(BUILD_REPORT.queue,),
-        breaker_name=mail_breaker_name(settings.broker_namespace),
-    )
+    collector = redis_collector(settings, sessions, BUILD_REPORT.queue)
     assert gauge(collector, "reports_period_cancelled") == {(str(PERIOD),): 0.0}
 
     with sessions.begin() as session:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from reports.ops.metrics import waiting_age
+from reports.worker.holding import ready_since_ms
 
 NOW = 1_800_000_000.0
 
@@ -27,3 +28,21 @@ def test_the_oldest_age_is_the_oldest_waiting_held_message_else_the_time_the_que
     oldest_waiting_ms: int | None, unseen_since: float | None, expected: float
 ) -> None:
     assert waiting_age(NOW, oldest_waiting_ms=oldest_waiting_ms, unseen_since=unseen_since) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("timestamp_ms", "options", "expected"),
+    [
+        # Never delayed: since it was enqueued.
+        (1_000, {}, 1_000),
+        # A retry's backoff or a deferral: since it came due, though its copy kept the first timestamp.
+        (1_000, {"eta": 901_000}, 901_000),
+        # An eta before the enqueue (a copy enqueued again at once after an earlier delay): the enqueue.
+        (901_000, {"eta": 1_000}, 901_000),
+        (1_000, {"eta": "soon"}, 1_000),
+    ],
+)
+def test_a_message_is_ready_since_its_enqueue_or_since_its_delay_came_due(
+    timestamp_ms: int, options: dict[str, object], expected: int
+) -> None:
+    assert ready_since_ms(timestamp_ms, options) == expected
