@@ -288,6 +288,10 @@ def test_non_ascii_html_travels_as_character_references_and_reads_the_same() -> 
             "ok\n", "<p>" + "x" * 999 + "</p>\n", ("7bit", "quoted-printable"), id="html-line-longer-than-smtp-carries"
         ),
         pytest.param("a\x00b\n", "<p>a\rb</p>\n", ("quoted-printable", "quoted-printable"), id="nul-and-bare-cr"),
+        # A name with a CR in a template that puts it in as it is: "<CR>.<CR><LF>" ends the data
+        # for some servers.
+        pytest.param("Hello Eve\r.\r\nQUIT,\n", "<p>ok</p>\n", ("quoted-printable", "7bit"), id="cr-dot-in-text"),
+        pytest.param("ok\n", "<p>Z\u00f6e\r.</p>\n", ("7bit", "quoted-printable"), id="cr-dot-in-html"),
     ],
 )
 def test_a_part_that_cannot_travel_as_it_is_is_quoted_printable_and_decodes_exactly(
@@ -295,10 +299,12 @@ def test_a_part_that_cannot_travel_as_it_is_is_quoted_printable_and_decodes_exac
 ) -> None:
     raw = compose_for(recipient("ada@example.com", "Ada"), rendered=rendered_factory(text=text, html=page))
     assert all(len(line) <= 998 for line in raw.split(b"\r\n"))
+    assert b"\r" not in raw.replace(b"\r\n", b""), "a bare CR on the wire"
     parts = list(reparse(raw).iter_parts())
     assert tuple(part["Content-Transfer-Encoding"] for part in parts) == encodings
     for part, written in zip(parts, (text, page), strict=True):
-        assert part.get_payload(decode=True).decode("utf-8").replace("\r\n", "\n") == written
+        # Line ends travel as CRLF and read back as LF, however they were written.
+        assert part.get_payload(decode=True).decode("utf-8").replace("\r\n", "\n") == written.replace("\r\n", "\n")
 
 
 def test_the_serialized_message_uses_crlf_line_endings_only() -> None:

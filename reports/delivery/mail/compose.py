@@ -261,7 +261,14 @@ def _encoded(text: str, *, html: bool) -> tuple[bytes, bytes]:
         if b"\r" not in data and b"\0" not in data and max(map(len, data.split(b"\n"))) <= MAX_WIRE_LINE:
             return b"7bit", data.replace(b"\n", CRLF)
     source = text.replace("\r\n", "\n").encode("utf-8")
-    return b"quoted-printable", binascii.b2a_qp(source, istext=True).replace(b"\n", CRLF)
+    if b"\r" in source:
+        # A lone CR (from a name, say) must not reach the wire bare (RFC 5321, 2.3.8: "<CR>.<CR><LF>"
+        # ends the data for some servers). Text mode passes it through; binary mode writes it
+        # =0D, line by line so that the line ends stay line ends.
+        encoded = b"\n".join(binascii.b2a_qp(line, istext=False) for line in source.split(b"\n"))
+    else:
+        encoded = binascii.b2a_qp(source, istext=True)
+    return b"quoted-printable", encoded.replace(b"\n", CRLF)
 
 
 def to_header(to: Address) -> str:
