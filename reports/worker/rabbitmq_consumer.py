@@ -22,6 +22,9 @@ from reports.worker.signals import DirectSignals
 
 logger = logging.getLogger(__name__)
 
+#: Set on each message to the consumer whose channel delivered it.
+_RECEIVED_BY = "_reports_received_by"
+
 
 class ReportsRabbitmqBroker(DirectSignals, holding.SharesHeld, TypedRabbitmqBroker):
     """Dramatiq's RabbitMQ broker with this module's consumer, declaring its queues as one type
@@ -58,13 +61,15 @@ class Consumer(_RabbitmqConsumer):
             self._dead_letter(method.delivery_tag, rabbitmq.message_id_of(properties, body), body)
             return None
         message = _RabbitmqMessage(method.redelivered, method.delivery_tag, decoded)  # type: ignore[no-untyped-call]
+        setattr(message, _RECEIVED_BY, self)
         self.known_tags.add(method.delivery_tag)
         holding.hold(self.broker.held, self, self.queue_name, message)
         return message
 
     def ack(self, message: MessageProxy) -> None:
         try:
-            super().ack(message)  # type: ignore[no-untyped-call]
+            if self._received_here(message):
+                super().ack(message)  # type: ignore[no-untyped-call]
         finally:
             holding.release(self.broker.held, message)
 
@@ -73,12 +78,28 @@ class Consumer(_RabbitmqConsumer):
         # .XQ right after it finds nothing, and the message would wait there for the next worker
         # boot. Stored here, it is acked instead; if it cannot be stored, it is rejected as before.
         try:
+            if not self._received_here(message):
+                return
             if self._store(message.message_id, message.encode()):
                 super().ack(message)  # type: ignore[no-untyped-call]
             else:
                 super().nack(message)  # type: ignore[no-untyped-call]
         finally:
             holding.release(self.broker.held, message)
+
+    def _received_here(self, message: MessageProxy) -> bool:
+        """Whether ``message`` came over this consumer's channel. Dramatiq's worker settles every
+        message through its current consumer, and a new channel numbers its deliveries from 1
+        again: a message received before a reconnect would ack, by its old tag, another message
+        that has not run. RabbitMQ requeued it when its channel closed; it runs again."""
+        if getattr(message, _RECEIVED_BY, self) is self:
+            return True
+        logger.info(
+            "Message %s came over a channel since closed: RabbitMQ has requeued it, so it is not settled here.",
+            message.message_id,
+            extra={"message_id": message.message_id, "queue": self.queue_name},
+        )
+        return False
 
     def close(self) -> None:
         try:

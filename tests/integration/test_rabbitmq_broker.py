@@ -299,3 +299,32 @@ def test_an_undecodable_message_the_store_cannot_take_waits_in_the_dead_letter_q
         )
     finally:
         consumer.close()
+
+
+def _next_message(consumer) -> dramatiq.broker.MessageProxy:
+    found: list[dramatiq.broker.MessageProxy] = []
+    wait_until(lambda: found.append(next(consumer)) or found[-1] is not None, timeout=10, what="a message")
+    return found[-1]
+
+
+def test_a_message_received_before_a_reconnect_acks_nothing_on_the_new_channel(broker, rabbit_settings):
+    for payload in _payloads(2):
+        send(broker, BUILD_REPORT, payload)
+    old = broker.consume(BUILD_REPORT.queue, prefetch=1, timeout=100)
+    before = _next_message(old)
+    old.close()  # the connection drops: RabbitMQ requeues the message
+    new = broker.consume(BUILD_REPORT.queue, prefetch=1, timeout=100)
+    try:
+        after = _next_message(new)
+        assert after._tag == before._tag, "the new channel numbers its deliveries from 1 again"
+        # The message received before the reconnect finishes now: the worker acks it through its
+        # current consumer. Acked by its tag, it would take the message that has not run yet.
+        new.ack(before)
+        next(new)  # the consumer's connection runs what was scheduled on it
+    finally:
+        new.close()
+    wait_until(
+        lambda: queue_depths(rabbit_settings.broker_url, BUILD_REPORT.queue)[0] == 2,
+        timeout=10,
+        what="both messages ready again, neither acked",
+    )
