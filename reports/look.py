@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -129,12 +130,29 @@ def _check_line(variable: str, value: str, limit: int, *, required: bool) -> Non
         )
 
 
+def locale_candidates(tag: str) -> Iterator[Locale]:
+    """The locales Babel knows that a BCP 47 tag names (``tr-DE``, ``uz_Latn``,
+    ``de-DE-u-co-phonebk``), most specific first: the tag, then the tag with its last part dropped,
+    down to its language alone. CLDR has no ``tr_DE``; a Turkish speaker in Germany reads Turkish."""
+    parts = [part for part in re.split("[-_]", tag.strip()) if part]
+    for end in range(len(parts), 0, -1):
+        try:
+            yield Locale.parse("_".join(parts[:end]))
+        except (UnknownLocaleError, ValueError, TypeError):
+            continue
+
+
+def parse_locale(tag: str) -> Locale:
+    """The most specific locale Babel knows that ``tag`` names; :class:`ConfigurationError` if none."""
+    found = next(locale_candidates(tag), None)
+    if found is None:
+        raise ConfigurationError(f"REPORT_LOCALE must be a locale such as en, en-US or uz-Latn, got {tag!r}.")
+    return found
+
+
 def check_locale(locale: str, currency: str) -> None:
     """Raise :class:`ConfigurationError` unless Babel knows ``locale`` and ``currency``."""
-    try:
-        Locale.parse(locale)
-    except (UnknownLocaleError, ValueError, TypeError):
-        raise ConfigurationError(f"REPORT_LOCALE must be a locale such as en_US or de_DE, got {locale!r}.") from None
+    parse_locale(locale)
     if currency not in list_currencies():
         raise ConfigurationError(
             f"REPORT_CURRENCY must be an ISO 4217 currency code such as USD or EUR, got {currency!r}."

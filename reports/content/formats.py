@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from decimal import Decimal
 from functools import lru_cache
 
-from babel import Locale
 from babel.dates import format_date
 from babel.numbers import (
     format_currency,
@@ -23,7 +22,7 @@ from babel.numbers import (
 )
 
 from reports.errors import ConfigurationError
-from reports.look import check_locale
+from reports.look import check_locale, parse_locale
 from reports.periods import Period
 
 #: The digit Babel is asked to format to find the text around a number: one digit, no grouping.
@@ -98,7 +97,7 @@ class Formats:
 def for_locale(locale: str, currency: str) -> Formats:
     """The formats of ``locale`` and ``currency``, asked of Babel once and kept."""
     check_locale(locale, currency)
-    parsed = Locale.parse(locale)
+    parsed = parse_locale(locale)
     digits = get_currency_precision(currency)
     decimal = get_decimal_symbol(parsed)
     probe = f"{_PROBE}{decimal}{'0' * digits}" if digits else str(_PROBE)

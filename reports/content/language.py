@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from babel import Locale, UnknownLocaleError
+from babel import Locale
 from babel.support import Translations
 
 from reports.counters import FALLBACKS
+from reports.look import locale_candidates, parse_locale
 
 #: The language the templates are written in: it needs no catalog.
 SOURCE = "en"
@@ -60,12 +61,11 @@ def resolve(requested: str | None, default: str) -> tuple[Language, bool]:
     """
     if requested is None or not requested.strip():
         return default_language(default), False
-    try:
-        parsed = Locale.parse(requested.strip().replace("-", "_"))
-    except (ValueError, TypeError, UnknownLocaleError):
-        return default_language(default), True
-    catalog = catalog_of(parsed)
-    if catalog is None:
+    # The most specific locale Babel knows: a region CLDR has not paired with the language (tr-DE)
+    # comes down to the language, but a script no catalog writes (uz-Cyrl) is not read as another.
+    parsed = next(locale_candidates(requested), None)
+    catalog = None if parsed is None else catalog_of(parsed)
+    if parsed is None or catalog is None:
         return default_language(default), True
     return Language(locale=str(parsed), catalog=catalog), False
 
@@ -106,7 +106,7 @@ def from_accept_language(header: str | None, default: str) -> Language:
 @lru_cache(maxsize=32)
 def default_language(default: str) -> Language:
     """``REPORT_LOCALE`` as a language: its own words when they ship, the source's otherwise."""
-    parsed = Locale.parse(default)
+    parsed = parse_locale(default)
     return Language(locale=str(parsed), catalog=catalog_of(parsed) or SOURCE)
 
 

@@ -25,6 +25,12 @@ TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
         pytest.param("uz-Latn", "uz_Latn", "uz", False, id="uzbek-latin"),
         pytest.param("uz", "uz", "uz", False, id="uzbek-is-latin-by-default"),
         pytest.param("uz-Cyrl", "en_US", "en", True, id="uzbek-cyrillic-is-not-shipped"),
+        # CLDR pairs no such region with the language: the language alone, not the default.
+        pytest.param("tr-DE", "tr", "tr", False, id="turkish-in-germany"),
+        pytest.param("de-US", "de", "de", False, id="german-in-the-us"),
+        pytest.param("de-DE-u-co-phonebk", "de_DE", "de", False, id="an-extension-is-dropped"),
+        # Babel reads it as Uzbek in Arabic script, which no catalog writes.
+        pytest.param("uz-AF", "en_US", "en", True, id="uzbek-in-afghanistan-is-arabic-script"),
         pytest.param("de_AT", "de_AT", "de", False, id="underscore-too"),
         pytest.param("en-GB", "en_GB", "en", False, id="english-of-another-region"),
         pytest.param("fr", "en_US", "en", True, id="not-shipped"),

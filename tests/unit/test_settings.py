@@ -68,6 +68,9 @@ def test_an_explicit_database_url_wins_over_the_var_dir_default() -> None:
         ("TEMPLATES_DIR", "/srv/templates", "templates_dir", Path("/srv/templates")),
         ("REPORT_TEMPLATE_VERSION", "v1", "template_version", "v1"),
         ("REPORT_LOCALE", "de_DE", "report_locale", "de_DE"),
+        # BCP 47, as users.locale is written.
+        ("REPORT_LOCALE", "tr-TR", "report_locale", "tr-TR"),
+        ("REPORT_LOCALE", "uz-Latn", "report_locale", "uz-Latn"),
         ("REPORT_CURRENCY", "EUR", "report_currency", "EUR"),
         ("REPORT_EMPTY_MONTH", "skip", "report_empty_month", "skip"),
         ("REPORT_PRODUCT_NAME", "Acme Ledger", "report_product_name", "Acme Ledger"),
