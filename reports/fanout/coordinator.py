@@ -366,11 +366,16 @@ def _hand_out(
 
 
 def stamp_handed_out(session: Session, period: Period, first: int, last: int, *, now: datetime) -> None:
-    """Mark the items from ``first`` to ``last`` as having a message out there."""
+    """Mark the items from ``first`` to ``last`` as having a message out there: those due now. An
+    item of the range waiting for its user's morning got none, and reconcile must not take it for
+    one that may still be on its way."""
     session.execute(
         update(ReportItem)
         .where(
-            ReportItem.period == str(period), ReportItem.user_id.between(first, last), ReportItem.enqueued_at.is_(None)
+            ReportItem.period == str(period),
+            ReportItem.user_id.between(first, last),
+            ReportItem.enqueued_at.is_(None),
+            ReportItem.due_at.is_(None),
         )
         .values(enqueued_at=now)
         .execution_options(synchronize_session=False)

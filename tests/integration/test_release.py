@@ -131,6 +131,20 @@ def test_the_walk_hands_out_at_once_whoever_is_due_already(sessions):
     assert counts(sessions, noon).scheduled == len(zones) - len(due_by(zones, noon))
 
 
+def test_a_page_that_mixes_due_and_waiting_users_stamps_only_those_it_sent(sessions):
+    zones = load_users_in_zones(sessions)
+    trigger_at_nine(sessions)
+    noon = datetime(2026, 11, 1, 12, 0)
+
+    # One page of everyone: users still waiting for their morning sit between those sent.
+    walk_slice(sessions, PERIOD, InMemoryQueue(), page_size=100, budget_seconds=60, clock=lambda: noon)
+
+    # Only those sent are stamped as having a message out there: reconcile tells the others apart.
+    with sessions.begin() as session:
+        stamped = set(session.scalars(select(ReportItem.user_id).where(ReportItem.enqueued_at.is_not(None))))
+    assert stamped == due_by(zones, noon)
+
+
 def test_two_releases_at_once_and_reconcile_hand_each_item_out_once(sessions):
     zones = load_users_in_zones(sessions, count=60)
     trigger_at_nine(sessions)
