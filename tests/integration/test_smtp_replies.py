@@ -233,6 +233,20 @@ def test_a_message_the_provider_kept_without_answering_in_time_is_unconfirmed_an
     assert provider.connections == 1, "a message on the wire is never tried again on a new connection"
 
 
+@pytest.mark.parametrize("reply", ["OK queued as 12345", "354 go ahead", "220 ready"], ids=["no-code", "354", "220"])
+def test_a_reply_to_the_message_that_neither_accepts_nor_refuses_it_is_unconfirmed_and_not_sent_again(
+    provider: Provider, reply: str
+) -> None:
+    # The provider may have taken the message: only a 4xx or 5xx says it did not.
+    provider.handler.fault = lambda rcpt, attempt: reply if attempt == 1 else None
+    mailer = SmtpMailer(provider.url, timeout_seconds=5, sender=SENDER)
+
+    with pytest.raises(SendUnconfirmed):
+        send(mailer, "user@example.test")
+
+    assert provider.handler.attempts == {"user@example.test": 1}, "the message sent again"
+
+
 # --- 5xx about the message: permanent, and the connection is fine ------------------------------
 
 

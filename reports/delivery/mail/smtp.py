@@ -278,6 +278,11 @@ class SmtpMailer:
                 return
             except _Refused as refused:
                 self._after_refusal(client, refused)
+                if refused.stage is _Stage.CONTENT and not 400 <= refused.code < 600:
+                    # Neither a 250 nor a refusal (no code, a 2xx or 3xx): the provider may have
+                    # taken the message, so, as with no reply at all, only a later attempt after
+                    # the claim's lease may send it again.
+                    raise SendUnconfirmed(f"SMTP provider gave the message no clear reply: {refused.code}") from None
                 if not refused.breaks_session or refused.code == SERVICE_NOT_AVAILABLE or last_try:
                     raise refused.error() from None
             except (smtplib.SMTPException, OSError) as e:
