@@ -447,6 +447,8 @@ def test_a_masked_address_reads_address_in_its_own_brackets(provider: Provider) 
     [
         ("RCPT", "550 5.1.1 <user1@example.test>: Recipient address rejected: User unknown", True, True),
         ("RCPT", "550 User unknown", True, True),
+        # A session error's code, but the enhanced code says the address cannot be read.
+        ("RCPT", "501 5.1.3 Bad recipient address syntax", True, True),
         ("RCPT", "554 5.7.1 <user1@example.test>: Relay access denied", False, False),
         ("content", "550 5.1.1 No such user", False, True),
         ("content", "552 5.3.4 Error: message file too big", False, False),

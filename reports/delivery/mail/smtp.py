@@ -68,7 +68,15 @@ class _Refused(Exception):
     @property
     def breaks_session(self) -> bool:
         """Whether the connection, not the message, is at fault: reconnect and try again."""
-        if self.code in _SESSION_CODES or not 400 <= self.code < 600:
+        if self.code in _SESSION_CODES:
+            # But a 501 to RCPT TO whose enhanced code names the address (5.1.3: a recipient
+            # address the provider cannot read) refuses this address, every time it is tried.
+            return not (
+                self.stage is _Stage.RCPT
+                and replies.enhanced_code(self.reply) is not None
+                and replies.is_about_address(self.code, self.reply, to_recipient=True)
+            )
+        if not 400 <= self.code < 600:
             return True
         # Only a 5xx to RCPT TO, or to the content of a well-formed transaction, is about the message.
         return self.code >= 500 and self.stage in (_Stage.MAIL, _Stage.DATA)
