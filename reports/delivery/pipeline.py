@@ -478,7 +478,8 @@ def _read_and_claim(ctx: Context, db: Executor, job: ReportJob, *, message_id: s
 
 def _missing_item(inputs: Inputs, job: ReportJob) -> Outcome:
     """For a message whose item is not there: defer while the walk may still record it."""
-    if inputs.run_state is not None and not inputs.planned and inputs.cursor < job.user_id:
+    walk_to_come = inputs.cursor is None or inputs.cursor < job.user_id
+    if inputs.run_state is not None and not inputs.planned and walk_to_come:
         return Outcome.deferred(ITEM_NOT_YET_RECORDED_RETRY_SECONDS, "item not yet recorded by the walk")
     raise UnknownItem(f"No report item for period {job.period}, user {job.user_id}.")
 

@@ -633,6 +633,21 @@ def test_a_message_for_a_user_the_unfinished_walk_has_not_reached_is_deferred(se
     assert smtp_server.messages == []
 
 
+def test_before_the_walks_first_page_a_message_for_any_user_is_deferred(settings, sessions, context, smtp_server):
+    load_users(sessions, count=3)
+    with sessions.begin() as session:
+        session.execute(
+            text("INSERT INTO users (id, email, name, active) VALUES (-7, 'below@example.test', 'B', true)")
+        )
+    trigger(sessions, settings)  # no page recorded yet: no cursor
+
+    # 0 and negative ids are users too: the walk has not reached them either.
+    for user_id in (-7, 2):
+        outcome = pipeline.run(context, job(settings, user_id))
+        assert isinstance(outcome, pipeline.Outcome) and outcome.is_deferred, user_id
+    assert smtp_server.messages == []
+
+
 def test_a_message_for_a_user_without_an_item_in_a_planned_period_is_a_permanent_failure(
     settings, sessions, context, smtp_server, population
 ):

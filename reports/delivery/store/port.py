@@ -34,7 +34,8 @@ class Inputs:
     #: ``None`` when the period was never triggered.
     run_state: str | None
     planned: bool
-    cursor: int
+    #: The last user id the walk recorded; ``None`` before its first page (ids go below 0).
+    cursor: int | None
     #: ``None`` when the user does not exist.
     email: str | None
     name: str | None

@@ -211,7 +211,7 @@ class PostgresStore:
             item_state=first[0],
             run_state=first[1],
             planned=bool(first[2]),
-            cursor=first[3] or 0,
+            cursor=first[3],
             email=first[4],
             name=first[5],
             active=bool(first[6]),

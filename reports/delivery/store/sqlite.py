@@ -69,7 +69,7 @@ class SqliteStore:
             item_state=item_state,
             run_state=run.state if run else None,
             planned=bool(run and run.planned),
-            cursor=run.cursor if run else 0,
+            cursor=run.cursor if run else None,
             email=user.email if user else None,
             name=user.name if user else None,
             active=bool(user and user.active),
