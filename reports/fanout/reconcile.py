@@ -24,6 +24,7 @@ from reports.models import (
     ItemState,
     PeriodRun,
     ReportItem,
+    RunState,
     SendNowRequest,
     Suppression,
     User,
@@ -109,7 +110,10 @@ def reconcile(
         scheduled = progress.scheduled(session, period, now)
         # The chain walks, then releases what waits for its due time: either left to do needs it.
         chain_needed = not counts.planned or progress.waiting(session, period)
-        coordinator_enqueued = chain_needed and (resume or run.updated_at < untouched_since)
+        # A cancelled month sends nothing until `reports trigger` resumes it (``resume``): its
+        # chain and its messages would only find it cancelled.
+        cancelled = run.state == RunState.CANCELLED and not resume
+        coordinator_enqueued = chain_needed and not cancelled and (resume or run.updated_at < untouched_since)
         if coordinator_enqueued:
             # A new chain: whichever chain was out there stops at its next slice.
             run.walker, run.updated_at = str(uuid.uuid4()), now
@@ -117,15 +121,17 @@ def reconcile(
 
     may_be_waiting = not resume and (holds_back() or queue.backlog(BUILD_REPORT.queue) > 0)
     lost = _lost(period, untouched_since, now, handed_out_too=not may_be_waiting)
-    requeued = _requeue(
-        sessions,
-        period,
-        lost,
-        now,
-        lambda user_ids: queue.send_jobs(
-            BUILD_REPORT, (ReportJob(period, user_id, template_version).payload() for user_id in user_ids)
-        ),
-    )
+    requeued = 0
+    if not cancelled:
+        requeued = _requeue(
+            sessions,
+            period,
+            lost,
+            now,
+            lambda user_ids: queue.send_jobs(
+                BUILD_REPORT, (ReportJob(period, user_id, template_version).payload() for user_id in user_ids)
+            ),
+        )
     waiting = 0
     if may_be_waiting:
         with sessions.begin() as session:

@@ -310,6 +310,21 @@ def test_an_unfinished_walk_gets_its_coordinator_re_enqueued(sessions, settings)
     assert found.active_users == len(population.active)
 
 
+def test_a_cancelled_period_gets_neither_its_coordinator_nor_its_stuck_items_until_resumed(sessions, settings):
+    load_users(sessions, count=40)
+    trigger(sessions, settings)
+    walk_slice(sessions, PERIOD, InMemoryQueue(), page_size=settings.plan_page_size, budget_seconds=0)
+    with sessions.begin() as session:
+        runs.cancel(session, PERIOD, now=utcnow())
+    recorder = Recorder()
+
+    found = run_reconcile(sessions, recorder, now=later())
+
+    # Each would only find the month cancelled; `reports trigger` resumes it.
+    assert (found.coordinator_enqueued, found.requeued) == (False, 0)
+    assert recorder.messages == []
+
+
 def test_a_triggered_period_with_no_items_yet_gets_its_coordinator_and_nothing_else(sessions, settings):
     population = load_users(sessions, count=5)
     trigger(sessions, settings)
