@@ -121,8 +121,9 @@ class Settings:
     #: Template version pinned into every per-user message of a new period run. Periods pinned to
     #: an older version (``v1``) keep rendering with it.
     template_version: str = "v2"
-    #: Locale that writes the reports' money, percentages and month names (Babel, CLDR).
-    report_locale: str = "en_US"
+    #: The language of users with no locale, or one no shipped language writes (BCP 47: ``en``,
+    #: ``tr-TR``), and the locale that writes their money, percentages and month names (Babel, CLDR).
+    report_locale: str = "en"
     #: ISO 4217 currency of every ``amount_cents``, counted in its minor unit (cents; yen for JPY).
     report_currency: str = "USD"
     #: ``send`` mails a short, friendly report for a month without activity; ``skip`` mails none.
@@ -253,6 +254,7 @@ class Settings:
     #: Soft-bounced emails of one user within ``soft_bounce_window_days`` that suppress the user
     #: (each email once, however often its provider reported it).
     soft_bounce_limit: int = 3
+    #: The window, in days, that ``soft_bounce_limit`` counts a user's soft-bounced emails in.
     soft_bounce_window_days: int = 30
     #: For tests only: a PEM file of the CAs that the SNS certificate and subscription fetches trust
     #: instead of the system's, which also lets them reach a loopback host. Refused at start unless

@@ -25,7 +25,7 @@ def test_an_empty_environment_gives_the_documented_defaults() -> None:
     assert settings.outbox_dir == Path("var") / "outbox"
     assert settings.templates_dir == DEFAULT_TEMPLATES_DIR
     assert settings.template_version == "v2"
-    assert (settings.report_locale, settings.report_currency, settings.report_empty_month) == ("en_US", "USD", "send")
+    assert (settings.report_locale, settings.report_currency, settings.report_empty_month) == ("en", "USD", "send")
     assert settings.report_logo_url is None
     assert settings.plan_page_size == 1000
     assert settings.max_retries == 25
