@@ -168,8 +168,11 @@ class Consumer(_RedisConsumer):
             handover = self._handover
             with handover.lock:
                 handover.bodies[:0] = self.message_cache
-                handover.delayed[:0] = self._delayed.values()
-            self.message_cache, self._delayed = [], {}
+                # Those it handed out and those it was still handing back from the consumer before
+                # it: dropped in turn, it passes on both, or the second lot stays in this process's
+                # ack set, held, until the process ends.
+                handover.delayed[:0] = [*self._delayed.values(), *self._handed_back]
+            self.message_cache, self._delayed, self._handed_back = [], {}, []
             self.broker.held_publisher.publish_if_due(force=True)
             super().close()
 

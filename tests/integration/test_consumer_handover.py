@@ -112,3 +112,27 @@ def test_a_stopping_worker_requeues_the_deferrals_it_holds(pool, redis_url: str,
     assert client.lrange(f"{broker_namespace}:{QUEUE}.DQ", 0, -1) == [message.options["redis_message_id"].encode()]
     assert client.scard(delay_acks(broker_namespace, broker)) == 0
     assert ran == []
+
+
+def test_a_consumer_dropped_while_it_hands_back_its_predecessors_deferrals_passes_on_all_of_them(
+    redis_url: str, broker_namespace: str, tmp_path: Path
+) -> None:
+    broker = build_broker(Settings(var_dir=tmp_path / "var", broker_url=redis_url, broker_namespace=broker_namespace))
+    queue = f"{QUEUE}{DELAY_SUFFIX}"
+    deferred = [
+        dramatiq.broker.MessageProxy(
+            dramatiq.Message(queue_name=queue, actor_name="record", args=(), kwargs={}, options={"redis_message_id": n})
+        )
+        for n in ("r0", "r1", "r2", "r3", "r4")
+    ]
+    broker.handover(queue).delayed = list(deferred)  # type: ignore[attr-defined]
+    # The next consumer takes them over and hands them out one a turn; it is dropped after the first.
+    consumer = broker.consume(queue, prefetch=10, timeout=100)
+    assert next(consumer) is deferred[0]
+    consumer.close()
+
+    after = broker.consume(queue, prefetch=10, timeout=100)
+    handed = [next(after) for _ in deferred]
+    assert [message.options["redis_message_id"] for message in handed] == ["r0", "r1", "r2", "r3", "r4"]
+    after.close()
+    broker.close()
