@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -17,7 +18,7 @@ from typing import Any
 
 import dramatiq
 from dramatiq.broker import MessageProxy
-from dramatiq.middleware import Middleware
+from dramatiq.middleware import Middleware, TimeLimit
 
 from reports.dead_message import DeadMessage
 from reports.errors import PermanentError, ReportsError
@@ -83,6 +84,10 @@ class JitteredRetries(Middleware):
     ) -> None:
         if exception is None:
             return
+        # The actor is done: what follows (the retry's enqueue, waiting out a Redis failover; the
+        # dead letter's store) must not be cut by its time limit, which Dramatiq ends only in its
+        # own after-hook, run after this one. Cut, the message would be acked with no copy.
+        _end_time_limit(broker)
         now_ms = int(time.time() * 1000)
         retries = int(message.options.get("retries", 0))
         message.options.setdefault("first_failed_ms", now_ms)
@@ -110,7 +115,20 @@ class JitteredRetries(Middleware):
         )
         # Dramatiq's own Retries enqueues the proxy the same way: it copies what it enqueues.
         # Dramatiq swallows an error raised here and acks the message, so the retry must not fail.
-        enqueue_until_sent(broker, message, delay_ms=delay)  # type: ignore[arg-type]
+        try:
+            enqueue_until_sent(broker, message, delay_ms=delay)  # type: ignore[arg-type]
+        except Exception:
+            # A refusal no wait ends (Redis out of memory, say): to the broker's dead-letter queue,
+            # and from there to the dead letters, rather than acked away with no copy.
+            logger.critical(
+                "Could not enqueue the retry of message %s; it goes to the dead letters.",
+                message.message_id,
+                exc_info=True,
+                extra={"message_id": message.message_id, "actor": message.actor_name},
+            )
+            message.fail()
+            message.options[OUTCOME_OPTION] = Kind.DEAD
+            return
         # After the enqueue, so the retried copy does not carry it.
         message.options[OUTCOME_OPTION] = Kind.RETRY
 
@@ -138,3 +156,9 @@ class JitteredRetries(Middleware):
                 exc_info=True,
             )
             message.fail()
+
+
+def _end_time_limit(broker: dramatiq.Broker) -> None:
+    for middleware in broker.middleware:
+        if isinstance(middleware, TimeLimit):
+            middleware.manager.remove_timeout(threading.get_ident())  # type: ignore[no-untyped-call]
