@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import uuid
 from datetime import datetime
 from typing import Annotated
 
@@ -110,6 +111,12 @@ class PeriodRun(Base):
     def schedule(self) -> SendSchedule | None:
         """When the run's reports are due; ``None``: as the walk records them."""
         return SendSchedule.parse(self.send_at, self.default_time_zone)
+
+    def new_chain(self, now: datetime) -> str:
+        """Name a new coordinator chain, the run touched ``now``: whichever chain was out there
+        stops at its next slice. The token the new chain's first message carries."""
+        self.walker, self.updated_at = str(uuid.uuid4()), now
+        return self.walker
 
 
 class ItemState(enum.StrEnum):

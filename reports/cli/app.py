@@ -144,14 +144,21 @@ class FiniteFloatRange(click.FloatRange):
         return number
 
 
+def is_utf8(text: str) -> bool:
+    """Whether ``text`` can be written as UTF-8: bytes that were not arrive as lone surrogates."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def text_option(_ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """Reject text the database cannot take (bytes that are not UTF-8) or that no filter needs (too long)."""
     if value is None:
         return None
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise click.BadParameter("is not valid UTF-8 text.") from None
+    if not is_utf8(value):
+        raise click.BadParameter("is not valid UTF-8 text.")
     if len(value) > MAX_TEXT_OPTION:
         raise click.BadParameter(f"is longer than {MAX_TEXT_OPTION} characters.")
     return value

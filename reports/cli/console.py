@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from reports.cli.app import cli
+from reports.cli.app import cli, is_utf8
 from reports.console.passwords import hash_password
 from reports.errors import BadInput
 
@@ -15,14 +15,6 @@ MIN_PASSWORD_CHARS = 12
 
 #: Longest password hashed, in characters: Argon2 takes any length, a form field does not need more.
 MAX_PASSWORD_CHARS = 1024
-
-
-def _is_utf8(text: str) -> bool:
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 @cli.group()
@@ -47,8 +39,7 @@ def hash_password_command() -> None:
         where = f" on line {number}" if len(passwords) > 1 else ""
         if not MIN_PASSWORD_CHARS <= len(password) <= MAX_PASSWORD_CHARS:
             raise BadInput(f"The password{where} must be {MIN_PASSWORD_CHARS} to {MAX_PASSWORD_CHARS} characters long.")
-        if not _is_utf8(password):
-            # Bytes that are not UTF-8 arrive as lone surrogates, which no hash input can hold.
+        if not is_utf8(password):
             raise BadInput(f"The password{where} is not UTF-8 text.")
     for password in passwords:
         click.echo(hash_password(password))

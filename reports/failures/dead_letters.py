@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -256,10 +255,7 @@ def _new_chain(session: Session, letter: DeadLetter, now: datetime) -> str | Non
         return None
     job = _job(letter.actor, *_arguments(letter))
     run = session.get(PeriodRun, str(job.period), with_for_update=True) if isinstance(job, CoordinatorJob) else None
-    if run is None:
-        return None
-    run.walker, run.updated_at = str(uuid.uuid4()), now
-    return run.walker
+    return None if run is None else run.new_chain(now)
 
 
 def _reset_item(session: Session, letter: DeadLetter, now: datetime) -> int:

@@ -5,7 +5,6 @@ Lost is told from waiting by facts, not by age alone (docs/explanation/guarantee
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
@@ -115,9 +114,7 @@ def reconcile(
         cancelled = run.state == RunState.CANCELLED and not resume
         coordinator_enqueued = chain_needed and not cancelled and (resume or run.updated_at < untouched_since)
         if coordinator_enqueued:
-            # A new chain: whichever chain was out there stops at its next slice.
-            run.walker, run.updated_at = str(uuid.uuid4()), now
-            queue.send_coordinator(run.walker, CoordinatorJob(period).payload())
+            queue.send_coordinator(run.new_chain(now), CoordinatorJob(period).payload())
 
     may_be_waiting = not resume and (holds_back() or queue.backlog(BUILD_REPORT.queue) > 0)
     lost = _lost(period, untouched_since, now, handed_out_too=not may_be_waiting)

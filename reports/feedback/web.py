@@ -142,9 +142,9 @@ def _record(
 async def _body(request: Request) -> bytes:
     """The raw body, refused with 413 past :data:`MAX_BODY_BYTES` (however it is framed)."""
     length = request.headers.get("content-length")
-    size = None if length is None else whole_number(length)
-    if length is not None and (size is None or size > MAX_BODY_BYTES):
-        raise Rejected(400 if size is None else 413, "the body is over the size limit or its length unreadable")
+    announced = None if length is None else whole_number(length)
+    if length is not None and (announced is None or announced > MAX_BODY_BYTES):
+        raise Rejected(400 if announced is None else 413, "the body is over the size limit or its length unreadable")
     chunks, size = [], 0
     try:
         async for chunk in request.stream():
