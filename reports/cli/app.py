@@ -232,7 +232,7 @@ _BUGS = (
 #: through pika), botocore's (SQS).
 _BROKER_ERRORS = (
     ("redis", "RedisError"),
-    ("dramatiq.errors", "ConnectionError"),
+    ("dramatiq.errors", "BrokerConnectionError"),
     ("botocore.exceptions", "BotoCoreError"),
     ("botocore.exceptions", "ClientError"),
 )

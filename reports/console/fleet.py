@@ -26,11 +26,15 @@ class QueueFigures:
 @dataclass
 class Fleet:
     queues: dict[str, QueueFigures] = field(default_factory=dict)
-    breaker: State = State.CLOSED
+    #: ``None`` when the shared Redis, which keeps it, could not be read.
+    breaker: State | None = None
     #: Sends held back by the send rate, by outcome (``waited``, ``deferred``).
     throttled: dict[str, int] = field(default_factory=dict)
     #: Dead letters in the store not yet replayed.
     dead_letters_waiting: int = 0
+    #: The sources (``broker``, ``redis``, ``database``) the collection could not read: their
+    #: figures above are missing or their defaults, not readings.
+    unreadable: list[str] = field(default_factory=list)
 
 
 _BREAKER_STATES = {value: state for state, value in STATE_VALUES.items()}
@@ -54,4 +58,6 @@ def read(metrics: Iterable[Metric]) -> Fleet:
                 fleet.throttled[labels["outcome"]] = int(sample.value)
             elif sample.name == "reports_dead_letters_stored" and labels["replayed"] == "false":
                 fleet.dead_letters_waiting = int(sample.value)
+            elif sample.name == "reports_exporter_source_up" and not sample.value:
+                fleet.unreadable.append(labels["source"])
     return fleet

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -18,6 +19,7 @@ from datetime import UTC
 from typing import Any, cast
 
 import redis
+import sqlalchemy.exc
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
@@ -29,6 +31,7 @@ from reports.counters import DURATION_BUCKETS, FALLBACKS_COUNTER, SEP, counter_k
 from reports.delivery import send_rate
 from reports.delivery.breaker import STATE_VALUES, State, mail_breaker_name
 from reports.endpoints import SqsTarget
+from reports.errors import ReportsError
 from reports.fanout import progress
 from reports.feedback import store as feedback_store
 from reports.feedback.events import Kind
@@ -36,6 +39,7 @@ from reports.jobs import BUILD_REPORT, COORDINATOR, QUEUES, SEND_NOW
 from reports.models import DeadLetter, DeadLetterReason, ItemState, PeriodRun, RunState
 from reports.settings import Settings
 from reports.worker import held, rabbitmq
+from reports.worker.broker import BROKER_OUTAGES
 from reports.worker.holding import ready_since_ms
 
 #: Why a message of a known actor died; an undecodable message has no actor to count it under.
@@ -43,6 +47,16 @@ DEAD_REASONS = (DeadLetterReason.PERMANENT, DeadLetterReason.RETRIES_EXHAUSTED, 
 
 #: Periods whose item counts are exported: the most recent ones.
 PERIODS_EXPORTED = 12
+
+#: Seconds the exporter waits for Redis to connect or answer: under Prometheus's default scrape
+#: timeout (10 s), so a Redis that stopped answering marks its figures unread instead of hanging
+#: every scrape until Prometheus gives up on all of them.
+REDIS_TIMEOUT_SECONDS = 3.0
+
+#: Failures that are a source's outage, not a bug: logged without their traceback.
+OUTAGES = (*BROKER_OUTAGES, redis.RedisError, sqlalchemy.exc.OperationalError, ReportsError, OSError)
+
+logger = logging.getLogger(__name__)
 
 
 #: How long after the last look a queue's "ready but unseen since" time is kept, in seconds: a
@@ -100,15 +114,28 @@ def fleet_collector(settings: Settings, sessions: sessionmaker[Session]) -> Cach
     """The figures of every queue, the breaker, the send rate and the periods, read from the broker,
     the shared Redis and the database, collected at most once per EXPORTER_CACHE_SECONDS: what the
     exporter serves and the console's fleet page shows."""
+    shared = _redis(settings.shared_redis_url)
     collector = ReportsCollector(
-        redis.Redis.from_url(settings.shared_redis_url),
+        shared,
         namespace=settings.broker_namespace,
         sessions=sessions,
         queues=QUEUES,
         breaker_name=mail_breaker_name(settings.broker_namespace),
         broker_depths=_broker_depths(settings),
+        queue_client=_queue_client(settings, shared),
     )
     return CachedCollector(collector, max_age_seconds=settings.exporter_cache_seconds)
+
+
+def _redis(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, socket_timeout=REDIS_TIMEOUT_SECONDS, socket_connect_timeout=REDIS_TIMEOUT_SECONDS)
+
+
+def _queue_client(settings: Settings, shared: redis.Redis) -> redis.Redis | None:
+    """The Redis broker's own client: its queues are in BROKER_URL's Redis, which REDIS_URL may not be."""
+    if settings.broker_is_rabbitmq or settings.broker_is_sqs:
+        return None
+    return shared if settings.broker_url == settings.shared_redis_url else _redis(settings.broker_url)
 
 
 def _broker_depths(settings: Settings) -> Callable[[Sequence[str]], Mapping[str, tuple[int, int, int]]] | None:
@@ -131,24 +158,59 @@ class ReportsCollector(Collector):
         queues: Iterable[str],
         breaker_name: str,
         broker_depths: Callable[[Sequence[str]], Mapping[str, tuple[int, int, int]]] | None = None,
+        queue_client: redis.Redis | None = None,
     ) -> None:
-        """:param broker_depths: when the broker is RabbitMQ or SQS, reads each queue's ready,
-        delayed and dead messages (:func:`reports.worker.rabbitmq.ready_counts_at`,
-        :func:`reports.worker.sqs.depths_at`), and ``client`` is the shared Redis, where the
-        workers' snapshots are; the queues are otherwise read from ``client``, the Redis broker."""
+        """:param client: the shared Redis (REDIS_URL), where the counters, the breaker and the
+            workers' snapshots are.
+        :param broker_depths: when the broker is RabbitMQ or SQS, reads each queue's ready,
+            delayed and dead messages (:func:`reports.worker.rabbitmq.ready_counts_at`,
+            :func:`reports.worker.sqs.depths_at`).
+        :param queue_client: otherwise, the Redis broker the queues are read from; ``client`` when
+            omitted."""
         self.client = client
         self.namespace = namespace
         self.sessions = sessions
         self.queues = tuple(queues)
         self.breaker_name = breaker_name
         self.broker_depths = broker_depths
+        self.queue_client = queue_client or client
 
     def collect(self) -> Iterator[Metric]:
-        yield from self._queues()
+        """Each source's figures, or none of them when it cannot be read: an outage of one leaves
+        the others' figures (and the alerts on them) standing, and ``reports_exporter_source_up``
+        says which is missing."""
+        up = GaugeMetricFamily(
+            "reports_exporter_source_up",
+            "1 if this collection read the source's figures, 0 if it could not (they are left out).",
+            labels=["source"],
+        )
+        for source, figures in (
+            ("broker", self._queues),
+            ("redis", self._shared),
+            ("database", self._database),
+        ):
+            try:
+                metrics = list(figures())
+            except Exception as error:
+                # Only the error's kind: a driver's text can carry a URL and its password.
+                kind = type(getattr(error, "orig", None) or error).__name__
+                logger.warning(
+                    "The exporter could not read the %s (%s): its figures are left out of this scrape.",
+                    source,
+                    kind,
+                    exc_info=not isinstance(error, OUTAGES),
+                )
+                up.add_metric([source], 0.0)
+            else:
+                up.add_metric([source], 1.0)
+                yield from metrics
+        yield up
+
+    def _shared(self) -> Iterator[Metric]:
+        """What the fleet keeps in the shared Redis."""
         yield from self._counters()
         yield from self._actors()
         yield from self._breaker()
-        yield from self._database()
         yield from self._scheduler()
 
     def _queues(self) -> Iterator[Metric]:
@@ -165,7 +227,7 @@ class ReportsCollector(Collector):
         now = time.time()
         for queue in self.queues:
             key = f"{self.namespace}:{queue}"
-            with self.client.pipeline(transaction=False) as pipe:
+            with self.queue_client.pipeline(transaction=False) as pipe:
                 pipe.llen(key)
                 pipe.llen(f"{key}.DQ")
                 pipe.zcard(f"{key}.XQ")
@@ -226,14 +288,14 @@ class ReportsCollector(Collector):
 
     def _unacked(self, queue: str) -> int:
         total = 0
-        for acks in self.client.scan_iter(match=f"{self.namespace}:__acks__.*.{queue}", count=1000):
-            total += self.client.scard(acks)
+        for acks in self.queue_client.scan_iter(match=f"{self.namespace}:__acks__.*.{queue}", count=1000):
+            total += self.queue_client.scard(acks)
         return total
 
     def _age(self, key: str, head: bytes | None, now: float) -> float:
         if head is None:
             return 0.0
-        raw = cast(bytes | None, self.client.hget(f"{key}.msgs", head))
+        raw = cast(bytes | None, self.queue_client.hget(f"{key}.msgs", head))
         if raw is None:
             return 0.0
         message = json.loads(raw)

@@ -111,6 +111,11 @@ def declare_queues(broker: Broker, queues: Iterable[str]) -> None:
         del broker.connection
 
 
+#: What a broker that cannot be reached raises: Redis's errors, and Dramatiq's for RabbitMQ (through
+#: pika) and SQS (translated).
+BROKER_OUTAGES = (redis.ConnectionError, redis.TimeoutError, dramatiq.errors.BrokerConnectionError)
+
+
 def shared_redis(broker: Broker, settings: Settings) -> redis.Redis:
     """The Redis of the fleet's shared state (REDIS_URL): the broker's own client when it is that
     Redis, or the one the RabbitMQ or SQS broker was built with."""
@@ -160,7 +165,7 @@ def enqueue_until_sent(
         try:
             broker.enqueue(message, delay=delay_ms)
             return
-        except (redis.ConnectionError, redis.TimeoutError, dramatiq.errors.BrokerConnectionError) as error:
+        except BROKER_OUTAGES as error:
             logger.warning(
                 "Could not enqueue message %s (%s); trying again in %.2fs.",
                 message.message_id,

@@ -231,6 +231,26 @@ def test_on_rabbitmq_and_sqs_the_exporter_shows_the_messages_workers_hold_and_th
     assert value(after, "reports_queue_oldest_message_age_seconds", queue="bulk") == 0
 
 
+def test_with_the_shared_redis_down_the_exporter_serves_the_rest_and_logs_no_password(settings, sessions):
+    load_users(sessions, count=3, inactive_every=1000)
+    with sessions.begin() as session:
+        runs.trigger(session, Period.parse(PERIOD), template_version="v1", now=utcnow())
+    shared = f"redis://:hunter2-secret@127.0.0.1:{free_port()}/0"
+    with running_exporter(settings, "--host", "127.0.0.1", REDIS_URL=shared) as (process, scrape):
+        samples = scrape()
+        assert value(samples, "reports_exporter_source_up", source="redis") == 0
+        assert value(samples, "reports_exporter_source_up", source="broker") == 1
+        assert value(samples, "reports_exporter_source_up", source="database") == 1
+        assert value(samples, "reports_queue_messages", queue="bulk", state="ready") == 0
+        assert value(samples, "reports_period_planned", period=PERIOD) == 0
+        assert not any(name == "reports_breaker_state" for name, _labels in samples)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=10) == 0
+        logged = process.stderr.read()
+    assert "could not read the redis (ConnectionError)" in logged
+    assert "hunter2" not in logged
+
+
 def test_the_exporter_rejects_a_bad_port_in_one_line(settings):
     result = run_cli(settings, "exporter", "--port", "70000")
     assert result.returncode == 2

@@ -124,7 +124,7 @@ def test_the_expression_sources_are_complete_and_the_panels_use_the_datasource_v
     assert len(dashboard_expressions()) >= 12
     names = [name for name, _ in alert_expressions()]
     assert names == re.findall(r"^\s*- alert:\s*(\S+)", ALERTS.read_text(), flags=re.MULTILINE)
-    assert len(names) == 11
+    assert len(names) == 12
 
 
 # --- promtool ----------------------------------------------------------------------------------
@@ -135,7 +135,7 @@ def test_promtool_checks_the_alert_rules():
         [binary("promtool"), "check", "rules", str(ALERTS)], capture_output=True, text=True, timeout=60, check=False
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 11 rules found" in result.stdout
+    assert "SUCCESS: 12 rules found" in result.stdout
 
 
 def test_promtool_accepts_the_example_configuration():

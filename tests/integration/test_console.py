@@ -433,3 +433,19 @@ def test_the_fleet_page_shows_queue_depths_and_the_breaker(console, sessions, se
     page = console.http.get("/console/fleet").text
     assert re.search(r"<td>default</td><td>1</td>", page), page
     assert 'data-field="breaker" class="state-closed">closed<' in page
+    assert 'data-field="unreadable"' not in page
+
+
+def test_the_fleet_page_names_a_broker_it_cannot_read_and_still_shows_the_breaker(settings, sessions):
+    load_users(sessions, count=2)
+    # The shared Redis (the breaker, the login throttle) answers; the Redis broker does not.
+    nowhere = f"redis://127.0.0.1:{free_port()}/0"
+    console = client(console_settings(settings, broker_url=nowhere, redis_url=settings.broker_url), sessions)
+    assert console.login() == 200
+
+    answer = console.http.get("/console/fleet")
+
+    assert answer.status_code == 200
+    assert 'data-field="unreadable">Could not read: broker.' in answer.text
+    assert 'data-field="breaker" class="state-closed">closed<' in answer.text
+    assert "<td>bulk</td>" not in answer.text
