@@ -14,7 +14,7 @@ from reports.clock import utcnow
 from reports.console import audit, inputs
 from reports.console.app import Console, acting, back
 from reports.console_settings import ConsoleUser
-from reports.errors import BadInput
+from reports.errors import BadInput, SendNowNotEnqueued
 from reports.failures import dead_letters
 from reports.fanout import runs
 from reports.ops import send_now, suppressing
@@ -161,7 +161,12 @@ def send_report_now(request: Request, user: ConsoleUser, console: Console, form:
     def work() -> str:
         user_id = inputs.user_id(form.get("user"))
         period = parse_closed(form.get("period", "").strip(), utcnow())
-        job = send_now.request(console.sessions, console.broker, console.settings, user_id, period, now=utcnow())
+        try:
+            job = send_now.request(console.sessions, console.broker, console.settings, user_id, period, now=utcnow())
+        except SendNowNotEnqueued as e:
+            # Recorded, and reconcile sends it: an error page would read as "nothing done", and
+            # the operator's second click would mail the user twice.
+            return str(e)
         return f"Queued send-now request {job.request_id}: user {user_id}, period {period}, critical queue."
 
     outcome, _done = _audited(console, user, "send-now", target, work)

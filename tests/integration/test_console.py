@@ -16,7 +16,7 @@ from reports import suppressions
 from reports.clock import utcnow
 from reports.console import throttle
 from reports.failures import dead_letters
-from reports.models import ConsoleAudit, DeadLetter, PeriodRun, RunState, SuppressionReason
+from reports.models import ConsoleAudit, DeadLetter, PeriodRun, RunState, SendNowRequest, SuppressionReason
 from tests.integration.conftest import PERIOD, queued_user_ids, run_together, trigger
 from tests.integration.test_dead_letters import report_dead
 from tests.support.console import (
@@ -303,6 +303,24 @@ def test_send_now_from_the_preview_queues_the_commands_request(console, sessions
     status, page = console.post("/console/send-now", {"user": "2", "period": str(PERIOD)})
     assert status == 200 and "Queued send-now request" in page
     assert queued_actors(settings, "critical") == ["send_report_now"]
+
+
+def test_send_now_with_the_broker_down_says_the_request_is_recorded_for_reconcile(settings, sessions):
+    load_users(sessions, count=3)
+    trigger(sessions, settings)
+    nowhere = f"redis://127.0.0.1:{free_port()}/0"
+    console = client(console_settings(settings, broker_url=nowhere, redis_url=settings.broker_url), sessions)
+    assert console.login() == 200
+
+    status, page = console.post("/console/send-now", {"user": "2", "period": str(PERIOD)})
+
+    # A page that reads as "nothing done" would have the operator ask again: a second email.
+    assert status == 200
+    assert "is recorded, but the broker did not take its message" in page
+    assert "do not request it again" in page
+    with sessions() as session:
+        assert session.scalars(select(SendNowRequest.user_id)).all() == [2]
+    assert "is recorded, but the broker did not take its message" in console.http.get("/console/audit").text
 
 
 def test_the_preview_frame_is_the_users_report_sandboxed_and_sends_nothing(console, sessions, settings):
