@@ -92,6 +92,7 @@ class RateLimited(ReportsError):
 
     def __init__(self, code: int, reply: str) -> None:
         self.code = code
+        self.reply = reply
         self.retry_after_seconds = RATE_LIMITED_RETRY_SECONDS
         super().__init__(f"SMTP {code}: {reply}")
 

@@ -36,7 +36,15 @@ from reports.delivery.mail.backend import Mailer
 from reports.delivery.mail.compose import compose, message_id, recipient
 from reports.delivery.send_rate import SendRate, pace
 from reports.delivery.store import Inputs, ReadAndClaim, Store, StoredReport, Transaction, keep_report, open_store
-from reports.errors import ClaimHeld, MailRejected, PermanentError, RateLimited, SendUnconfirmed, is_provider_failure
+from reports.errors import (
+    ClaimHeld,
+    MailDeferred,
+    MailRejected,
+    PermanentError,
+    RateLimited,
+    SendUnconfirmed,
+    is_provider_failure,
+)
 from reports.jobs import ReportJob, SendNowJob
 from reports.look import ReportLook
 from reports.models import FINAL_STATES, ItemState, PeriodRun, ReportItem, RunState, SuppressionReason, User
@@ -194,6 +202,8 @@ def _send(
             # The provider is down: wait out the cool-down instead of spending a retry.
             return Outcome.deferred(ctx.breaker.cooldown_ms / 1000, "mail breaker opened")  # type: ignore[union-attr]
         if isinstance(error, RateLimited):
+            if _refused_too_often(ctx, prepared, error):
+                raise MailDeferred(error.code, error.reply) from error
             # About the fleet's pace, not this message: slower for everyone, and this one later.
             _slow_down(ctx, error)
             return Outcome.deferred(error.retry_after_seconds, f"the provider asked for a slower pace ({error})")
@@ -277,6 +287,33 @@ def _slow_down(ctx: Context, refused: RateLimited) -> None:
             refused.code,
             cut.per_second,
         )
+
+
+def _refused_too_often(ctx: Context, prepared: _Prepared, refused: RateLimited) -> bool:
+    """Whether this email has been refused for the pace more often than a pace the whole fleet
+    meets would refuse it (:data:`~reports.delivery.send_rate.PACE_REFUSALS_PER_EMAIL`): then the
+    refusal is about this email, an ordinary 4xx that spends a retry, and the rate is not cut."""
+    if ctx.send_rate is None:
+        return False
+    claim = prepared.claims[0]
+    email = f"{claim.period}:{claim.user_id}:{claim.request_id or 'monthly'}"
+    try:
+        refusals = ctx.send_rate.refused_for_pace(email)
+    except redis.RedisError:
+        logger.warning("Could not count a refusal about the pace: Redis unreachable; taken as the pace.")
+        return False
+    if refusals <= send_rate.PACE_REFUSALS_PER_EMAIL:
+        return False
+    logger.info(
+        "The provider refused user %d's email for %s for the pace %d times (SMTP %d): retried as its own "
+        "refusal, the fleet's send rate left as it is.",
+        claim.user_id,
+        claim.period,
+        refusals,
+        refused.code,
+        extra={"period": str(claim.period), "user_id": claim.user_id},
+    )
+    return True
 
 
 def _speed_up(ctx: Context, slot: send_rate.Slot) -> None:

@@ -56,6 +56,15 @@ FORGET_AFTER_MS = 600_000
 #: A wait no caller outlives, in milliseconds (a century): "reserve whatever the wait".
 FOREVER_MS = 100 * 366 * 86_400_000.0
 
+#: Refusals about the pace one email may take: past them, its refusals are about that email (a
+#: recipient's own policy answering 4.7.x, say), not the fleet's pace. A pace the provider keeps
+#: for the whole fleet refuses whichever emails come, and its cut spaces the sends so that one
+#: email is rarely refused that often; a refusal that follows one email alone, while others go
+#: out, would otherwise cut the fleet's rate every time that email came back.
+PACE_REFUSALS_PER_EMAIL = 5
+#: How long an email's refusals about the pace are remembered, in seconds.
+PACE_REFUSALS_KEPT_SECONDS = 3_600
+
 #: With no ceiling, how long a process trusts a reading of "no cut" before it asks Redis again, in
 #: milliseconds. Bounds how late another process's cut is followed, as the breaker's state cache does.
 READING_MS = 250
@@ -241,6 +250,16 @@ class SendRate:
         # send asks Redis. Read after the commit, so no answer read before it can replace this.
         self._uncut.remember(False, self._uncut.clock())
         return made[0]
+
+    def refused_for_pace(self, email: str) -> int:
+        """Count a refusal about the pace of ``email`` (a key naming one email, the same for
+        every copy of its message); returns how many it has had lately, this one included."""
+        key = f"{self.namespace}:send_rate:refused:{email}"
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.incr(key)
+            pipe.expire(key, PACE_REFUSALS_KEPT_SECONDS)
+            refusals, _expire = pipe.execute()
+        return int(refusals)
 
     def sped(self, sent_at_ms: float) -> None:
         """The provider accepted a send admitted at ``sent_at_ms`` while the rate was adapting: raise it."""

@@ -15,7 +15,7 @@ from reports.content.render import money
 from reports.database import sqlite_file
 from reports.delivery import pipeline, send_rate
 from reports.delivery.mail.backend import Mailer, build_mailer
-from reports.errors import InvalidRecipient, ProviderUnavailable
+from reports.errors import InvalidRecipient, MailDeferred, ProviderUnavailable
 from reports.jobs import ReportJob
 from reports.models import Delivery, DeliveryState, ItemState, Report, ReportItem
 from reports.sql import server_now
@@ -376,6 +376,40 @@ def test_a_send_past_the_fleets_rate_is_deferred_and_gives_its_claim_back(
     with sessions() as session:
         claim = session.scalars(select(Delivery).where(Delivery.user_id == 2)).one()
         assert claim.state == DeliveryState.CLAIMED and claim.lease_expires_at <= utcnow()
+
+
+def test_an_email_refused_for_the_pace_time_after_time_while_others_go_is_retried_and_cuts_the_rate_no_more(
+    settings, sessions, smtp_server, population, redis_url, broker_namespace
+):
+    # A recipient's own policy answering 4.7.1 looks like the provider's pace; the fleet sends on.
+    smtp_server.handler.rcpt_fault = lambda address: (
+        f"450 4.7.1 <{address}>: Recipient address rejected: Access denied" if address == "user3@example.test" else None
+    )
+    mail_settings = replace(settings, smtp_url=smtp_server.url)
+    client = redis.Redis.from_url(redis_url)
+    limiter = send_rate.build(client, namespace=broker_namespace, per_second=None, burst=1, follow_provider=True)
+    context = pipeline.Context(
+        settings=mail_settings, sessions=sessions, mailer=build_mailer(mail_settings), send_rate=limiter
+    )
+
+    def rate() -> bytes | None:
+        return client.hget(send_rate.adapted_rate_key(broker_namespace), "per_second")
+
+    others = iter((1, 2, 4, 6, 7, 8, 9))
+    for _ in range(send_rate.PACE_REFUSALS_PER_EMAIL):
+        assert pipeline.run(context, job(settings, 3)).is_deferred  # taken as the pace: no retry spent
+        assert pipeline.run(context, job(settings, next(others))) == pipeline.Outcome.DELIVERED
+    cut_to = rate()
+
+    # Past that, the same email's refusal is its own: a retry (and in the end a dead letter), no cut.
+    for _ in range(2):
+        with pytest.raises(MailDeferred):
+            pipeline.run(context, job(settings, 3))
+        assert pipeline.run(context, job(settings, next(others))) == pipeline.Outcome.DELIVERED
+    assert rate() is None or float(rate()) >= float(cut_to)
+
+    assert 3 not in smtp_server.by_user()
+    assert item_state(sessions, 3) == ItemState.PENDING
 
 
 class _WatchingMailer:

@@ -21,6 +21,13 @@ from reports.delivery.mail import replies
         (421, "4.3.2 Service shutting down", False),
         (450, "4.2.0 The generated message could not be queued", False),
         (550, "5.7.1 Rate of messages exceeded", False),  # permanent: not a pace to follow
+        # One user's mailbox receiving too fast (Gmail): that user's message waits, not the fleet.
+        (
+            450,
+            "4.2.1 The user you are trying to contact is receiving mail at a rate that prevents additional messages "
+            "from being delivered.",
+            False,
+        ),
     ],
 )
 def test_a_refusal_is_about_the_pace_when_its_code_or_words_say_so(code: int, text: str, about_rate: bool) -> None:

@@ -29,12 +29,15 @@ def enhanced_code(text: str) -> tuple[int, int, int] | None:
 
 def is_about_rate(code: int, text: str) -> bool:
     """Whether a 4xx refusal is about how fast the fleet sends: a 4.7.x security/policy code
-    (not greylisting), or text that says "rate" or "too much mail"."""
+    (not greylisting), or text that says "rate" or "too much mail" under no enhanced code about
+    the recipient (Gmail's ``450 4.2.1 … receiving mail at a rate …`` is one user's mailbox)."""
     if not 400 <= code < 500:
         return False
     enhanced = enhanced_code(text)
     if enhanced is not None and enhanced[1] == 7 and not _GREYLIST.search(text):
         return True
+    if enhanced is not None and enhanced[1] in _ADDRESS_SUBJECTS:
+        return False
     return bool(_RATE_WORDS.search(text))
 
 
