@@ -78,7 +78,7 @@ def ensure(session: Session, period: Period | str) -> None:
     """
     if not partitioned(session) or present(session, period) == list(PARTITIONED):
         return
-    session.execute(select(func.pg_advisory_xact_lock(_LOCK)))
+    keep_from_making(session)
     literal = str(Period.parse(str(period)))
     for table in PARTITIONED:
         session.execute(
@@ -87,3 +87,12 @@ def ensure(session: Session, period: Period | str) -> None:
                 + STORAGE[table]
             )
         )
+
+
+def keep_from_making(session: Session) -> None:
+    """Wait for a transaction making partitions (:func:`ensure`) to end, and keep any other from
+    starting until this one ends: for a transaction that reads several of the partitioned tables.
+    Making partitions locks their parent tables one after the other, in :data:`PARTITIONED`'s
+    order; a reader that held one of them while waiting for another would deadlock with it."""
+    if partitioned(session):
+        session.execute(select(func.pg_advisory_xact_lock(_LOCK)))

@@ -122,6 +122,7 @@ def prune(
         (bench/prune.py compares the two).
     """
     with sessions.begin() as session:
+        partitions.keep_from_making(session)
         periods = old_periods(session, before)
         done = [period for period in periods if runs.finished(session, period)]
     result = Pruned(unfinished=[p for p in periods if p not in done])
@@ -132,6 +133,7 @@ def prune(
             pruned.kept_for_dead_letters = _kept(session, period)
         if dry_run:
             with sessions.begin() as session:
+                partitions.keep_from_making(session)
                 pruned.deleted = {name: _count(session, table, period) for table, name in _PER_USER}
                 pruned.deleted["send-now requests"], pruned.deleted["replayed dead letters"] = _small_tables(
                     session, period, dry_run=True
@@ -177,6 +179,8 @@ def _drop_locked(session: Session, pruned: PeriodPruned) -> None:
     if not _still_finished(session, period):
         pruned.reopened = True
         return
+    # After the run's lock, as a send-now or a replay takes the run's and then makes partitions.
+    partitions.keep_from_making(session)
     present = partitions.present(session, period)
     pruned.kept_for_dead_letters = _kept(session, period)
     # Few: one user's rows per unreplayed dead letter. Put back after the drop.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -350,6 +351,44 @@ def test_on_postgresql_a_replay_or_a_send_now_and_a_prune_batch_of_one_period_wa
             assert rows(filled, SendNowRequest, OLD) == [SEND_NOW_USER]
         assert requesting.result(timeout=30).returncode == 0
     assert rows(filled, SendNowRequest, OLD) == [SEND_NOW_USER, 9]
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_on_postgresql_a_prune_reading_its_months_and_a_trigger_making_partitions_do_not_deadlock(
+    filled, settings: Settings
+) -> None:
+    # The prune's first reads are held between two tables while a new month's trigger makes its
+    # partitions, which locks the same tables: in opposite orders, one of the two was killed.
+    engine = filled.kw["bind"]
+    held, go = threading.Event(), threading.Event()
+
+    def hold_the_prune(_conn, _cursor, statement: str, *_args: object) -> None:
+        if threading.current_thread().name.startswith("prune") and "FROM deliveries" in statement and not held.is_set():
+            held.set()
+            go.wait(10)
+
+    event.listen(engine, "before_cursor_execute", hold_the_prune)
+    try:
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="prune") as prunes, ThreadPoolExecutor(1) as triggers:
+            pruning = prunes.submit(retention.prune, filled, before=BEFORE)
+            assert held.wait(10)
+
+            def trigger_a_new_month() -> None:
+                with filled.begin() as session:
+                    runs.trigger(session, Period.parse("2021-03"), template_version="v1", now=NOW)
+
+            triggering = triggers.submit(trigger_a_new_month)
+            wait_until(lambda: waiting_on_a_lock(filled) or triggering.done(), timeout=10, what="the trigger")
+            go.set()
+            triggering.result(timeout=20)
+            result = pruning.result(timeout=20)
+    finally:
+        go.set()
+        event.remove(engine, "before_cursor_execute", hold_the_prune)
+    assert [p.period for p in result.periods] == [OLD]
+    assert rows(filled, ReportItem, OLD) == [DEAD_USER]
+    with filled() as session:
+        assert partitions.present(session, "2021-03") == list(partitions.PARTITIONED)
 
 
 def test_a_send_now_requested_between_two_batches_stops_the_prune_of_its_period(filled) -> None:
