@@ -251,8 +251,9 @@ class SchedulerProcess:
         if not self.redis.set(prune_lock_key(self.settings.broker_namespace), self.replica, nx=True, px=PRUNE_LOCK_MS):
             logger.info("Prune skipped: another replica holds today's lock.")
             return None
-        before = retention.cutoff(self.clock(), months)
-        result = retention.prune(self.sessions, before=before, should_stop=self.stopping.is_set)
+        now = self.clock()
+        before = retention.cutoff(now, months)
+        result = retention.prune(self.sessions, before=before, should_stop=self.stopping.is_set, now=now)
         reopened = [Period.parse(p.period) for p in result.periods if p.reopened]
         logger.info(
             "Pruned %d row(s) of %d period(s) before %s%s%s%s.",

@@ -28,8 +28,9 @@ def prune(obj: Obj, months: int, dry_run: bool) -> None:
     Stopped part-way, it is resumed by running it again; a period that a dead-letter replay or a
     send-now makes unfinished meanwhile keeps the rest of its rows.
     """
-    before = retention.cutoff(utcnow(), months)
-    result = retention.prune(obj.sessions(), before=before, dry_run=dry_run)
+    now = utcnow()
+    before = retention.cutoff(now, months)
+    result = retention.prune(obj.sessions(), before=before, dry_run=dry_run, now=now)
     for line in describe(result, dry_run=dry_run):
         click.echo(line)
     verb = "Would delete" if dry_run else "Deleted"

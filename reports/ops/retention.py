@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import cast
 
 import sqlalchemy
@@ -20,6 +20,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from reports import partitions
+from reports.clock import utcnow
 from reports.fanout import runs
 from reports.models import DeadLetter, Delivery, DeliveryState, ItemCount, Report, ReportItem, SendNowRequest
 from reports.periods import Period
@@ -34,6 +35,11 @@ BATCH_SIZE = 5_000
 #: that in a deadlock with a worker the drop is the one to give way.
 LOCK_TIMEOUT_MS = 500
 LOCK_ATTEMPTS = 20
+
+#: How long a finished send-now request outlives its last use. It is what tells a copy of its
+#: message still on its way (a retry, a deferral, a redelivery after a crash) that the email went
+#: out: without it, the copy would send it again. A message's retries end within about a day.
+SEND_NOW_KEPT = timedelta(days=7)
 
 #: The per-user tables, in the order they are pruned, and how they are named to an operator.
 _PER_USER: tuple[tuple[Table, str], ...] = (
@@ -112,6 +118,7 @@ def prune(
     dry_run: bool = False,
     should_stop: Callable[[], bool] = lambda: False,
     batched: bool = False,
+    now: datetime | None = None,
 ) -> Pruned:
     """Delete the per-user rows of periods before ``before`` (see the module's docstring).
 
@@ -120,7 +127,9 @@ def prune(
         ``True`` ends the prune there (resumable).
     :param batched: delete in batches on PostgreSQL too, as before the tables were partitioned
         (bench/prune.py compares the two).
+    :param now: when the prune runs (send-now requests used since :data:`SEND_NOW_KEPT` are kept).
     """
+    settled_before = (now or utcnow()) - SEND_NOW_KEPT
     with sessions.begin() as session:
         partitions.keep_from_making(session)
         periods = old_periods(session, before)
@@ -136,13 +145,13 @@ def prune(
                 partitions.keep_from_making(session)
                 pruned.deleted = {name: _count(session, table, period) for table, name in _PER_USER}
                 pruned.deleted["send-now requests"], pruned.deleted["replayed dead letters"] = _small_tables(
-                    session, period, dry_run=True
+                    session, period, settled_before, dry_run=True
                 )
         elif batched or not _partitioned(sessions):
-            if not _prune_period(sessions, pruned, batch_size, should_stop):
+            if not _prune_period(sessions, pruned, batch_size, should_stop, settled_before):
                 result.finished = False
                 return result
-        elif should_stop() or not _drop_period(sessions, pruned):
+        elif should_stop() or not _drop_period(sessions, pruned, settled_before):
             result.finished = False
             return result
     return result
@@ -153,13 +162,13 @@ def _partitioned(sessions: sessionmaker[Session]) -> bool:
         return partitions.partitioned(session)
 
 
-def _drop_period(sessions: sessionmaker[Session], pruned: PeriodPruned) -> bool:
+def _drop_period(sessions: sessionmaker[Session], pruned: PeriodPruned, settled_before: datetime) -> bool:
     """Drop one finished period's partitions, keeping the rows unreplayed dead letters need, in
     one transaction while the period stays finished; ``False`` when the locks could not be had."""
     for _attempt in range(LOCK_ATTEMPTS):
         try:
             with sessions.begin() as session:
-                _drop_locked(session, pruned)
+                _drop_locked(session, pruned, settled_before)
             return True
         except OperationalError as error:
             if getattr(error.orig, "sqlstate", None) not in _GAVE_WAY:
@@ -173,7 +182,7 @@ def _drop_period(sessions: sessionmaker[Session], pruned: PeriodPruned) -> bool:
 _GAVE_WAY = frozenset({"55P03", "40P01"})
 
 
-def _drop_locked(session: Session, pruned: PeriodPruned) -> None:
+def _drop_locked(session: Session, pruned: PeriodPruned, settled_before: datetime) -> None:
     period = pruned.period
     pruned.deleted = {name: 0 for _table, name in _PER_USER}
     if not _still_finished(session, period):
@@ -197,7 +206,7 @@ def _drop_locked(session: Session, pruned: PeriodPruned) -> None:
     dropping = any(pruned.deleted.values())
     # Before the drop, which locks the tables every worker writes until the commit.
     pruned.deleted["send-now requests"], pruned.deleted["replayed dead letters"] = _small_tables(
-        session, period, dry_run=False
+        session, period, settled_before, dry_run=False
     )
     if dropping:
         _drop(session, period, present, kept)
@@ -221,7 +230,11 @@ def _drop(session: Session, period: str, present: list[str], kept: dict[Table, l
 
 
 def _prune_period(
-    sessions: sessionmaker[Session], pruned: PeriodPruned, batch_size: int, should_stop: Callable[[], bool]
+    sessions: sessionmaker[Session],
+    pruned: PeriodPruned,
+    batch_size: int,
+    should_stop: Callable[[], bool],
+    settled_before: datetime,
 ) -> bool:
     """Delete one finished period's rows, batch by batch, while it stays finished; ``False`` when
     ``should_stop`` ended it."""
@@ -240,7 +253,7 @@ def _prune_period(
             pruned.reopened = True
             return True
         pruned.deleted["send-now requests"], pruned.deleted["replayed dead letters"] = _small_tables(
-            session, period, dry_run=False
+            session, period, settled_before, dry_run=False
         )
         session.execute(delete(ItemCount).where(ItemCount.period == period, ItemCount.n == 0))
     return True
@@ -307,11 +320,13 @@ def _delete_in_batches(
         yield deleted
 
 
-def _small_tables(session: Session, period: str, *, dry_run: bool) -> tuple[int, int]:
-    """Finished send-now requests and replayed dead letters of ``period``: few rows, one statement each."""
+def _small_tables(session: Session, period: str, settled_before: datetime, *, dry_run: bool) -> tuple[int, int]:
+    """Send-now requests of ``period`` finished and unused since ``settled_before``, and its
+    replayed dead letters: few rows, one statement each."""
     finished_requests = and_(
         SendNowRequest.period == period,
         SendNowRequest.state.in_((DeliveryState.SENT, DeliveryState.DEAD)),
+        func.coalesce(SendNowRequest.updated_at, SendNowRequest.requested_at) < settled_before,
         ~exists().where(
             DeadLetter.period == period, DeadLetter.user_id == SendNowRequest.user_id, DeadLetter.replayed_at.is_(None)
         ),

@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import re
 import threading
+import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 
 import pytest
 import redis
@@ -17,6 +19,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from reports import partitions, pruning
 from reports.cli.prune import describe
+from reports.clock import utcnow
+from reports.delivery import claims, pipeline
+from reports.delivery.mail.backend import build_mailer
 from reports.failures import dead_letters
 from reports.fanout import progress, runs
 from reports.jobs import SEND_NOW, SendNowJob
@@ -389,6 +394,32 @@ def test_on_postgresql_a_prune_reading_its_months_and_a_trigger_making_partition
     assert rows(filled, ReportItem, OLD) == [DEAD_USER]
     with filled() as session:
         assert partitions.present(session, "2021-03") == list(partitions.PARTITIONED)
+
+
+@pytest.mark.claim_lease_seconds(10)
+def test_a_copy_of_a_sent_send_now_message_that_comes_after_a_prune_sends_nothing(
+    filled, settings: Settings, smtp_server
+) -> None:
+    # A copy still on its way when the month is pruned (deferred while the first copy sent, or
+    # redelivered after a crash) must find the request that says its email went out.
+    mail = replace(settings, smtp_url=smtp_server.url)
+    context = pipeline.Context(settings=mail, sessions=filled, mailer=build_mailer(mail))
+    request_id, period = str(uuid.uuid4()), Period.parse(OLD)
+    with filled.begin() as session:
+        claims.record_send_now_request(
+            session, request_id, period, 2, message_id="<r>", template_version="v1", now=utcnow()
+        )
+    job = SendNowJob(period, 2, request_id, "v1")
+    assert pipeline.send_now(context, job) == pipeline.Outcome.DELIVERED
+
+    retention.prune(filled, before=BEFORE)
+    assert pipeline.send_now(context, job) == pipeline.Outcome.ALREADY_DONE
+    assert len(smtp_server.messages) == 1
+
+    # A week on, no copy is left to come: the request goes with the month's next prune.
+    retention.prune(filled, before=BEFORE, now=utcnow() + retention.SEND_NOW_KEPT + timedelta(hours=1))
+    with filled() as session:
+        assert session.get(SendNowRequest, request_id) is None
 
 
 def test_a_send_now_requested_between_two_batches_stops_the_prune_of_its_period(filled) -> None:
