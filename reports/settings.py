@@ -119,7 +119,8 @@ class Settings:
     #: Where the versioned templates are: one folder per version (``v1/``, ``v2/``).
     templates_dir: Path = DEFAULT_TEMPLATES_DIR
     #: Template version pinned into every per-user message of a new period run. Periods pinned to
-    #: an older version (``v1``) keep rendering with it.
+    #: an older version (``v1``) keep rendering with it. A version with no folder in
+    #: ``TEMPLATES_DIR`` stops every process at start.
     template_version: str = "v2"
     #: The language of users with no locale, or one no shipped language writes (BCP 47: ``en``,
     #: ``tr-TR``), and the locale that writes their money, percentages and month names (Babel, CLDR).
@@ -492,6 +493,13 @@ def _check_names(settings: Settings) -> None:
         raise ConfigurationError(
             "REPORT_TEMPLATE_VERSION must be a plain folder name (letters, digits, '.', '_', "
             f"'-'; no '/' and not '..'), got {settings.template_version!r}."
+        )
+    if not (settings.templates_dir / settings.template_version).is_dir():
+        # A trigger pins the version on the month's run: every report of it would die, and a
+        # replay would die again.
+        raise ConfigurationError(
+            f"REPORT_TEMPLATE_VERSION {settings.template_version!r} is not a folder in TEMPLATES_DIR "
+            f"({settings.templates_dir})."
         )
     if settings.report_empty_month not in EMPTY_MONTH_CHOICES:
         raise ConfigurationError(

@@ -16,6 +16,9 @@ from reports.errors import ConfigurationError
 from reports.local_time import SendSchedule
 from reports.settings import DEFAULT_TEMPLATES_DIR, ENVIRONMENT, Settings
 
+#: A templates folder named otherwise than the default (start-up looks for the version's folder in it).
+ELSEWHERE_TEMPLATES = DEFAULT_TEMPLATES_DIR / ".." / DEFAULT_TEMPLATES_DIR.name
+
 
 def test_an_empty_environment_gives_the_documented_defaults() -> None:
     settings = Settings.from_env({})
@@ -65,7 +68,7 @@ def test_an_explicit_database_url_wins_over_the_var_dir_default() -> None:
         ("MAIL_FROM", "Reports <reports@example.com>", "mail_from", "Reports <reports@example.com>"),
         ("SMTP_TIMEOUT_SECONDS", "2.5", "smtp_timeout_seconds", 2.5),
         ("SMTP_TIMEOUT_SECONDS", "3", "smtp_timeout_seconds", 3.0),
-        ("TEMPLATES_DIR", "/srv/templates", "templates_dir", Path("/srv/templates")),
+        ("TEMPLATES_DIR", str(ELSEWHERE_TEMPLATES), "templates_dir", ELSEWHERE_TEMPLATES),
         ("REPORT_TEMPLATE_VERSION", "v1", "template_version", "v1"),
         ("REPORT_LOCALE", "de_DE", "report_locale", "de_DE"),
         # BCP 47, as users.locale is written.
@@ -125,6 +128,22 @@ def test_an_explicit_mapping_is_read_instead_of_the_process_environment(
     settings = Settings.from_env({"MAX_RETRIES": "2"})
     assert settings.broker_url == "redis://localhost:6379/0"
     assert settings.max_retries == 2
+
+
+@pytest.mark.parametrize(
+    "environ",
+    [{"REPORT_TEMPLATE_VERSION": "v9"}, {"TEMPLATES_DIR": "/nonexistent"}, {"REPORT_TEMPLATE_VERSION": "render.py"}],
+)
+def test_a_template_version_with_no_folder_is_refused_at_start(environ: dict[str, str]) -> None:
+    # A trigger would pin it on the month's run: every report of the month would die, and so would a replay.
+    with pytest.raises(ConfigurationError, match="REPORT_TEMPLATE_VERSION .* is not a folder in TEMPLATES_DIR"):
+        Settings.from_env(environ)
+
+
+def test_a_template_version_with_dots_and_dashes_is_taken_when_its_folder_is_there(tmp_path: Path) -> None:
+    (tmp_path / "v2.1-beta").mkdir()
+    settings = Settings.from_env({"TEMPLATES_DIR": str(tmp_path), "REPORT_TEMPLATE_VERSION": "v2.1-beta"})
+    assert settings.template_version == "v2.1-beta"
 
 
 @pytest.mark.parametrize(
@@ -248,7 +267,6 @@ def test_a_shortest_backoff_above_the_longest_names_both_variables() -> None:
         ("SCHEDULE_RECONCILE_INTERVAL_SECONDS", "0"),  # reconcile never
         ("RECONCILE_STUCK_AFTER_SECONDS", "0"),
         ("SMTP_TIMEOUT_SECONDS", "0.5"),
-        ("REPORT_TEMPLATE_VERSION", "v2.1-beta"),
         ("LOG_LEVEL", "warning"),
     ],
 )
@@ -268,7 +286,7 @@ def test_the_edges_of_each_range_are_accepted(variable: str, raw: str) -> None:
                 smtp_url="smtps://user:p%40ss@mail.example.com:465",
                 mail_from="Reports <reports@example.com>",
                 smtp_timeout_seconds=2.5,
-                templates_dir=Path("/srv/templates"),
+                templates_dir=ELSEWHERE_TEMPLATES,
                 template_version="v2",
                 plan_page_size=7,
                 plan_slice_seconds=0.25,
