@@ -58,6 +58,9 @@ class SmtpTarget:
 
     @classmethod
     def from_url(cls, url: str) -> SmtpTarget:
+        if _host_of(url) is None:
+            # Also a host urlsplit cannot read (an unclosed "[::1"): it raises.
+            raise ConfigurationError(f"SMTP_URL must be smtp://host:port or smtps://host:port, got {redact_url(url)}.")
         parts = urlsplit(url)
         if parts.scheme not in ("smtp", "smtps") or not parts.hostname:
             raise ConfigurationError(f"SMTP_URL must be smtp://host:port or smtps://host:port, got {redact_url(url)}.")
@@ -267,12 +270,13 @@ def _check_unsubscribe(base_url: str, secret: str) -> None:
     ):
         raise ConfigurationError(
             "PUBLIC_BASE_URL must be the https:// address reports web is reached at, such as "
-            f"https://reports.example.com (no query and no comma, at most {MAX_PUBLIC_BASE_URL_CHARS} characters), got {base_url!r}."
+            f"https://reports.example.com (no query and no comma, at most {MAX_PUBLIC_BASE_URL_CHARS} characters), "
+            f"got {redact_url(base_url)!r}."
         )
     if parts.scheme == "http" and not is_loopback(host):
         raise ConfigurationError(
             "PUBLIC_BASE_URL must use https:// (mailbox providers expect it of a one-click unsubscribe link; "
-            f"plain http:// only to 127.0.0.1, ::1 or localhost), got {base_url!r}."
+            f"plain http:// only to 127.0.0.1, ::1 or localhost), got {redact_url(base_url)!r}."
         )
     secrets = parse_secrets(secret)
     if not secrets and not is_loopback(host):
@@ -310,6 +314,9 @@ def _check_redis_url(url: str, variable: str) -> None:
         _port = parts.port
     except ValueError:
         raise ConfigurationError(f"{variable} has an invalid host or port: {redact_url(url)}.") from None
+    if parts.scheme != "unix" and not parts.hostname:
+        # redis-py reads a URL without a host as localhost: an unset ${REDIS_HOST} would be another Redis.
+        raise ConfigurationError(f"{variable} names no host: {redact_url(url)}.")
     databases = parse_qs(parts.query).get("db", [])
     if parts.scheme != "unix" and parts.path.strip("/"):
         databases.append(unquote(parts.path).strip("/"))
@@ -337,7 +344,8 @@ AMQP_NODE_SEPARATOR = ";"
 def _check_amqp_url(url: str) -> None:
     nodes = url.split(AMQP_NODE_SEPARATOR)
     # pika reads a URL without a host as localhost, without a word.
-    if not all(urlsplit(node).scheme in ("amqp", "amqps") and _host_of(node) for node in nodes):
+    # _host_of first: urlsplit raises on a host it cannot read (an unclosed "[::1").
+    if not all(_host_of(node) and urlsplit(node).scheme in ("amqp", "amqps") for node in nodes):
         raise ConfigurationError(
             "BROKER_URL must name each RabbitMQ node as amqp://user:password@host:5672/vhost (amqps:// for TLS), "
             f"several separated by '{AMQP_NODE_SEPARATOR}', got {redact_url(url)}."
@@ -378,10 +386,11 @@ def is_loopback(host: str) -> bool:
 
 
 def redact_webhook_url(url: str) -> str:
-    """``url`` with everything after the host hidden: webhook URLs carry their secret in the path."""
-    scheme, separator, rest = url.partition("://")
-    host = re.split(r"[/?#]", rest, maxsplit=1)[0].rpartition("@")[2]
-    return f"{scheme}{separator}{host}/***" if separator else "***"
+    """``url`` with everything but its scheme and host hidden: webhook URLs carry their secret in
+    the path, and a password may hold a ``/`` or ``#``, which ends the host part early."""
+    scheme, separator, _rest = url.partition("://")
+    host = _host_of(url)
+    return f"{scheme}{separator}{host}/***" if separator and host else "***"
 
 
 def redact_url(url: str) -> str:

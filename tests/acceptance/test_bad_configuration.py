@@ -30,6 +30,8 @@ BAD_VALUES = [
     ("MAIL_FROM", "Reports <rapport-mensuel-é@example.com>"),
     # Every email would fail the header check: List-Unsubscribe separates URLs with commas.
     ("PUBLIC_BASE_URL", "https://reports.example.com/a,b"),
+    # A host Python's URL parser raises on (an unclosed IPv6 literal).
+    ("SMTP_URL", "smtps://user:secret@[::1"),
 ]
 
 

@@ -531,6 +531,28 @@ def test_a_webhook_url_that_is_not_https_or_cannot_be_posted_to_is_a_configurati
     assert "SECRET" not in str(raised.value)
 
 
+@pytest.mark.parametrize(
+    ("variable", "url"),
+    [
+        ("ALERT_WEBHOOK_URL", "http://alerts:S3cret/PW@hooks.example.com/services/T0/B0"),
+        ("ALERT_WEBHOOK_URL", "http://alerts:S3c#retPW@hooks.example.com/services/T0/B0"),
+        ("PUBLIC_BASE_URL", "https://staging:S3cretPW@reports.example.com/?a=1"),
+        ("PUBLIC_BASE_URL", "http://staging:S3cretPW@reports.example.com"),
+        ("SMTP_URL", "smtps://user:S3cretPW@[::1"),
+        ("BROKER_URL", "amqp://user:S3cretPW@[rabbit:5672/vh"),
+        ("BROKER_URL", "redis://:S3cretPW@:6379/0"),
+        ("BROKER_URL", "redis:///12"),
+        ("REDIS_URL", "redis://:S3cretPW@/0"),
+    ],
+)
+def test_a_url_that_cannot_work_is_refused_in_one_line_that_shows_none_of_its_password(variable: str, url: str) -> None:
+    environment = {"REDIS_URL": "redis://127.0.0.1:6379/0", "UNSUBSCRIBE_SECRET": "x" * 32, variable: url}
+    with pytest.raises(ConfigurationError, match=variable) as raised:
+        Settings.from_env(environment)
+    assert "S3c" not in str(raised.value) and "PW" not in str(raised.value)
+    assert len(str(raised.value).splitlines()) == 1
+
+
 def test_the_exporter_listens_everywhere_and_caches_five_seconds_unless_told_otherwise() -> None:
     assert (Settings.from_env({}).exporter_host, Settings.from_env({}).exporter_cache_seconds) == ("0.0.0.0", 5.0)
     settings = Settings.from_env({"EXPORTER_HOST": "127.0.0.1", "EXPORTER_CACHE_SECONDS": "0"})
