@@ -11,7 +11,7 @@ from sqlalchemy import Connection, Engine, create_engine, event, exc
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
-from reports.errors import ConfigurationError, DatabaseMissing
+from reports.errors import DatabaseMissing
 from reports.settings import Settings
 
 if TYPE_CHECKING:
@@ -51,14 +51,8 @@ def create_db_engine(url: str, *, create: bool = True) -> Engine:
         # Pools open connections only as threads ask for them, but keep no more than pool_size
         # idle: below a worker's thread count (8 on the bulk pool), every busy moment opened and
         # closed connections (docs/benchmarks.md, "End to end").
-        try:
-            engine = create_engine(url, pool_size=IDLE_CONNECTIONS_KEPT, hide_parameters=HIDE_PARAMETERS)
-        except ImportError as error:
-            # A driver the URL names (postgresql+psycopg2://, mysql://) that is not installed.
-            raise ConfigurationError(
-                f"DATABASE_URL names the driver {parsed.drivername!r}, whose module {error.name!r} is not installed: "
-                "use postgresql+psycopg:// (psycopg 3) or sqlite:///."
-            ) from None
+        # A driver that is not installed was refused with the settings (reports.endpoints).
+        engine = create_engine(url, pool_size=IDLE_CONNECTIONS_KEPT, hide_parameters=HIDE_PARAMETERS)
         _ping_after_idle(engine)
         return engine
 

@@ -294,17 +294,27 @@ def _check_unsubscribe(base_url: str, secret: str) -> None:
 def _check_database_url(url: str) -> None:
     # SQLAlchemy's own parser, so that what passes here is what create_engine accepts. Its error
     # text is not shown: some releases put the URL, password included, into it.
+    unusable = ConfigurationError(
+        "DATABASE_URL must be a SQLAlchemy URL such as postgresql+psycopg://user:password@host:5432/reports"
+        f" or sqlite:///var/reports.db, got {redact_url(url)}."
+    )
     try:
         parsed = make_url(url)
         port = parsed.port
-        parsed.get_dialect()
+        dialect = parsed.get_dialect()
     except (sqlalchemy.exc.ArgumentError, ValueError):
-        port = -1
-    if port is not None and not 1 <= port <= 65535:
+        raise unusable from None
+    # sqlite://var/reports.db (two slashes) names a host, which SQLite's engine refuses.
+    if (port is not None and not 1 <= port <= 65535) or (parsed.get_backend_name() == "sqlite" and parsed.host):
+        raise unusable
+    try:
+        dialect.import_dbapi()
+    except ImportError as error:
+        # Here, not at the first message: a worker would take every message and retry it for hours.
         raise ConfigurationError(
-            "DATABASE_URL must be a SQLAlchemy URL such as postgresql+psycopg://user:password@host:5432/reports"
-            f" or sqlite:///var/reports.db, got {redact_url(url)}."
-        )
+            f"DATABASE_URL must name an installed driver: {parsed.drivername!r} needs the module {error.name!r}, "
+            "which is not installed; use postgresql+psycopg:// (psycopg 3) or sqlite:///."
+        ) from None
 
 
 def _check_redis_url(url: str, variable: str) -> None:

@@ -32,6 +32,9 @@ BAD_VALUES = [
     ("PUBLIC_BASE_URL", "https://reports.example.com/a,b"),
     # A host Python's URL parser raises on (an unclosed IPv6 literal).
     ("SMTP_URL", "smtps://user:secret@[::1"),
+    # Each would fail at every message instead: a worker would retry them all for hours.
+    ("DATABASE_URL", "postgresql+psycopg2://user:secret@127.0.0.1/reports"),
+    ("DATABASE_URL", "sqlite://var/reports.db"),
 ]
 
 

@@ -454,6 +454,8 @@ def run_cli_with(settings: Settings, environ: dict[str, str], *args: str) -> sub
         # A driver that is not installed.
         f"postgresql+psycopg2://postgres:{SECRET}@127.0.0.1:1/reports",
         f"mysql://root:{SECRET}@127.0.0.1:1/reports",
+        # Two slashes: "var" read as a host.
+        "sqlite://var/reports.db",
     ],
 )
 def test_a_malformed_database_url_is_rejected_in_one_line_without_its_password(settings, url):
