@@ -7,6 +7,7 @@ one Dramatiq silently makes a default broker on localhost whose worker consumes 
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import NoReturn
 
@@ -40,6 +41,8 @@ try:
     _settings = Settings.from_env()
 except ConfigurationError as error:
     _refuse(error)
+# Dramatiq's command line set logging up at INFO (DEBUG with -v): LOG_LEVEL is what this process logs at.
+logging.getLogger().setLevel(_settings.log_level.upper())
 broker = build_broker(_settings)
 queue = queue_for(broker)
 _shared_redis = shared_redis(broker, _settings)

@@ -89,3 +89,15 @@ def test_a_user_deactivated_after_planning_is_skipped_not_mailed(settings, sessi
     final = wait_for_progress(settings, PERIOD)
     assert (final["delivered"], final["skipped"], final["total"]) == (9, 1, 10)
     assert sorted(smtp_server.by_user()) == [1, 2, 4, 5, 6, 7, 8, 9, 10]
+
+
+def test_the_workers_log_at_log_level(settings, sessions, smtp_server, start_workers):
+    settings = replace(settings, smtp_url=smtp_server.url, log_level="DEBUG")
+    load_users(sessions, count=4, inactive_every=100)
+    group = start_workers(settings, processes=1, threads=2)
+    assert run_cli(settings, "trigger", PERIOD).returncode == 0
+
+    assert wait_for_progress(settings, PERIOD)["delivered"] == 4
+    group.stop()
+    # Dramatiq's command line sets its worker processes at INFO (DEBUG only with -v).
+    assert "[DEBUG]" in group.log()
