@@ -68,7 +68,10 @@ class _Answers(logging.Filter):
         self.thread = threading.get_ident()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        answer = isinstance(record.args, tuple) and record.args[:1] in ((NOT_FOUND,), (PRECONDITION_FAILED,))
+        # Compared only as an int: pika's own objects, logged as the first argument elsewhere, raise
+        # when compared with one, and a filter that raises aborts the connection that logged.
+        first = record.args[0] if isinstance(record.args, tuple) and record.args else None
+        answer = type(first) is int and first in (NOT_FOUND, PRECONDITION_FAILED)
         return not (record.thread == self.thread and answer)
 
 

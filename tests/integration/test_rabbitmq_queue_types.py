@@ -146,3 +146,13 @@ def test_a_message_returned_past_a_quorum_queues_delivery_limit_becomes_a_dead_l
     with sessions() as session:
         [letter] = session.scalars(select(DeadLetter))
     assert (letter.reason, letter.queue, letter.user_id) == (DeadLetterReason.BROKER, BUILD_REPORT.queue, 7)
+
+
+def test_the_depths_are_read_while_pika_logs_at_info(typed, rabbitmq_url, caplog) -> None:
+    # A process that logs at INFO (the exporter, the scheduler) sees pika's channel log lines,
+    # whose arguments are pika's own objects: comparing them while asking about the queues
+    # raised, and aborted the connection.
+    queue_for(typed("classic")).send_jobs(BUILD_REPORT, [ReportJob(PERIOD, 1, "v1").payload()])
+    caplog.set_level("INFO", logger="pika")
+    depths = rabbitmq.ready_counts_at(rabbitmq_url, [BUILD_REPORT.queue], queue_type="classic")
+    assert depths == {BUILD_REPORT.queue: (1, 0, 0)}
