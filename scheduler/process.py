@@ -28,6 +28,7 @@ from apscheduler.triggers.cron import CronTrigger  # type: ignore[import-untyped
 from apscheduler.triggers.interval import IntervalTrigger  # type: ignore[import-untyped]
 from sqlalchemy.orm import Session, sessionmaker
 
+from reports import logs
 from reports.clock import utcnow
 from reports.database import create_db_engine, session_factory
 from reports.endpoints import redact_url
@@ -53,8 +54,6 @@ LOCK_FRACTION = 0.9
 
 #: A job this late (scheduler stalled, machine suspended) still runs once, in seconds.
 MISFIRE_GRACE_SECONDS = 3600
-
-_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 def last_trigger_key(namespace: str) -> str:
@@ -390,10 +389,7 @@ def _describe(error: Exception) -> str:
 
 def configure_logging(level: str) -> None:
     """Log to stderr at ``level``; APScheduler's per-run chatter only at DEBUG."""
-    try:
-        logging.basicConfig(stream=sys.stderr, level=level.upper(), format=_LOG_FORMAT)
-    except (ValueError, TypeError):
-        raise ConfigurationError(f"LOG_LEVEL must be DEBUG, INFO, WARNING or ERROR, got {level!r}.") from None
+    logs.configure(level)
     if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
         logging.getLogger("apscheduler").setLevel(logging.WARNING)
 

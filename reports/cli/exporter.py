@@ -10,6 +10,7 @@ import click
 from prometheus_client import start_http_server
 from prometheus_client.registry import CollectorRegistry
 
+from reports import logs
 from reports.cli.app import Obj, cli, pass_obj
 from reports.errors import BadInput
 from reports.ops.metrics import fleet_collector
@@ -22,6 +23,7 @@ from reports.ops.metrics import fleet_collector
 def exporter(obj: Obj, host: str | None, port: int) -> None:
     """Serve /metrics for Prometheus: queues, dead letters, the breaker, periods. Stops on SIGTERM."""
     settings = obj.settings
+    logs.configure(settings.log_level)
     host = host or settings.exporter_host
     registry = CollectorRegistry()
     try:
