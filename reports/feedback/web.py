@@ -44,10 +44,15 @@ Intake = Callable[[Request, bytes], "Accepted"]
 
 @dataclass(frozen=True)
 class Accepted:
-    """A verified request: its events, a signature token to use once, a subscription to confirm."""
+    """A verified request: its events, what makes it one of a kind, a subscription to confirm."""
 
     found: list[Event]
+    #: What no other request carries (a signature token, a signature, a notification's id): seen
+    #: again, the request is a replay. ``None``: the provider signs nothing (Postmark), and a
+    #: request whose events were all stored before is the replay.
     token: str | None = None
+    #: How long the token is remembered: as long as a request carrying it could still be fresh.
+    token_kept: timedelta = timedelta(0)
     confirm: Callable[[], None] | None = None
 
 
@@ -132,11 +137,17 @@ def _record(
     now = utcnow()
     with sessions.begin() as session:
         if accepted.token is not None and not store.remember_token(
-            session, provider, accepted.token, now=now, keep=timedelta(seconds=2 * mailgun.TOLERANCE_SECONDS)
+            session, provider, accepted.token, now=now, keep=accepted.token_kept
         ):
-            # 406: Mailgun does not retry a request it was refused this way.
-            raise Rejected(406, "the signature token was used before (a replay)")
-        return store.record(session, accepted.found, now=now, policy=policy)
+            raise Rejected(_REPLAYED.get(provider, 409), "the request was taken before (a replay)")
+        recorded = store.record(session, accepted.found, now=now, policy=policy)
+        if accepted.token is None and accepted.found and not recorded.stored:
+            raise Rejected(_REPLAYED.get(provider, 409), "every event of the request was taken before (a replay)")
+        return recorded
+
+
+#: What a replay is answered, where not 409: Mailgun does not retry a request refused with 406.
+_REPLAYED = {Provider.MAILGUN: 406}
 
 
 async def _body(request: Request) -> bytes:
@@ -167,26 +178,29 @@ def _ses(topics: frozenset[str], fetcher: SnsFetcher) -> Intake:
         now = utcnow()
         ses.check_fresh(message, now)
         ses.verify(message, fetcher.certificate(message.signing_cert_url), now)
+        # SNS signs its notification's id: the same id twice is a replay (a retry of SNS's carries it
+        # too, after an answer it never got; the first was taken).
+        token, kept = message.fields["MessageId"], ses.MAX_AGE + ses.MAX_SKEW
         if message.type == ses.SUBSCRIPTION_CONFIRMATION:
             ses.check_sns_url(message.subscribe_url, allow_loopback=fetcher.allow_loopback)
-            return Accepted([], confirm=lambda: fetcher.confirm(message.subscribe_url))
+            return Accepted([], token, kept, confirm=lambda: fetcher.confirm(message.subscribe_url))
         if message.type == ses.UNSUBSCRIBE_CONFIRMATION:
-            return Accepted([])
-        return Accepted(ses.feedback(message, now))
+            return Accepted([], token, kept)
+        return Accepted(ses.feedback(message, now), token, kept)
 
     return intake
 
 
 def _sendgrid(key: EllipticCurvePublicKey) -> Intake:
     def intake(request: Request, body: bytes) -> Accepted:
-        sendgrid.verify(
-            key,
-            body,
-            request.headers.get(sendgrid.SIGNATURE_HEADER),
-            request.headers.get(sendgrid.TIMESTAMP_HEADER),
-            time.time(),
+        signature = request.headers.get(sendgrid.SIGNATURE_HEADER)
+        sendgrid.verify(key, body, signature, request.headers.get(sendgrid.TIMESTAMP_HEADER), time.time())
+        # A retry of SendGrid's is signed anew: the same signature twice is a replay.
+        return Accepted(
+            sendgrid.feedback(body, utcnow()),
+            token=signature,
+            token_kept=timedelta(seconds=2 * sendgrid.TOLERANCE_SECONDS),
         )
-        return Accepted(sendgrid.feedback(body, utcnow()))
 
     return intake
 
@@ -202,7 +216,11 @@ def _postmark(user: str, password: str) -> Intake:
 def _mailgun(key: str) -> Intake:
     def intake(_request: Request, body: bytes) -> Accepted:
         post = mailgun.verify(key, mailgun.parse(body), time.time())
-        return Accepted(mailgun.feedback(post, utcnow()), token=post.token)
+        return Accepted(
+            mailgun.feedback(post, utcnow()),
+            token=post.token,
+            token_kept=timedelta(seconds=2 * mailgun.TOLERANCE_SECONDS),
+        )
 
     return intake
 

@@ -181,13 +181,18 @@ def test_signed_events_from_each_provider_suppress_exactly_their_users_and_retri
     assert suppressed(sessions) == EXPECTED
     assert stored_events(sessions) == 6
 
-    # Each provider retries: the same events change nothing.
+    # The same request again is a replay, refused: the same SNS notification, the same SendGrid
+    # signature, Postmark events all taken before, Mailgun's token (406: Mailgun stops).
     (_, bounce), _, (_, sendgrid_batch), (_, complaint), (_, mailgun) = sent
-    assert post_ses(web, bounce) == 200
-    assert post_sendgrid(web, sendgrid_batch) == 200
-    assert post_postmark(web, complaint) == 200
-    # Mailgun's token is good once: the same signed post again is a replay (406: Mailgun stops).
+    assert post_ses(web, bounce) == 409
+    assert post_postmark(web, complaint) == 409
     assert post(web, "/hooks/mailgun", mailgun) == 406
+    # A retry of SendGrid's or Mailgun's own is signed anew: taken, and its events change nothing.
+    assert post_sendgrid(web, sendgrid_batch) == 200
+    body = json.dumps(sendgrid_batch).encode()
+    signed = sendgrid_headers(body, int(time.time()))
+    assert post(web, "/hooks/sendgrid", body, **signed) == 200
+    assert post(web, "/hooks/sendgrid", body, **signed) == 409
     resigned = mailgun_post(mailgun["event-data"], timestamp=int(time.time()))
     assert post(web, "/hooks/mailgun", resigned) == 200
     assert stored_events(sessions) == 6
