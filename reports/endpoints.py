@@ -78,7 +78,9 @@ class SmtpTarget:
             username=unquote(parts.username) if parts.username else None,
             password=unquote(parts.password) if parts.password else None,
         )
-        if target.username and not (target.implicit_tls or target.starttls or options.get("insecure_auth", False)):
+        # Over loopback they never leave the machine.
+        in_clear = not (target.implicit_tls or target.starttls or is_loopback(target.host))
+        if target.username and in_clear and not options.get("insecure_auth", False):
             raise ConfigurationError(
                 "SMTP_URL has credentials but no TLS, so they would cross the network in clear: use smtps://, "
                 f"or ?starttls=true (or ?insecure_auth=true for a relay on this host), got {redact_url(url)}."

@@ -430,7 +430,8 @@ class FeedbackMatch(Base):
 
 
 class WebhookToken(Base):
-    """A signature token a provider's webhook used once (Mailgun's): seen again, it is a replay.
+    """What made one webhook request one of a kind (Mailgun's token, SendGrid's signature, an SNS
+    notification's id): seen again, the request is a replay.
 
     Kept for as long as a signature with it could still be fresh, then pruned.
     """

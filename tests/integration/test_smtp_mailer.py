@@ -6,10 +6,14 @@ import email.policy
 from email.message import EmailMessage
 
 import pytest
+from aiosmtpd.controller import Controller
+from aiosmtpd.smtp import AuthResult, LoginPassword
 
 from reports.delivery.mail import smtp
 from reports.delivery.mail.smtp import SmtpMailer
-from reports.errors import MailRejected
+from reports.errors import MailRejected, ProviderUnavailable
+from tests.support.processes import free_port
+from tests.support.smtp import RecordingHandler
 
 
 def _message(to: str) -> bytes:
@@ -54,3 +58,40 @@ def test_lines_that_start_with_a_dot_arrive_as_written(smtp_server):
     first, second = smtp_server.messages
     assert first.get_content().replace("\r\n", "\n") == body
     assert second["To"] == "b@example.test"
+
+
+class _Logins:
+    """An aiosmtpd authenticator that takes one user name and password, and counts the logins."""
+
+    def __init__(self, user: str, password: str) -> None:
+        self.user, self.password, self.logins = user.encode(), password.encode(), 0
+
+    def __call__(self, _server, _session, _envelope, _mechanism, data) -> AuthResult:  # type: ignore[no-untyped-def]
+        good = isinstance(data, LoginPassword) and (data.login, data.password) == (self.user, self.password)
+        self.logins += good
+        return AuthResult(success=good)
+
+
+def test_a_relay_on_this_machine_takes_a_login_without_tls():
+    # smtp://user:pass@127.0.0.1:port: the credentials never leave the machine.
+    logins = _Logins("reports", "s3cret")
+    handler = RecordingHandler()
+    port = free_port()
+    controller = Controller(
+        handler,
+        hostname="127.0.0.1",
+        port=port,
+        authenticator=logins,
+        auth_require_tls=False,
+    )
+    controller.start()
+    try:
+        mailer = SmtpMailer(f"smtp://reports:s3cret@127.0.0.1:{port}", timeout_seconds=5, sender="reports@reports.test")
+        mailer.send(_message("a@example.test"), recipient="a@example.test")
+        wrong = SmtpMailer(f"smtp://reports:wrong@127.0.0.1:{port}", timeout_seconds=5, sender="reports@reports.test")
+        with pytest.raises(ProviderUnavailable):
+            wrong.send(_message("b@example.test"), recipient="b@example.test")
+    finally:
+        controller.stop()
+    assert logins.logins == 1
+    assert [message["To"] for _, message in handler.messages] == ["a@example.test"]

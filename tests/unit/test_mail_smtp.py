@@ -80,8 +80,19 @@ def test_credentials_without_tls_are_refused(url: str) -> None:
     assert "s3cret" not in str(caught.value)
 
 
-def test_credentials_without_tls_are_taken_only_when_the_url_says_so_for_a_local_relay() -> None:
-    target = SmtpTarget.from_url("smtp://user:s3cret@127.0.0.1:25?insecure_auth=true")
+@pytest.mark.parametrize(
+    "url",
+    [
+        # Over loopback the credentials never leave the machine.
+        "smtp://user:s3cret@127.0.0.1:2525",
+        "smtp://user:s3cret@localhost:25",
+        "smtp://user:s3cret@[::1]:25",
+        # Elsewhere only when the URL says the relay is on this host.
+        "smtp://user:s3cret@relay.internal:25?insecure_auth=true",
+    ],
+)
+def test_credentials_without_tls_are_taken_for_a_relay_on_this_machine(url: str) -> None:
+    target = SmtpTarget.from_url(url)
     assert (target.username, target.password, target.starttls, target.implicit_tls) == ("user", "s3cret", False, False)
 
 
