@@ -201,6 +201,8 @@ def replay(sessions: sessionmaker[Session], queue: Queue, where: Filter, *, now:
     with sessions.begin() as session:
         ceiling = session.scalar(select(func.max(DeadLetter.id)).where(*where.clauses())) or 0
     for chunk in _chunks(sessions, where, ceiling):
+        if not dry_run:
+            _make_partitions(sessions, chunk)
         with sessions.begin() as session:
             # The periods' locks before the letters': a prune deletes replayed letters under its
             # period's lock, so both take them in this order and cannot deadlock.
@@ -258,13 +260,38 @@ def _new_chain(session: Session, letter: DeadLetter, now: datetime) -> str | Non
     return None if run is None else run.new_chain(now)
 
 
+def _make_partitions(sessions: sessionmaker[Session], chunk: list[int]) -> None:
+    """Make the months the chunk's send-now letters write to, each in a short transaction of its
+    own: making a month's partitions locks the tables every worker reads until the commit, and the
+    chunk's transaction lasts while its letters go to the broker one by one."""
+    with sessions() as session:
+        letters = session.scalars(
+            select(DeadLetter).where(
+                DeadLetter.id.in_(chunk),
+                DeadLetter.actor == SEND_NOW.name,
+                DeadLetter.replayed_at.is_(None),
+                DeadLetter.reason != DeadLetterReason.UNDECODABLE,
+            )
+        ).all()
+        periods = sorted({str(job.period) for job in map(_send_now_job, letters) if job is not None})
+    for period in periods:
+        with sessions.begin() as session:
+            partitions.ensure(session, period)
+
+
+def _send_now_job(letter: DeadLetter) -> SendNowJob | None:
+    job = _job(letter.actor, *_arguments(letter))
+    return job if isinstance(job, SendNowJob) else None
+
+
 def _reset_item(session: Session, letter: DeadLetter, now: datetime) -> int:
     if letter.actor == SEND_NOW.name:
-        job = _job(letter.actor, *_arguments(letter))
-        if isinstance(job, SendNowJob):
+        job = _send_now_job(letter)
+        if job is not None:
             _set_request_state(session, job.request_id, DeliveryState.REQUESTED, unless=DeliveryState.SENT)
             # A prune may have dropped the month since (a send-now that died leaves no row to keep
-            # it): the message writes its report there.
+            # it), and the message writes its report there: made before the chunk (one catalog
+            # read here), or again if a prune dropped it since.
             partitions.ensure(session, job.period)
         return 0
     if letter.actor != BUILD_REPORT.name or letter.period is None or letter.user_id is None:

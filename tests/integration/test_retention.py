@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
+import psycopg
 import pytest
 import redis
 from sqlalchemy import event, func, select, text
@@ -45,6 +46,7 @@ from reports.worker.broker import Broker, build_broker
 from reports.worker.queues import queue_for
 from scheduler.process import SchedulerProcess, prune_lock_key
 from scheduler.schedule import Schedule
+from tests.support.databases import pg_connect
 from tests.support.processes import run_cli
 from tests.support.waiting import wait_until
 
@@ -588,6 +590,24 @@ def test_on_postgresql_a_drop_gives_way_to_a_long_transaction_and_tries_again(fi
     assert rows(filled, ReportItem, OLD) == [DEAD_USER]
 
 
+class _WatchingQueue:
+    """The broker's queue, looking first at whether a worker could read the per-user tables."""
+
+    def __init__(self, inner: object, database_url: str) -> None:
+        self.inner, self.database_url = inner, database_url
+        self.tables_locked: list[bool] = []
+
+    def enqueue_again(self, **message: object) -> str:
+        with pg_connect(self.database_url) as probe:
+            probe.execute("SET lock_timeout = 200")
+            try:
+                probe.execute("SELECT 1 FROM report_items LIMIT 1")
+                self.tables_locked.append(False)
+            except psycopg.errors.LockNotAvailable:
+                self.tables_locked.append(True)
+        return self.inner.enqueue_again(**message)  # type: ignore[attr-defined, no-any-return]
+
+
 @pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
 def test_on_postgresql_a_send_now_replayed_after_its_month_was_dropped_finds_the_month_to_write_in(
     filled, broker
@@ -604,8 +624,12 @@ def test_on_postgresql_a_send_now_replayed_after_its_month_was_dropped_finds_the
     retention.prune(filled, before=BEFORE)
     assert partitions_of(filled, gone) == []
 
-    dead_letters.replay(filled, queue_for(broker), dead_letters.Filter(period=gone), now=NOW, dry_run=False)
+    queue = _WatchingQueue(queue_for(broker), filled.kw["bind"].url.render_as_string(hide_password=False))
+    dead_letters.replay(filled, queue, dead_letters.Filter(), now=NOW, dry_run=False)
 
     assert partitions_of(filled, gone) == list(partitions.PARTITIONED)
+    # Made before the letters were enqueued, in a transaction of their own: while the chunk's
+    # letters went to the broker one by one, the tables every worker reads were not locked.
+    assert queue.tables_locked == [False, False]
     with filled() as session:
         assert session.scalar(select(SendNowRequest.state).where(SendNowRequest.period == gone)) == "requested"
