@@ -514,6 +514,10 @@ def _check_names(settings: Settings) -> None:
     if settings.send_at_local_time:
         parse_clock_time(settings.send_at_local_time, "SEND_AT_LOCAL_TIME")
     check_zone(settings.default_time_zone, "DEFAULT_TIME_ZONE")
+    # The scheduler's, checked here too: the release phase's command then stops a deploy that would
+    # leave the scheduler failing at every start.
+    parse_clock_time(settings.schedule_time, "SCHEDULE_TIME")
+    check_zone(settings.schedule_timezone, "SCHEDULE_TIMEZONE")
     if settings.rabbitmq_queue_type not in QUEUE_TYPES:
         raise ConfigurationError(
             f"RABBITMQ_QUEUE_TYPE must be one of {', '.join(QUEUE_TYPES)}, got {settings.rabbitmq_queue_type!r}."

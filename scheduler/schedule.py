@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime, time, tzinfo
-from zoneinfo import ZoneInfo
 
 from reports.errors import ConfigurationError
-from reports.local_time import parse_clock_time
+from reports.local_time import check_zone, parse_clock_time
 from reports.periods import Period
 from reports.settings import MAX_LOOKBACK_MONTHS, Settings
 
@@ -48,13 +47,7 @@ def parse_time(text: str) -> time:
 
 def parse_timezone(name: str) -> tzinfo:
     """The IANA timezone ``name`` (such as ``Europe/Paris``); :class:`ConfigurationError` if unknown."""
-    try:
-        return ZoneInfo(name)
-    except (ValueError, LookupError, OSError):
-        # LookupError covers ZoneInfoNotFoundError; ValueError a path such as "../x" or "/etc/x".
-        raise ConfigurationError(
-            f"SCHEDULE_TIMEZONE must be an IANA timezone name such as UTC or Europe/Paris, got {name!r}."
-        ) from None
+    return check_zone(name, "SCHEDULE_TIMEZONE")
 
 
 def check_lookback(months: int) -> int:

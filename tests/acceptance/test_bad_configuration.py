@@ -35,6 +35,8 @@ BAD_VALUES = [
     # Each would fail at every message instead: a worker would retry them all for hours.
     ("DATABASE_URL", "postgresql+psycopg2://user:secret@127.0.0.1/reports"),
     ("DATABASE_URL", "sqlite://var/reports.db"),
+    # The scheduler's, refused by every process: the release phase stops the deploy.
+    ("SCHEDULE_TIME", "25:00"),
 ]
 
 

@@ -79,7 +79,7 @@ def test_an_iana_timezone_is_accepted(name: str) -> None:
 
 @pytest.mark.parametrize("name", ["Mars/Base", "America", "utc", "../etc/passwd", "/usr/share/zoneinfo/UTC", "+02:00"])
 def test_an_unknown_timezone_is_a_configuration_error_naming_the_variable(name: str) -> None:
-    with pytest.raises(ConfigurationError, match="SCHEDULE_TIMEZONE must be an IANA timezone"):
+    with pytest.raises(ConfigurationError, match="SCHEDULE_TIMEZONE must be an IANA time zone"):
         parse_timezone(name)
 
 
