@@ -529,7 +529,7 @@ def _prepare_now(ctx: Context, session: Session, job: SendNowJob) -> _Prepared |
     user = session.get(User, job.user_id)
     if user is None:
         raise UnknownUser(f"No user with id {job.user_id}.")
-    to, rendered = _render_and_store(ctx, session, user, job.period, job.template_version, now)
+    to, rendered = _render(ctx, session, user, job.period, job.template_version)
     request_id = message_id(job.period, user.id, ctx.settings.mail_domain, request_id=job.request_id)
     lease, lease_ends = ctx.settings.claim_lease_seconds, _lease_ends(ctx)
     request = claims.take_send_now_request(
@@ -543,7 +543,10 @@ def _prepare_now(ctx: Context, session: Session, job: SendNowJob) -> _Prepared |
         now=now,
     )
     if request is None:
+        # Nothing stored: the report kept is the one that went out.
         return Outcome.ALREADY_DONE
+    report = StoredReport(job.template_version, rendered, now)
+    keep_report(session, job.period, user.id, report)
     held, chosen_id = [request], request_id
     may_be_monthly = claims.monthly_may_follow(
         planned=None if run is None else run.planned, item_state=None if item is None else item.state
@@ -568,14 +571,14 @@ def _prepare_now(ctx: Context, session: Session, job: SendNowJob) -> _Prepared |
         email=email,
         address=to.addr_spec,
         lease_ends=lease_ends,
-        report=StoredReport(job.template_version, rendered, now),
+        report=report,
     )
 
 
-def _render_and_store(
-    ctx: Context, session: Session, user: User, period: Period, template_version: str, now: datetime
+def _render(
+    ctx: Context, session: Session, user: User, period: Period, template_version: str
 ) -> tuple[Address, RenderedReport]:
-    """Read the user's activity, render the report, and store it as it is about to be sent."""
+    """Read the user's activity and render the report (before the claim: its lease is for the send)."""
     to = recipient(user.email, user.name)
     rendered = render(
         ctx.settings.templates_dir,
@@ -586,5 +589,4 @@ def _render_and_store(
         locale=user.locale,
         unsubscribe_url=ctx.unsubscribe_url(user.id),
     )
-    keep_report(session, period, user.id, StoredReport(template_version, rendered, now))
     return to, rendered

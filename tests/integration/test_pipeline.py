@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import uuid
 from dataclasses import replace
 
 import pytest
@@ -13,11 +14,11 @@ from sqlalchemy import select, text, update
 from reports.clock import utcnow
 from reports.content.render import money
 from reports.database import sqlite_file
-from reports.delivery import pipeline, send_rate
+from reports.delivery import claims, pipeline, send_rate
 from reports.delivery.mail.backend import Mailer, build_mailer
 from reports.errors import InvalidRecipient, MailDeferred, ProviderUnavailable
-from reports.jobs import ReportJob
-from reports.models import Delivery, DeliveryState, ItemState, Report, ReportItem
+from reports.jobs import ReportJob, SendNowJob
+from reports.models import Delivery, DeliveryState, ItemState, Report, ReportItem, User
 from reports.sql import server_now
 from tests.integration.conftest import PERIOD, walk_everything
 from tests.support.databases import load_users, pg_connect
@@ -410,6 +411,29 @@ def test_an_email_refused_for_the_pace_time_after_time_while_others_go_is_retrie
 
     assert 3 not in smtp_server.by_user()
     assert item_state(sessions, 3) == ItemState.PENDING
+
+
+def test_a_copy_of_a_send_now_that_went_out_keeps_the_report_that_was_mailed(
+    settings, sessions, context, smtp_server, population
+):
+    request_id = str(uuid.uuid4())
+    with sessions.begin() as session:
+        claims.record_send_now_request(
+            session, request_id, PERIOD, 2, message_id="<r>", template_version=settings.template_version, now=utcnow()
+        )
+    job = SendNowJob(PERIOD, 2, request_id, settings.template_version)
+    assert pipeline.send_now(context, job) == pipeline.Outcome.DELIVERED
+    with sessions.begin() as session:
+        session.execute(update(User).where(User.id == 2).values(name="Renamed Since"))
+
+    # A redelivered copy finds the request served: nothing sent, and nothing rendered over the report kept.
+    assert pipeline.send_now(context, job) == pipeline.Outcome.ALREADY_DONE
+
+    [mailed] = smtp_server.messages
+    with sessions() as session:
+        kept = session.scalars(select(Report.body_text).where(Report.period == str(PERIOD), Report.user_id == 2)).one()
+    assert "Renamed Since" not in kept
+    assert kept.replace("\r\n", "\n") == mailed.get_body(("plain",)).get_content().replace("\r\n", "\n")
 
 
 class _WatchingMailer:
