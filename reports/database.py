@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, Engine, create_engine, event, exc
+from sqlalchemy import Connection, Engine, create_engine, event, exc, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -137,6 +137,10 @@ def alembic_config(url: str) -> Config:
     return config
 
 
+#: How long a migration waits for each lock it needs on PostgreSQL, in milliseconds.
+MIGRATION_LOCK_TIMEOUT_MS = 10_000
+
+
 def upgrade(settings: Settings, revision: str = "head") -> None:
     """Migrate the configured database to ``revision``."""
     from alembic import command
@@ -155,6 +159,11 @@ def _migrate(settings: Settings, move: Callable[[Config, str], None], revision: 
     engine = create_db_engine(settings.database_url)
     try:
         with engine.begin() as connection:
+            if connection.dialect.name == "postgresql":
+                # A migration waiting for a table's lock behind a long transaction would queue
+                # every worker's statement on that table behind it: the fleet would stop until
+                # then. Past this wait it gives up instead, having changed nothing.
+                connection.execute(text(f"SET LOCAL lock_timeout = {MIGRATION_LOCK_TIMEOUT_MS}"))
             config = alembic_config(settings.database_url)
             config.attributes["connection"] = connection
             move(config, revision)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import click
+import sqlalchemy.exc
 
 from reports.cli.app import Obj, cli, pass_obj, period_option
 from reports.clock import utcnow
-from reports.database import upgrade
+from reports.database import MIGRATION_LOCK_TIMEOUT_MS, upgrade
+from reports.errors import ReportsError
 from reports.ops.seed import seed as seed_users
 from reports.periods import Period, previous_month
 
@@ -23,8 +25,20 @@ def db() -> None:
 @pass_obj
 def db_upgrade(obj: Obj) -> None:
     """Migrate the database to the newest schema."""
-    upgrade(obj.settings)
+    try:
+        upgrade(obj.settings)
+    except sqlalchemy.exc.OperationalError as error:
+        if getattr(error.orig, "sqlstate", None) != LOCK_NOT_AVAILABLE:
+            raise
+        raise ReportsError(
+            f"A migration waited {MIGRATION_LOCK_TIMEOUT_MS // 1000} s for a table that another transaction holds "
+            "(a long query, or a session idle in a transaction) and gave up; nothing was changed. Run it again."
+        ) from None
     click.echo("Database is at the newest schema.")
+
+
+#: PostgreSQL's lock_not_available: a lock timeout ran out.
+LOCK_NOT_AVAILABLE = "55P03"
 
 
 @cli.command()

@@ -13,6 +13,8 @@ from sqlalchemy.orm import Session
 from reports import partitions
 from reports.database import create_db_engine, downgrade, upgrade
 from reports.models import Base
+from tests.support.databases import pg_connect
+from tests.support.processes import run_cli
 
 CONTRACT_COLUMNS = {
     "users": {"id", "email", "name", "active"},
@@ -367,3 +369,25 @@ def test_only_pending_items_are_in_the_index_by_state_and_the_migration_goes_dow
     assert all("(period, user_id) WHERE" in d and "'pending'" in d and "state," not in d for _, d in upgraded)
     assert [table for table, _ in downgraded] == tables
     assert all("(period, state, user_id)" in d and "WHERE" not in d for _, d in downgraded)
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_a_migration_that_a_long_transaction_holds_up_gives_up_and_changes_nothing(settings, sessions):
+    """Queued behind a long transaction for its lock, a migration would queue every worker behind
+    it: it gives up instead, in one line, and runs once the transaction is over."""
+    revision = text("SELECT version_num FROM alembic_version")
+    downgrade(settings, "0016")  # 0017 drops an index of report_items: it needs the table to itself
+    with pg_connect(settings.database_url) as reader:
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM report_items")  # a long report, say
+        refused = run_cli(settings, "db", "upgrade")
+        reader.execute("ROLLBACK")
+    with sessions() as session:
+        held_up_at = session.scalar(revision)
+    again = run_cli(settings, "db", "upgrade")
+    with sessions() as session:
+        assert (held_up_at, session.scalar(revision)) == ("0016", "0018")
+    assert refused.returncode == 1
+    assert refused.stderr.startswith("error: A migration waited 10 s for a table that another transaction holds")
+    assert len(refused.stderr.splitlines()) == 1
+    assert again.returncode == 0, again.stderr
