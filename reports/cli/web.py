@@ -68,9 +68,11 @@ def web(obj: Obj, host: str, port: int) -> None:
     )
     if settings.sns_test_ca_file is not None:
         click.echo("note: SNS_TEST_CA_FILE is set: SNS is trusted through a test CA (tests only).", err=True)
-    # uvicorn drains on SIGTERM, then raises the signal again under the handler it found: this
-    # no-op one makes a drained stop exit 0, as the other processes do.
-    signal.signal(signal.SIGTERM, lambda _signum, _frame: None)
+    # uvicorn drains on SIGTERM and SIGINT, then raises the signal again under the handler it
+    # found: this no-op one makes a drained stop exit 0, as the other processes do (Python's own
+    # for SIGINT would raise KeyboardInterrupt after the drain, read as "Aborted").
+    for stop in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(stop, lambda _signum, _frame: None)
     server.build(app, settings).run(sockets=[listener])
 
 

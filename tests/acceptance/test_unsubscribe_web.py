@@ -3,6 +3,7 @@ sees (in headless Chromium), forged tokens, the health check, and a clean stop o
 
 from __future__ import annotations
 
+import signal
 from dataclasses import replace
 
 import pytest
@@ -156,6 +157,14 @@ def test_healthz_answers_and_sigterm_stops_the_server_with_exit_0(start_web):
     assert (status, body) == (200, "ok")
     assert web.stop() == 0
     assert "Traceback" not in web.log_path.read_text()
+
+
+def test_ctrl_c_stops_the_server_with_exit_0_and_no_error(start_web):
+    web = start_web()
+    assert request(f"{web.base_url}/healthz")[0] == 200
+    web.process.send_signal(signal.SIGINT)
+    assert web.process.wait(timeout=15) == 0
+    assert "error:" not in web.log() and "Traceback" not in web.log()
 
 
 def test_reports_web_rejects_a_port_in_use_in_one_line(settings, start_web):
