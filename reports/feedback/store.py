@@ -70,11 +70,14 @@ class Recorded:
 
 
 def remember_token(session: Session, provider: Provider, token: str, *, now: datetime, keep: timedelta) -> bool:
-    """Record a signature token's one use; ``False`` if it was used before (a replay).
+    """Record a request's token's one use; ``False`` if it was used before (a replay).
 
-    Tokens older than ``keep`` are pruned: by then a signature that carries them is stale anyway.
+    The provider's tokens older than ``keep`` are pruned: by then a request that carries them is
+    stale anyway. Each provider keeps its own for as long as its own requests stay fresh.
     """
-    session.execute(delete(WebhookToken).where(WebhookToken.seen_at < now - keep))
+    session.execute(
+        delete(WebhookToken).where(WebhookToken.provider == provider.value, WebhookToken.seen_at < now - keep)
+    )
     added = session.execute(
         insert_ignoring_conflicts(session, WebhookToken.__table__)
         .values(provider=provider.value, token=token, seen_at=now)

@@ -8,6 +8,7 @@ body) and a 4xx that changes nothing.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Callable
@@ -178,29 +179,28 @@ def _ses(topics: frozenset[str], fetcher: SnsFetcher) -> Intake:
         now = utcnow()
         ses.check_fresh(message, now)
         ses.verify(message, fetcher.certificate(message.signing_cert_url), now)
+        if message.type == ses.SUBSCRIPTION_CONFIRMATION:
+            # No token: its retry (after a visit to the SubscribeURL that failed, answered 503)
+            # must visit again, and a replay only confirms what is confirmed.
+            ses.check_sns_url(message.subscribe_url, allow_loopback=fetcher.allow_loopback)
+            return Accepted([], confirm=lambda: fetcher.confirm(message.subscribe_url))
+        if message.type == ses.UNSUBSCRIBE_CONFIRMATION:
+            return Accepted([])
         # SNS signs its notification's id: the same id twice is a replay (a retry of SNS's carries it
         # too, after an answer it never got; the first was taken).
-        token, kept = message.fields["MessageId"], ses.MAX_AGE + ses.MAX_SKEW
-        if message.type == ses.SUBSCRIPTION_CONFIRMATION:
-            ses.check_sns_url(message.subscribe_url, allow_loopback=fetcher.allow_loopback)
-            return Accepted([], token, kept, confirm=lambda: fetcher.confirm(message.subscribe_url))
-        if message.type == ses.UNSUBSCRIBE_CONFIRMATION:
-            return Accepted([], token, kept)
-        return Accepted(ses.feedback(message, now), token, kept)
+        return Accepted(ses.feedback(message, now), message.fields["MessageId"], ses.MAX_AGE + ses.MAX_SKEW)
 
     return intake
 
 
 def _sendgrid(key: EllipticCurvePublicKey) -> Intake:
     def intake(request: Request, body: bytes) -> Accepted:
-        signature = request.headers.get(sendgrid.SIGNATURE_HEADER)
-        sendgrid.verify(key, body, signature, request.headers.get(sendgrid.TIMESTAMP_HEADER), time.time())
-        # A retry of SendGrid's is signed anew: the same signature twice is a replay.
-        return Accepted(
-            sendgrid.feedback(body, utcnow()),
-            token=signature,
-            token_kept=timedelta(seconds=2 * sendgrid.TOLERANCE_SECONDS),
-        )
+        timestamp = request.headers.get(sendgrid.TIMESTAMP_HEADER)
+        sendgrid.verify(key, body, request.headers.get(sendgrid.SIGNATURE_HEADER), timestamp, time.time())
+        # What the signature covers, not the signature: an ECDSA signature has a second form that
+        # verifies as well. A retry of SendGrid's carries a new timestamp.
+        signed = hashlib.sha256(f"{timestamp}\n".encode() + body).hexdigest()
+        return Accepted(sendgrid.feedback(body, utcnow()), signed, timedelta(seconds=2 * sendgrid.TOLERANCE_SECONDS))
 
     return intake
 

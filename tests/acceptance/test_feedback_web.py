@@ -8,14 +8,18 @@ import http.client
 import json
 import time
 from dataclasses import replace
+from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import text, update
 
+from reports.clock import utcnow
 from reports.feedback import ses
+from reports.feedback.sendgrid import SIGNATURE_HEADER as SIGNATURE
 from reports.feedback.sendgrid import TIMESTAMP_HEADER as TIMESTAMP
 from reports.feedback.web import MAX_BODY_BYTES
+from reports.models import WebhookToken
 from tests.support.databases import load_users
 from tests.support.feedback import (
     MAILGUN_KEY,
@@ -25,6 +29,7 @@ from tests.support.feedback import (
     SnsServer,
     mailgun_event,
     mailgun_post,
+    other_form,
     postmark_authorization,
     postmark_bounce,
     postmark_complaint,
@@ -188,9 +193,8 @@ def test_signed_events_from_each_provider_suppress_exactly_their_users_and_retri
     assert post_postmark(web, complaint) == 409
     assert post(web, "/hooks/mailgun", mailgun) == 406
     # A retry of SendGrid's or Mailgun's own is signed anew: taken, and its events change nothing.
-    assert post_sendgrid(web, sendgrid_batch) == 200
     body = json.dumps(sendgrid_batch).encode()
-    signed = sendgrid_headers(body, int(time.time()))
+    signed = sendgrid_headers(body, int(time.time()) + 1)  # signed a moment after the first
     assert post(web, "/hooks/sendgrid", body, **signed) == 200
     assert post(web, "/hooks/sendgrid", body, **signed) == 409
     resigned = mailgun_post(mailgun["event-data"], timestamp=int(time.time()))
@@ -199,6 +203,34 @@ def test_signed_events_from_each_provider_suppress_exactly_their_users_and_retri
     assert suppressed(sessions) == EXPECTED
     # The SNS certificate was fetched once and then served from the process's cache.
     assert sum(path.endswith(".pem") for path in sns.requests) == 1
+
+
+def test_a_subscription_confirmation_whose_visit_failed_is_visited_again_when_sns_retries(sessions, start_web, sns):
+    web = start_web()
+    confirmation = sns.message(ses.SUBSCRIPTION_CONFIRMATION, message="You have chosen to subscribe to the topic.")
+    visit = confirmation["SubscribeURL"].removeprefix(sns.base_url)
+    sns.failing_confirmations[0] = 1
+    # SNS could not be reached to confirm: 503, so that SNS sends the confirmation again.
+    assert post_ses(web, confirmation) == 503
+    assert post_ses(web, confirmation) == 200
+    assert sns.requests.count(visit) == 2
+
+
+def test_a_replay_is_refused_for_each_provider_however_long_another_providers_tokens_are_kept(sessions, start_web, sns):
+    load_users(sessions, count=3, inactive_every=100)
+    web = start_web()
+    bounce = sns.message(ses.NOTIFICATION, message=ses_notification("Bounce", "user1@example.test", user_id=1))
+    assert post_ses(web, bounce) == 200
+    with sessions.begin() as session:
+        # Eleven minutes on: SNS's own are still fresh for an hour; SendGrid's and Mailgun's are not.
+        session.execute(update(WebhookToken).values(seen_at=utcnow() - timedelta(minutes=11)))
+    assert post_sendgrid(web, [sendgrid_event("spamreport", "user2@example.test")]) == 200
+    assert post_ses(web, bounce) == 409
+    # What SendGrid signs, not its signature's encoding, makes a request one of a kind.
+    body = json.dumps([sendgrid_event("spamreport", "user3@example.test")]).encode()
+    signed = sendgrid_headers(body, int(time.time()))
+    assert post(web, "/hooks/sendgrid", body, **signed) == 200
+    assert post(web, "/hooks/sendgrid", body, **{**signed, SIGNATURE: other_form(signed[SIGNATURE])}) == 409
 
 
 def test_forged_stale_replayed_or_malformed_requests_are_refused_and_change_nothing(sessions, start_web, sns, tmp_path):

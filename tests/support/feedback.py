@@ -23,6 +23,7 @@ from typing import Any
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
+from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature, encode_dss_signature
 from cryptography.x509.oid import NameOID
 
 from reports.feedback import ses
@@ -45,6 +46,16 @@ def sendgrid_headers(body: bytes, timestamp: int, key: ec.EllipticCurvePrivateKe
         "X-Twilio-Email-Event-Webhook-Signature": base64.b64encode(signature).decode(),
         "X-Twilio-Email-Event-Webhook-Timestamp": str(timestamp),
     }
+
+
+#: The order of P-256, SendGrid's curve.
+_P256_ORDER = 0xFFFFFFFF00000000FFFFFFFFFFFFFFFFBCE6FAADA7179E84F3B9CAC2FC632551
+
+
+def other_form(signature: str) -> str:
+    """The other encoding of an ECDSA signature (r, n - s), which verifies as well as the first."""
+    r, s = decode_dss_signature(base64.b64decode(signature))
+    return base64.b64encode(encode_dss_signature(r, _P256_ORDER - s)).decode()
 
 
 def sendgrid_event(event: str, email: str, **extra: Any) -> dict[str, Any]:
@@ -172,6 +183,8 @@ class SnsServer:
     pki: Pki
     #: Paths requested, in order (the certificate, the SubscribeURLs visited).
     requests: list[str] = field(default_factory=list)
+    #: How many of the next visits to a SubscribeURL SNS answers 500.
+    failing_confirmations: list[int] = field(default_factory=lambda: [0])
 
     @property
     def cert_url(self) -> str:
@@ -266,11 +279,18 @@ def sns_server(folder: Path) -> Iterator[SnsServer]:
     """A local HTTPS server with a certificate from a CA the tests make; stopped after."""
     pki = Pki(folder)
     requests: list[str] = []
+    failing = [0]
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
             requests.append(self.path)
             body = pki.signing_pem if self.path.endswith(".pem") else b"<ConfirmSubscriptionResponse/>"
+            if not self.path.endswith(".pem") and failing[0]:
+                failing[0] -= 1
+                self.send_response(500)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -286,7 +306,7 @@ def sns_server(folder: Path) -> Iterator[SnsServer]:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield SnsServer(f"https://127.0.0.1:{server.server_address[1]}", pki, requests)
+        yield SnsServer(f"https://127.0.0.1:{server.server_address[1]}", pki, requests, failing)
     finally:
         server.shutdown()
         server.server_close()
