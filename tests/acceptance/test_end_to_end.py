@@ -91,6 +91,7 @@ def test_a_user_deactivated_after_planning_is_skipped_not_mailed(settings, sessi
     assert sorted(smtp_server.by_user()) == [1, 2, 4, 5, 6, 7, 8, 9, 10]
 
 
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_the_workers_log_at_log_level(settings, sessions, smtp_server, start_workers):
     settings = replace(settings, smtp_url=smtp_server.url, log_level="DEBUG")
     load_users(sessions, count=4, inactive_every=100)

@@ -205,6 +205,7 @@ def test_signed_events_from_each_provider_suppress_exactly_their_users_and_retri
     assert sum(path.endswith(".pem") for path in sns.requests) == 1
 
 
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_a_subscription_confirmation_whose_visit_failed_is_visited_again_when_sns_retries(sessions, start_web, sns):
     web = start_web()
     confirmation = sns.message(ses.SUBSCRIPTION_CONFIRMATION, message="You have chosen to subscribe to the topic.")

@@ -231,6 +231,7 @@ def test_on_rabbitmq_and_sqs_the_exporter_shows_the_messages_workers_hold_and_th
     assert value(after, "reports_queue_oldest_message_age_seconds", queue="bulk") == 0
 
 
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_with_the_shared_redis_down_the_exporter_serves_the_rest_and_logs_no_password(settings, sessions):
     load_users(sessions, count=3, inactive_every=1000)
     with sessions.begin() as session:
