@@ -251,14 +251,20 @@ class ReportsCollector(Collector):
         flight until they come back: what the live workers hold comes from their snapshots in
         Redis (:mod:`reports.worker.held`), read after the broker's counts so that a message
         taken in between is counted twice rather than missed."""
-        figures = held.read(self.client, self.namespace)
+        try:
+            figures: dict[str, held.QueueHeld] | None = held.read(self.client, self.namespace)
+        except redis.RedisError:
+            # The shared Redis is down (its own source says so): the broker's counts still stand.
+            figures = None
         now = time.time()
         for queue, (ready, delayed, broker_dead) in depths.items():
-            # As on Redis: in_progress and the oldest age leave out delayed messages held until due.
-            mine = figures.get(queue, held.QueueHeld())
             depth.add_metric([queue, "ready"], ready)
             depth.add_metric([queue, "delayed"], delayed)
             depth.add_metric([queue, "broker_dead"], broker_dead)
+            if figures is None:
+                continue
+            # As on Redis: in_progress and the oldest age leave out delayed messages held until due.
+            mine = figures.get(queue, held.QueueHeld())
             depth.add_metric([queue, "in_progress"], mine.count)
             unseen_since = self._unseen_since(queue, unseen=ready > 0 and mine.oldest_waiting_ms is None, now=now)
             oldest.add_metric(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 import redis
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -91,3 +92,23 @@ def test_a_redis_broker_apart_from_redis_url_has_its_queues_read_from_the_broker
         keys = list(shared.scan_iter(match=f"{settings.broker_namespace}:*"))
         if keys:
             shared.delete(*keys)
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_on_rabbitmq_with_the_shared_redis_down_the_brokers_own_counts_are_still_served(
+    settings: Settings, sessions: sessionmaker[Session], rabbitmq_url: str
+) -> None:
+    load_users(sessions, count=3)
+    on_rabbitmq = replace(settings, broker_url=rabbitmq_url, redis_url=settings.broker_url)
+    broker = build_broker(on_rabbitmq)
+    try:
+        walk_everything(sessions, on_rabbitmq, queue=queue_for(broker))
+    finally:
+        broker.close()
+
+    figures = collect(replace(on_rabbitmq, redis_url=f"redis://127.0.0.1:{free_port()}/0"), sessions)
+
+    assert sources(figures) == {"broker": 1.0, "redis": 0.0, "database": 1.0}
+    assert figures[("reports_queue_messages", (("queue", BUILD_REPORT.queue), ("state", "ready")))] == 3
+    # What the workers hold is in the shared Redis: unknown, so left out rather than shown as 0.
+    assert ("reports_queue_messages", (("queue", BUILD_REPORT.queue), ("state", "in_progress"))) not in figures
