@@ -53,10 +53,21 @@ class Reader:
 
     client: redis.Redis
     name: str
+    #: Unix time, in seconds: the workers' clock, which wrote the cool-down's end.
+    clock: Callable[[], float] = time.time
 
     def holds_back(self) -> bool:
-        """Whether the breaker is holding sends back: open, or letting a probe through."""
-        return state_of(self.client, self.name) != State.CLOSED
+        """Whether the breaker is holding sends back: open within its cool-down, or with a probe out.
+
+        An open breaker past its cool-down holds nothing back: the next send would be its probe.
+        Only a send moves it on, so with no message left to send (the broker lost them, or the
+        month was cancelled meanwhile) it reads open for ever, and reconcile, waiting for it,
+        would never send again what was lost.
+        """
+        state, until = cast(list[bytes | None], self.client.hmget(f"{self.name}:state", "state", "until"))
+        if state is None or State(state.decode()) is State.CLOSED:
+            return False
+        return self.clock() * 1000 < int(until or 0)
 
 
 #: How long a process trusts the breaker state it last read from Redis, in milliseconds.

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from reports import items
 from reports.clock import utcnow
 from reports.delivery import claims
+from reports.delivery.breaker import CircuitBreaker, State, mail_breaker_name
 from reports.errors import BadInput
 from reports.fanout import reconcile as reconciling
 from reports.fanout import runs
@@ -548,3 +549,33 @@ def test_reconcile_reads_items_it_did_not_change_unchanged(sessions, settings):
         }
     assert after == before
     assert sorted(after) == population.active
+
+
+def open_breaker(settings: Settings, client: redis.Redis, *, at_ms: int, cooldown_ms: int) -> None:
+    """Open the mail breaker at ``at_ms`` as a worker does, after a provider failure."""
+    breaker = CircuitBreaker(
+        client,
+        name=mail_breaker_name(settings.broker_namespace),
+        failure_threshold=1,
+        window_ms=10_000,
+        cooldown_ms=cooldown_ms,
+        probe_timeout_ms=1_000,
+    )
+    assert breaker.record_failure(at_ms, token="t") is State.OPEN
+
+
+def test_an_open_breaker_holds_lost_items_back_only_for_its_cool_down(sessions, settings: Settings, broker):
+    # The messages were lost (the broker flushed) while the provider was down: nothing is left to
+    # send, so nothing moves the breaker on; past its cool-down it holds nothing back.
+    population = load_users(sessions, count=4)
+    walk_everything(sessions, settings)
+    now_ms = int(time.time() * 1000)
+    open_breaker(settings, broker.client, at_ms=now_ms, cooldown_ms=600_000)
+    assert reconcile_against(sessions, settings, broker).requeued == 0
+
+    broker.client.delete(f"{mail_breaker_name(settings.broker_namespace)}:state")
+    open_breaker(settings, broker.client, at_ms=now_ms - 3_600_000, cooldown_ms=60_000)
+    found = reconcile_against(sessions, settings, broker)
+
+    assert (found.requeued, found.waiting) == (len(population.active), 0)
+    assert queued_user_ids(settings) == Counter(population.active)
