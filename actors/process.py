@@ -47,6 +47,13 @@ class WorkerProcess:
                     self._sink = self._build_sink()
         return self._sink
 
+    def booted(self) -> None:
+        """Once the worker process runs: its alerts post what is pending at each window's end,
+        also what a process that stopped left counted."""
+        alerts = self._alerts()
+        if alerts is not None:
+            alerts.watch()
+
     def record_dead(self, dead: DeadMessage) -> None:
         """Store a dead message: the sink, and the engine under it, are built in the worker process."""
         self.dead_letter_sink(dead)

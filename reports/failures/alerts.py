@@ -122,10 +122,30 @@ class WebhookAlerts:
             "sample_message_ids": [m.decode() for m in sample],
             "window_seconds": self.window_seconds,
         }
-        self._send(body, "Dead-letter alert")
+        if not self._send(body, "Dead-letter alert"):
+            # Counted again for the next window's post: one that failed must not lose them.
+            self._put_back(int(count), reasons, sample)
         return True
 
-    def _send(self, body: dict[str, Any], what: str) -> None:
+    def watch(self) -> None:
+        """Post, from now on, what is pending when each window ends: also what a process that
+        stopped before its window ended left counted."""
+        self._ensure_flusher()
+
+    def _put_back(self, count: int, reasons: dict[str, int], sample: list[bytes]) -> None:
+        pending, by_reason, kept = self._keys
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.incrby(pending, count)
+            for reason, n in reasons.items():
+                pipe.hincrby(by_reason, reason, n)
+            if sample:
+                # Older than what came meanwhile (pushed to the head): after it.
+                pipe.rpush(kept, *sample)
+                pipe.ltrim(kept, 0, SAMPLE_SIZE - 1)
+            pipe.execute()
+
+    def _send(self, body: dict[str, Any], what: str) -> bool:
+        """Post ``body``; whether it was taken."""
         try:
             self._post(self.url, body)
         except (OSError, ValueError, http.client.HTTPException) as e:
@@ -133,6 +153,8 @@ class WebhookAlerts:
             # http.client cannot use (InvalidURL)… Webhook URLs carry their secret in the path, and
             # some errors' text quotes it: log the host and the error's class only.
             logger.warning("%s to %s failed: %s", what, _host(self.url), type(e).__name__)
+            return False
+        return True
 
     def _ensure_flusher(self) -> None:
         # Woken by each dead letter, and on a timer: dead letters that arrive after a window's

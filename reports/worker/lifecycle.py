@@ -45,6 +45,16 @@ class Heartbeat(Middleware):
                 logger.warning("Heartbeat could not reach Redis.")
 
 
+class AfterBoot(Middleware):
+    """Call ``booted`` once the worker process has started its worker (not when it is imported)."""
+
+    def __init__(self, booted: Callable[[], None]) -> None:
+        self.booted = booted
+
+    def after_worker_boot(self, broker: dramatiq.Broker, worker: dramatiq.Worker) -> None:
+        self.booted()
+
+
 class DrainOnce(Middleware):
     """Treat repeated SIGTERMs within ``window_seconds`` of the first as one request to drain."""
 

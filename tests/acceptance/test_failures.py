@@ -576,3 +576,26 @@ def test_dead_letters_raise_few_webhook_posts_and_one_id_only_error_line_each(
     for line in lines:
         assert "@" not in line, line
         assert "Zebediah" not in line and "Quux" not in line, line
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_worker_that_starts_posts_the_dead_letters_a_stopped_one_left_untold(settings, start_workers, webhook):
+    # A worker counted two dead letters in a window whose post had gone out, and was stopped
+    # (a deploy) before the window ended: the next worker to start tells them.
+    settings = replace(
+        settings,
+        alert_webhook_url=f"http://127.0.0.1:{webhook.server_port}/hooks/dead-letters",
+        alert_window_seconds=1.0,
+    )
+    client = redis.Redis.from_url(settings.shared_redis_url)
+    keys = f"{settings.broker_namespace}:alerts"
+    client.incrby(f"{keys}:pending", 2)
+    client.hincrby(f"{keys}:reasons", "permanent:MailRejected", 2)
+    client.lpush(f"{keys}:sample", "m-1", "m-2")
+    client.close()
+
+    start_workers(settings, processes=1, threads=1)
+
+    wait_until(lambda: webhook.posts, timeout=10, what="the post of what the stopped worker left")  # type: ignore[attr-defined]
+    [(_, post)] = webhook.posts  # type: ignore[attr-defined]
+    assert (post["dead_letters"], post["sample_message_ids"]) == (2, ["m-2", "m-1"])

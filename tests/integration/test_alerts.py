@@ -265,6 +265,27 @@ def test_the_sample_keeps_the_most_recent_message_ids(
     assert second["sample_message_ids"] == [d.message_id for d in reversed(burst[-SAMPLE_SIZE:])]
 
 
+def test_what_a_stopped_process_left_counted_is_posted_by_a_process_that_starts(
+    webhook: Webhook, redis_client: redis.Redis, broker_namespace: str
+) -> None:
+    # As a process leaves it that counted three dead letters in a window whose post had gone out,
+    # then stopped before the window ended.
+    keys = f"{broker_namespace}:alerts"
+    redis_client.set(f"{keys}:gate", "1", px=int(WINDOW_SECONDS * 1000))
+    left = [dead_message() for _ in range(3)]
+    for dead in left:
+        redis_client.incr(f"{keys}:pending")
+        redis_client.hincrby(f"{keys}:reasons", f"{dead.reason}:{dead.error_class}", 1)
+        redis_client.lpush(f"{keys}:sample", dead.message_id)
+
+    started = WebhookAlerts(webhook.url, redis_client, namespace=broker_namespace, window_seconds=WINDOW_SECONDS)
+    started.watch()
+
+    wait_until(lambda: webhook.posts, timeout=3 * WINDOW_SECONDS, interval=0.02, what="the post of what was left")
+    assert webhook.posts[0]["dead_letters"] == 3
+    assert webhook.posts[0]["sample_message_ids"] == [d.message_id for d in reversed(left)]
+
+
 def alert_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [
         r.getMessage() for r in caplog.records if r.name == "reports.failures.alerts" and r.levelno == logging.WARNING
@@ -272,7 +293,7 @@ def alert_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 @pytest.mark.parametrize(("answer", "error"), [("garbage", "BadStatusLine"), ("redirect", "HTTPError")])
-def test_after_a_post_that_failed_the_next_windows_post_still_arrives(
+def test_after_a_post_that_failed_the_next_windows_post_still_arrives_with_what_it_did_not_say(
     webhook: Webhook,
     redis_client: redis.Redis,
     broker_namespace: str,
@@ -284,7 +305,8 @@ def test_after_a_post_that_failed_the_next_windows_post_still_arrives(
     alerts = WebhookAlerts(webhook.url, redis_client, namespace=broker_namespace, window_seconds=WINDOW_SECONDS)
     with caplog.at_level(logging.WARNING, logger="reports.failures.alerts"), serve_webhook("127.0.0.2") as elsewhere:
         webhook.redirect_to = f"{elsewhere.url}/stolen"
-        alerts.dead_letter(dead_message())
+        first = dead_message()
+        alerts.dead_letter(first)
         wait_until(lambda: alert_warnings(caplog), timeout=5, interval=0.01, what="the failed post's warning")
 
         later = dead_message()
@@ -292,7 +314,9 @@ def test_after_a_post_that_failed_the_next_windows_post_still_arrives(
         wait_until(lambda: webhook.posts, timeout=3 * WINDOW_SECONDS, interval=0.02, what="the next window's post")
         assert elsewhere.requests == 0  # the redirect was not followed to the other host
 
-    assert webhook.posts[0]["sample_message_ids"] == [later.message_id]
+    # The failed post's dead letter is told in the next one, not lost with it.
+    assert webhook.posts[0]["dead_letters"] == 2
+    assert webhook.posts[0]["sample_message_ids"] == [later.message_id, first.message_id]
     assert alert_warnings(caplog) == [f"Dead-letter alert to 127.0.0.1 failed: {error}"]
     assert all("SECRET-TOKEN" not in r.getMessage() for r in caplog.records)
 
