@@ -295,7 +295,9 @@ def _refused_too_often(ctx: Context, prepared: _Prepared, refused: RateLimited) 
     refusal is about this email, an ordinary 4xx that spends a retry, and the rate is not cut."""
     if ctx.send_rate is None:
         return False
-    claim = prepared.claims[0]
+    # A send-now's own request, whether or not it also took the monthly claim this time: the same
+    # key at every attempt.
+    claim = next((c for c in prepared.claims if c.request_id is not None), prepared.claims[0])
     email = f"{claim.period}:{claim.user_id}:{claim.request_id or 'monthly'}"
     try:
         refusals = ctx.send_rate.refused_for_pace(email)
