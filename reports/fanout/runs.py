@@ -147,7 +147,14 @@ def trigger_and_enqueue(
     if triggered.resumed:
         # Messages consumed while cancelled left their items pending: send every pending item
         # not claimed by a live sender, and the coordinator if the walk is unfinished.
-        reconcile(sessions, period, queue, stuck_after=timedelta(0), now=now, resume=True)
+        try:
+            reconcile(sessions, period, queue, stuck_after=timedelta(0), now=now, resume=True)
+        except Exception:
+            # Cancelled again, so that triggering again resumes it again: an active month's
+            # trigger has nothing to resume, and its lost items would wait for reconcile.
+            with sessions.begin() as session:
+                cancel(session, period, now=now)
+            raise
     elif triggered.needs_coordinator:
         assert triggered.run.walker is not None
         queue.send_coordinator(triggered.run.walker, CoordinatorJob(period).payload())

@@ -6,6 +6,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -24,16 +25,17 @@ from reports.fanout import runs
 from reports.fanout.coordinator import walk_slice
 from reports.fanout.reconcile import Reconciliation
 from reports.jobs import BUILD_REPORT, COORDINATOR, ActorSpec, ReportJob
-from reports.models import Delivery, ItemState, ReportItem
+from reports.models import Delivery, ItemState, PeriodRun, ReportItem, RunState
 from reports.periods import Period
 from reports.queue import InMemoryQueue
 from reports.settings import Settings
 from reports.sql import server_now
-from reports.worker.broker import message_for
+from reports.worker.broker import build_broker, message_for
 from reports.worker.queues import queue_for
 from tests.integration.conftest import PERIOD, item_user_ids, queued_user_ids, run_together, trigger, walk_everything
 from tests.support.broker import queued_messages
 from tests.support.databases import load_users
+from tests.support.processes import free_port
 
 STUCK_AFTER = timedelta(minutes=10)
 
@@ -324,6 +326,25 @@ def test_a_cancelled_period_gets_neither_its_coordinator_nor_its_stuck_items_unt
     # Each would only find the month cancelled; `reports trigger` resumes it.
     assert (found.coordinator_enqueued, found.requeued) == (False, 0)
     assert recorder.messages == []
+
+
+def test_a_resume_whose_enqueue_failed_is_resumed_by_the_next_trigger(sessions, settings):
+    population = load_users(sessions, count=6)
+    walk_everything(sessions, settings)  # its messages were consumed while the month was cancelled
+    with sessions.begin() as session:
+        runs.cancel(session, PERIOD, now=utcnow())
+    down = queue_for(build_broker(replace(settings, broker_url=f"redis://127.0.0.1:{free_port()}/0")))
+
+    with pytest.raises(redis.ConnectionError):
+        runs.trigger_and_enqueue(sessions, down, PERIOD, template_version="v1", now=utcnow())
+    with sessions() as session:
+        assert session.get(PeriodRun, str(PERIOD)).state == RunState.CANCELLED  # type: ignore[union-attr]
+
+    queue = InMemoryQueue()
+    again = runs.trigger_and_enqueue(sessions, queue, PERIOD, template_version="v1", now=utcnow())
+
+    assert again.resumed
+    assert sorted(m.args[1] for m in queue.messages if m.actor == BUILD_REPORT.name) == population.active
 
 
 def test_a_triggered_period_with_no_items_yet_gets_its_coordinator_and_nothing_else(sessions, settings):
