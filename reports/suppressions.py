@@ -6,7 +6,7 @@ coordinator's page (:mod:`reports.fanout.coordinator`) fold their look-up into t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -103,6 +103,17 @@ def remove(session: Session, user_id: int, *, reason: SuppressionReason | None =
     if reason is not None:
         statement = statement.where(Suppression.reason == reason.value)
     return rowcount(session.execute(statement)) > 0
+
+
+def among(session: Session, user_ids: Collection[int]) -> set[int]:
+    """Which of ``user_ids`` are on the suppression list."""
+    ids = sorted(user_ids)
+    found: set[int] = set()
+    # In slices: a list of ids is bound as one parameter each, and SQLite takes at most 32,766.
+    for start in range(0, len(ids), 10_000):
+        chunk = ids[start : start + 10_000]
+        found.update(session.scalars(select(Suppression.user_id).where(Suppression.user_id.in_(chunk))))
+    return found
 
 
 def get(session: Session, user_id: int) -> Suppression | None:

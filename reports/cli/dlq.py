@@ -125,6 +125,13 @@ def replay(obj: Obj, ids: tuple[int, ...], period: str | None, everything: bool,
             f"Replayed {len(outcome.replayed)} dead letter(s){': ' + listed if listed else ''}; "
             f"{outcome.items_reset} report item(s) back to pending."
         )
+    if outcome.suppressed:
+        users = ", ".join(map(str, outcome.suppressed[:20])) + (" …" if len(outcome.suppressed) > 20 else "")
+        click.echo(
+            f"note: {len(outcome.suppressed)} of these users are on the suppression list ({users}): their reports "
+            "are skipped, not sent. `reports suppress remove USER` first if their address is fixed.",
+            err=True,
+        )
 
 
 @dlq.command("purge")

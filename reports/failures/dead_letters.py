@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import delete, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from reports import items, partitions, pruning
+from reports import items, partitions, pruning, suppressions
 from reports.dead_message import DeadMessage
 from reports.errors import InvalidPayload
 from reports.jobs import BUILD_REPORT, COORDINATOR, SEND_NOW, CoordinatorJob, ReportJob, SendNowJob
@@ -186,6 +186,8 @@ class Replayed:
     replayed: list[int] = field(default_factory=list)
     #: Report items set back to pending so progress shows them as in flight again.
     items_reset: int = 0
+    #: Users of the letters replayed who are on the suppression list: their reports are skipped.
+    suppressed: list[int] = field(default_factory=list)
 
 
 def replay(sessions: sessionmaker[Session], queue: Queue, where: Filter, *, now: datetime, dry_run: bool) -> Replayed:
@@ -198,6 +200,7 @@ def replay(sessions: sessionmaker[Session], queue: Queue, where: Filter, *, now:
     items it resets pending and stops deleting their period.
     """
     outcome = Replayed()
+    users: set[int] = set()
     with sessions.begin() as session:
         ceiling = session.scalar(select(func.max(DeadLetter.id)).where(*where.clauses())) or 0
     for chunk in _chunks(sessions, where, ceiling):
@@ -212,6 +215,8 @@ def replay(sessions: sessionmaker[Session], queue: Queue, where: Filter, *, now:
                 if letter.replayed_at is not None or letter.reason == DeadLetterReason.UNDECODABLE:
                     continue  # replayed concurrently by another operator, or no message to send
                 outcome.replayed.append(letter.id)
+                if letter.user_id is not None:
+                    users.add(letter.user_id)
                 if dry_run:
                     continue
                 outcome.items_reset += _reset_item(session, letter, now)
@@ -224,6 +229,8 @@ def replay(sessions: sessionmaker[Session], queue: Queue, where: Filter, *, now:
                     walker=_new_chain(session, letter, now),
                 )
                 letter.replayed_at, letter.replay_message_id = now, message_id
+    with sessions() as session:
+        outcome.suppressed = sorted(suppressions.among(session, users))
     return outcome
 
 

@@ -16,9 +16,12 @@ from typing import Any
 import pytest
 import redis
 
+from reports import suppressions
 from reports.dead_message import DeadMessage
 from reports.failures import dead_letters
+from reports.models import SuppressionReason
 from tests.support.broker import queued_messages
+from tests.support.databases import load_users
 from tests.support.processes import run_cli
 
 pytestmark = pytest.mark.acceptance
@@ -258,6 +261,22 @@ def test_replay_dry_run_lists_what_it_would_replay_and_changes_nothing(settings,
     assert [row["message_id"] for row in listed(settings)] == ["m-deferred-2", "m-unknown-actor"]
     replayed = [row for row in listed(settings, "--replayed") if row["replayed_at"]]
     assert [row["id"] for row in replayed] == [row["id"] for row in october]
+
+
+def test_a_replay_names_the_users_on_the_suppression_list_whose_reports_it_will_skip(settings, sessions, four_letters):
+    # User 1's 550 suppressed them as bounced: fixing the address is not enough, and the replay says so.
+    load_users(sessions, count=3)
+    with sessions.begin() as session:
+        suppressions.add(session, 1, SuppressionReason.BOUNCED, now=datetime(2026, 11, 1), source="test")
+
+    dry = dlq(settings, "replay", "--period", "2026-10", "--dry-run")
+    real = dlq(settings, "replay", "--period", "2026-10")
+
+    for result in (dry, real):
+        assert result.stderr.splitlines() == [
+            "note: 1 of these users are on the suppression list (1): their reports are skipped, not sent. "
+            "`reports suppress remove USER` first if their address is fixed."
+        ]
 
 
 def test_purge_removes_dead_letters_older_than_the_given_days(settings, sessions):
