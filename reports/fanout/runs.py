@@ -153,12 +153,20 @@ def trigger_and_enqueue(
             # Cancelled again, so that triggering again resumes it again: an active month's
             # trigger has nothing to resume, and its lost items would wait for reconcile.
             with sessions.begin() as session:
-                cancel(session, period, now=now)
+                _undo_resume(session, period, resumed_at=now)
             raise
     elif triggered.needs_coordinator:
         assert triggered.run.walker is not None
         queue.send_coordinator(triggered.run.walker, CoordinatorJob(period).payload())
     return triggered
+
+
+def _undo_resume(session: Session, period: Period, *, resumed_at: datetime) -> None:
+    """Cancel ``period`` again, unless something since has changed its run: another operator's
+    cancel and resume, which stands."""
+    run = session.get(PeriodRun, str(period), with_for_update=True)
+    if run is not None and run.state == RunState.ACTIVE and run.updated_at == resumed_at:
+        run.state = RunState.CANCELLED
 
 
 def unfinished(session: Session) -> list[Period]:

@@ -347,6 +347,37 @@ def test_a_resume_whose_enqueue_failed_is_resumed_by_the_next_trigger(sessions, 
     assert sorted(m.args[1] for m in queue.messages if m.actor == BUILD_REPORT.name) == population.active
 
 
+class _ResumedMeanwhile:
+    """A queue whose send fails after another operator cancelled and resumed the month meanwhile."""
+
+    def __init__(self, sessions: sessionmaker[Session]) -> None:
+        self.sessions = sessions
+
+    def send_jobs(self, spec: ActorSpec, payloads: Iterable[Mapping[str, Any]]) -> int:
+        with self.sessions.begin() as session:
+            runs.cancel(session, PERIOD, now=utcnow())
+        with self.sessions.begin() as session:
+            assert runs.trigger(session, PERIOD, template_version="v1", now=utcnow()).resumed
+        raise redis.ConnectionError("the broker went away")
+
+    def backlog(self, queue: str) -> int:
+        return 0
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_a_failed_resume_leaves_another_operators_resume_standing(sessions, settings):
+    load_users(sessions, count=3)
+    walk_everything(sessions, settings)
+    with sessions.begin() as session:
+        runs.cancel(session, PERIOD, now=utcnow())
+
+    with pytest.raises(redis.ConnectionError):
+        runs.trigger_and_enqueue(sessions, _ResumedMeanwhile(sessions), PERIOD, template_version="v1", now=utcnow())
+
+    with sessions() as session:
+        assert session.get(PeriodRun, str(PERIOD)).state == RunState.ACTIVE  # type: ignore[union-attr]
+
+
 def test_a_triggered_period_with_no_items_yet_gets_its_coordinator_and_nothing_else(sessions, settings):
     population = load_users(sessions, count=5)
     trigger(sessions, settings)
