@@ -140,6 +140,9 @@ def alembic_config(url: str) -> Config:
 #: How long a migration waits for each lock it needs on PostgreSQL, in milliseconds.
 MIGRATION_LOCK_TIMEOUT_MS = 10_000
 
+#: PostgreSQL's lock_not_available: a lock timeout ran out.
+LOCK_NOT_AVAILABLE = "55P03"
+
 
 def upgrade(settings: Settings, revision: str = "head") -> None:
     """Migrate the configured database to ``revision``."""

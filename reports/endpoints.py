@@ -58,20 +58,16 @@ class SmtpTarget:
 
     @classmethod
     def from_url(cls, url: str) -> SmtpTarget:
-        if _host_of(url) is None:
-            # Also a host urlsplit cannot read (an unclosed "[::1"): it raises.
+        # _host_of first: urlsplit raises on a host or a port it cannot read (an unclosed "[::1").
+        host = _host_of(url)
+        if host is None or urlsplit(url).scheme not in ("smtp", "smtps"):
             raise ConfigurationError(f"SMTP_URL must be smtp://host:port or smtps://host:port, got {redact_url(url)}.")
         parts = urlsplit(url)
-        if parts.scheme not in ("smtp", "smtps") or not parts.hostname:
-            raise ConfigurationError(f"SMTP_URL must be smtp://host:port or smtps://host:port, got {redact_url(url)}.")
         implicit_tls = parts.scheme == "smtps"
-        try:
-            port = parts.port or (465 if implicit_tls else 25)
-        except ValueError:
-            raise ConfigurationError(f"SMTP_URL has an invalid port: {redact_url(url)}.") from None
+        port = parts.port or (465 if implicit_tls else 25)
         options = _options(parts.query, url)
         target = cls(
-            host=parts.hostname,
+            host=host,
             port=port,
             implicit_tls=implicit_tls,
             starttls=options.get("starttls", False),

@@ -7,7 +7,7 @@ import sqlalchemy.exc
 
 from reports.cli.app import Obj, cli, pass_obj, period_option
 from reports.clock import utcnow
-from reports.database import MIGRATION_LOCK_TIMEOUT_MS, upgrade
+from reports.database import LOCK_NOT_AVAILABLE, MIGRATION_LOCK_TIMEOUT_MS, upgrade
 from reports.errors import ReportsError
 from reports.ops.seed import seed as seed_users
 from reports.periods import Period, previous_month
@@ -35,10 +35,6 @@ def db_upgrade(obj: Obj) -> None:
             "(a long query, or a session idle in a transaction) and gave up; nothing was changed. Run it again."
         ) from None
     click.echo("Database is at the newest schema.")
-
-
-#: PostgreSQL's lock_not_available: a lock timeout ran out.
-LOCK_NOT_AVAILABLE = "55P03"
 
 
 @cli.command()

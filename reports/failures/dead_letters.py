@@ -200,7 +200,7 @@ def replay(sessions: sessionmaker[Session], queue: Queue, where: Filter, *, now:
     items it resets pending and stops deleting their period.
     """
     outcome = Replayed()
-    users: set[int] = set()
+    suppressed: set[int] = set()
     with sessions.begin() as session:
         ceiling = session.scalar(select(func.max(DeadLetter.id)).where(*where.clauses())) or 0
     for chunk in _chunks(sessions, where, ceiling):
@@ -211,6 +211,7 @@ def replay(sessions: sessionmaker[Session], queue: Queue, where: Filter, *, now:
             # period's lock, so both take them in this order and cannot deadlock.
             periods = select(DeadLetter.period).where(DeadLetter.id.in_(chunk), DeadLetter.period.is_not(None))
             pruning.hold_off(session, session.scalars(periods.distinct()))
+            users: set[int] = set()
             for letter in session.scalars(select(DeadLetter).where(DeadLetter.id.in_(chunk)).with_for_update()):
                 if letter.replayed_at is not None or letter.reason == DeadLetterReason.UNDECODABLE:
                     continue  # replayed concurrently by another operator, or no message to send
@@ -229,8 +230,8 @@ def replay(sessions: sessionmaker[Session], queue: Queue, where: Filter, *, now:
                     walker=_new_chain(session, letter, now),
                 )
                 letter.replayed_at, letter.replay_message_id = now, message_id
-    with sessions() as session:
-        outcome.suppressed = sorted(suppressions.among(session, users))
+            suppressed |= suppressions.among(session, users)
+    outcome.suppressed = sorted(suppressed)
     return outcome
 
 

@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from reports import partitions
 from reports.clock import utcnow
+from reports.database import LOCK_NOT_AVAILABLE
 from reports.fanout import runs
 from reports.models import DeadLetter, Delivery, DeliveryState, ItemCount, Report, ReportItem, SendNowRequest
 from reports.periods import Period
@@ -178,8 +179,8 @@ def _drop_period(sessions: sessionmaker[Session], pruned: PeriodPruned, settled_
     return False
 
 
-#: lock_not_available (the lock timeout), deadlock_detected.
-_GAVE_WAY = frozenset({"55P03", "40P01"})
+#: The lock timeout, and deadlock_detected.
+_GAVE_WAY = frozenset({LOCK_NOT_AVAILABLE, "40P01"})
 
 
 def _drop_locked(session: Session, pruned: PeriodPruned, settled_before: datetime) -> None:
