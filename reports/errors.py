@@ -30,6 +30,10 @@ class SendNowNotEnqueued(ReportsError):
     """A send-now request is recorded, but the broker did not take its message: reconcile sends it."""
 
 
+class PeriodCancelled(ReportsError):
+    """The period is cancelled: it completes only once `reports trigger` resumes it."""
+
+
 class PermanentError(ReportsError):
     """Retrying cannot help: the message goes to the dead letters at once."""
 

@@ -27,7 +27,7 @@ def periods(obj: Obj, as_json: bool) -> None:
         click.echo(json.dumps([summary.as_dict() for summary in summaries]))
         return
     for summary in summaries:
-        click.echo(f"{summary.progress.period}  {summary.status:<9}  {summary.progress.line()}")
+        click.echo(f"{summary.progress.period}  {summary.progress.status:<9}  {summary.progress.line()}")
     click.echo(f"{len(summaries)} period(s).")
 
 

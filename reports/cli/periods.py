@@ -9,6 +9,7 @@ from rich.console import Console
 
 from reports.cli.app import FiniteFloatRange, Obj, cli, pass_obj, period_argument
 from reports.clock import utcnow
+from reports.errors import PeriodCancelled
 from reports.fanout import progress, runs
 from reports.ops.watch import watch as watch_progress
 from reports.periods import Period
@@ -38,7 +39,11 @@ def trigger(obj: Obj, period: Period) -> None:
 @cli.command("progress")
 @period_argument(closed=False)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@click.option("--watch", is_flag=True, help="Show a live progress bar until the period is complete.")
+@click.option(
+    "--watch",
+    is_flag=True,
+    help="Show a live progress bar until the period is complete (exit 1 if it is cancelled).",
+)
 @click.option(
     "--interval",
     type=FiniteFloatRange(min=0.1, max=MAX_WATCH_INTERVAL_SECONDS),
@@ -55,9 +60,13 @@ def progress_command(obj: Obj, period: Period, as_json: bool, watch: bool, inter
             return progress.count(session, period, utcnow())
 
     current = read()
-    if watch:
+    if watch and not current.cancelled:
         current = watch_progress(read, interval_seconds=interval, console=Console(stderr=as_json))
     if as_json:
         click.echo(json.dumps(current.as_dict()))
     else:
-        click.echo(f"{current.period}: {current.line()}")
+        cancelled = f"; cancelled: `reports trigger {period}` resumes it" if current.cancelled else ""
+        click.echo(f"{current.period}: {current.line()}{cancelled}")
+    if watch and current.cancelled:
+        # Waiting on would be for ever: nothing of a cancelled month is sent until it is resumed.
+        raise PeriodCancelled(f"{period} is cancelled: it completes only once `reports trigger {period}` resumes it.")

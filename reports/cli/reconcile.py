@@ -59,7 +59,9 @@ def reconcile(obj: Obj, period: Period, stuck_after: float | None, as_json: bool
         + (f", {found.scheduled} not yet due" if found.scheduled else "")
         + f"); re-enqueued {found.requeued} lost item(s) and {found.requests_requeued} send-now request(s)"
         + (
-            "; walk complete, release chain re-enqueued."
+            f"; cancelled: its items wait until `reports trigger {found.period}` resumes it."
+            if found.cancelled
+            else "; walk complete, release chain re-enqueued."
             if found.planned and found.coordinator_enqueued
             else "; walk complete."
             if found.planned

@@ -52,7 +52,7 @@ def routes(console: Console) -> list[BaseRoute]:
 def periods_page(request: Request, _user: ConsoleUser, console: Console) -> Response:
     with console.sessions.begin() as session:
         summaries = progress.every_period(session, utcnow())
-    rows = [_row(console, summary.progress, summary.status) for summary in summaries]
+    rows = [_row(console, summary.progress) for summary in summaries]
     return console.render(request, "periods.html", rows=rows, last_month=str(previous_month(utcnow())))
 
 
@@ -61,9 +61,7 @@ def period_page(request: Request, _user: ConsoleUser, console: Console) -> Respo
     if isinstance(found, Response):
         return found
     run, counts = found
-    return console.render(
-        request, "period.html", run=run, row=_row(console, counts, _status(run.state, counts)), live=not counts.complete
-    )
+    return console.render(request, "period.html", run=run, row=_row(console, counts), live=not counts.complete)
 
 
 def period_progress(request: Request, _user: ConsoleUser, console: Console) -> Response:
@@ -72,7 +70,7 @@ def period_progress(request: Request, _user: ConsoleUser, console: Console) -> R
     if isinstance(found, Response):
         return found
     run, counts = found
-    return JSONResponse(_row(console, counts, _status(run.state, counts)))
+    return JSONResponse(_row(console, counts))
 
 
 def _period_progress(request: Request, console: Console) -> tuple[PeriodRun, progress.Progress] | Response:
@@ -88,15 +86,11 @@ def _period_progress(request: Request, console: Console) -> tuple[PeriodRun, pro
     return run, counts
 
 
-def _status(state: str, counts: progress.Progress) -> str:
-    return "complete" if state == "active" and counts.complete else state
-
-
-def _row(console: Console, counts: progress.Progress, status: str) -> dict[str, Any]:
+def _row(console: Console, counts: progress.Progress) -> dict[str, Any]:
     pace = console.sampler.add(counts.period, time.monotonic(), counts.finished, counts.pending)
     return {
         **counts.as_dict(),
-        "status": status,
+        "status": counts.status,
         "finished": counts.finished,
         "percent": round(100 * counts.finished / counts.total) if counts.total else 0,
         "rate": f"{pace.per_second:.1f}/s" if pace.per_second is not None else "—",

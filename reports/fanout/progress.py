@@ -30,6 +30,9 @@ class Progress:
     skipped: int
     dead: int
     pending: int
+    #: The run's state: ``active``, or ``cancelled`` while an operator has it stopped (a cancelled
+    #: period does not complete until ``reports trigger`` resumes it).
+    state: str = RunState.ACTIVE
     #: The part of ``pending`` not yet due: waiting for its user's morning. ``None`` for a run
     #: triggered without ``SEND_AT_LOCAL_TIME`` (or when not counted), and then left out of the JSON.
     scheduled: int | None = None
@@ -41,6 +44,20 @@ class Progress:
     @property
     def complete(self) -> bool:
         return self.planned and self.pending == 0
+
+    @property
+    def cancelled(self) -> bool:
+        return self.state == RunState.CANCELLED
+
+    @property
+    def status(self) -> str:
+        """What an operator reads: ``complete`` for a finished active run, else the run's state.
+
+        The JSON keeps ``state`` as the run's own (``active``/``cancelled``) next to ``complete``,
+        so scripts that read it see no change; a person reading "active" for a month that is done
+        would look for work that is not there.
+        """
+        return "complete" if self.state == RunState.ACTIVE and self.complete else self.state
 
     def as_dict(self) -> dict[str, Any]:
         counts = {**asdict(self), "complete": self.complete}
@@ -62,12 +79,12 @@ def count(session: Session, period: Period, now: datetime | None = None) -> Prog
     """Count the period's items by state, and with ``now`` those of a run with a send time not yet
     due at it; :class:`BadInput` if the period was never triggered."""
     run = session.execute(
-        select(PeriodRun.planned, PeriodRun.send_at).where(PeriodRun.period == str(period))
+        select(PeriodRun.planned, PeriodRun.state, PeriodRun.send_at).where(PeriodRun.period == str(period))
     ).one_or_none()
     if run is None:
         raise BadInput(f"Period {period} has never been triggered.")
-    planned, send_at = run
-    counted = _progress(str(period), planned, items_by_state(session, [str(period)]).get(str(period), {}))
+    planned, state, send_at = run
+    counted = _progress(str(period), planned, state, items_by_state(session, [str(period)]).get(str(period), {}))
     if now is None or send_at is None:
         return counted
     return replace(counted, scheduled=scheduled(session, period, now))
@@ -114,26 +131,10 @@ def pending(period: str) -> ScalarSelect[int]:
 @dataclass(frozen=True)
 class PeriodSummary:
     progress: Progress
-    #: The run's state: ``active`` or ``cancelled`` (see :attr:`status` for what a person reads).
-    state: str
     triggered_at: datetime
 
-    @property
-    def status(self) -> str:
-        """What an operator reads: ``complete`` for a finished active run, else the run's state.
-
-        The JSON keeps ``state`` as the run's own (``active``/``cancelled``) next to ``complete``,
-        so scripts that read it see no change; a person reading "active" for a month that is done
-        would look for work that is not there.
-        """
-        return "complete" if self.state == RunState.ACTIVE and self.progress.complete else self.state
-
     def as_dict(self) -> dict[str, Any]:
-        return {
-            **self.progress.as_dict(),
-            "state": self.state,
-            "triggered_at": self.triggered_at.isoformat(timespec="seconds") + "Z",
-        }
+        return {**self.progress.as_dict(), "triggered_at": self.triggered_at.isoformat(timespec="seconds") + "Z"}
 
 
 def every_period(session: Session, now: datetime | None = None) -> list[PeriodSummary]:
@@ -147,10 +148,9 @@ def every_period(session: Session, now: datetime | None = None) -> list[PeriodSu
         summaries.append(
             PeriodSummary(
                 progress=replace(
-                    _progress(run.period, run.planned, by_state),
+                    _progress(run.period, run.planned, run.state, by_state),
                     scheduled=None if run.send_at is None or now is None else waiting.get(run.period, 0),
                 ),
-                state=run.state,
                 triggered_at=run.triggered_at,
             )
         )
@@ -166,11 +166,12 @@ def scheduled_by_period(session: Session, now: datetime, periods: list[str] | No
     return {period: int(n) for period, n in session.execute(statement)}
 
 
-def _progress(period: str, planned: bool, by_state: dict[str, int]) -> Progress:
+def _progress(period: str, planned: bool, state: str, by_state: dict[str, int]) -> Progress:
     return Progress(
         period=period,
         total=sum(by_state.values()),
         planned=bool(planned),
+        state=state,
         delivered=by_state.get(ItemState.DELIVERED, 0),
         skipped=by_state.get(ItemState.SKIPPED, 0),
         dead=by_state.get(ItemState.DEAD, 0),

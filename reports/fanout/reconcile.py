@@ -57,6 +57,8 @@ class Reconciliation:
     requests_requeued: int = 0
     #: Pending items not yet due: they wait for their users' mornings, and are not lost.
     scheduled: int = 0
+    #: The period is cancelled: its items are not re-enqueued (nor its walk) until it is resumed.
+    cancelled: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -158,6 +160,7 @@ def reconcile(
         walk_paused=walk_paused,
         requests_requeued=requests_requeued,
         scheduled=scheduled,
+        cancelled=cancelled,
     )
 
 

@@ -12,7 +12,7 @@ from reports.fanout.progress import Progress as PeriodProgress
 
 
 def watch(read: Callable[[], PeriodProgress], *, interval_seconds: float, console: Console) -> PeriodProgress:
-    """Redraw until the period is complete; returns the last reading."""
+    """Redraw until the period is complete or cancelled; returns the last reading."""
     columns = (
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -31,7 +31,7 @@ def watch(read: Callable[[], PeriodProgress], *, interval_seconds: float, consol
             dead=current.dead,
             scheduled=_scheduled(current),
         )
-        while not current.complete:
+        while not (current.complete or current.cancelled):
             time.sleep(interval_seconds)
             current = read()
             bar.update(

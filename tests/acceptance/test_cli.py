@@ -33,7 +33,7 @@ from tests.support.processes import run_cli, wait_for_progress
 pytestmark = pytest.mark.acceptance
 
 SECRET = "s3cretpw"
-PROGRESS_KEYS = {"period", "total", "planned", "delivered", "skipped", "dead", "pending", "complete"}
+PROGRESS_KEYS = {"period", "total", "planned", "delivered", "skipped", "dead", "pending", "state", "complete"}
 
 
 CURRENT_MONTH = month_from_now(0)

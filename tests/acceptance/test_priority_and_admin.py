@@ -455,6 +455,31 @@ def test_cancel_stops_new_sends_and_trigger_resumes_without_mailing_anyone_twice
     assert_each_mailed_once(smtp_server, population.active)
 
 
+@ON_SQLITE
+def test_a_cancelled_period_says_so_and_watching_it_stops_at_once(settings, sessions):
+    load_users(sessions, count=5)
+    cli_ok(settings, "trigger", PERIOD)
+    cli_ok(settings, "cancel", PERIOD)
+
+    reading = progress_json(settings)
+    assert (reading["state"], reading["complete"]) == ("cancelled", False)
+    human = cli_ok(settings, "progress", PERIOD)
+    assert f"cancelled: `reports trigger {PERIOD}` resumes it" in human, human
+    # Waiting for a month that sends nothing until it is resumed would be for ever.
+    watched = run_cli(settings, "progress", PERIOD, "--watch", "--json", timeout=20)
+    assert watched.returncode == 1, watched.stderr
+    [line] = watched.stderr.strip().splitlines()
+    assert line.startswith("error:") and "cancelled" in line and f"reports trigger {PERIOD}" in line
+    assert json.loads(watched.stdout)["state"] == "cancelled"
+    reconciled = json.loads(cli_ok(settings, "reconcile", PERIOD, "--json"))
+    assert (reconciled["cancelled"], reconciled["requeued"], reconciled["coordinator_enqueued"]) == (True, 0, False)
+    assert "cancelled: its items wait" in cli_ok(settings, "reconcile", PERIOD)
+
+    assert "resumed" in cli_ok(settings, "trigger", PERIOD)
+    assert progress_json(settings)["state"] == "active"
+    assert json.loads(cli_ok(settings, "reconcile", PERIOD, "--json"))["cancelled"] is False
+
+
 # --- 5. the periods overview -----------------------------------------------------------------
 
 

@@ -56,6 +56,7 @@ def test_progress_counts_items_by_their_final_state(settings, sessions):
         "skipped": 2,
         "dead": 1,
         "pending": len(population.active) - 6,
+        "state": "active",
         "complete": False,
     }
     assert result.delivered + result.skipped + result.dead + result.pending == result.total

@@ -36,7 +36,7 @@ def test_a_period_is_complete_when_planned_and_nothing_is_pending(planned: bool,
     assert progress.complete is complete
 
 
-def test_as_dict_has_exactly_the_contracts_keys() -> None:
+def test_as_dict_has_exactly_the_contracts_keys_and_the_runs_state() -> None:
     assert set(progress_factory().as_dict()) == {
         "period",
         "total",
@@ -45,6 +45,7 @@ def test_as_dict_has_exactly_the_contracts_keys() -> None:
         "skipped",
         "dead",
         "pending",
+        "state",
         "complete",
     }
 
@@ -58,6 +59,7 @@ def test_as_dict_carries_the_figures_and_the_completion() -> None:
         "skipped": 2,
         "dead": 1,
         "pending": 1,
+        "state": "active",
         "complete": False,
     }
     assert progress_factory(pending=0, delivered=7).as_dict()["complete"] is True
@@ -94,3 +96,12 @@ def test_as_dict_is_a_json_object_with_real_booleans() -> None:
     assert printed["planned"] is True
     assert printed["complete"] is True
     assert printed["period"] == "2026-10"
+
+
+@pytest.mark.parametrize(
+    ("state", "pending", "status"),
+    [("active", 1, "active"), ("active", 0, "complete"), ("cancelled", 1, "cancelled"), ("cancelled", 0, "cancelled")],
+)
+def test_status_is_complete_only_for_an_active_run_with_nothing_pending(state: str, pending: int, status: str) -> None:
+    counts = progress_factory(state=state, pending=pending, delivered=10 - pending - 3)
+    assert (counts.status, counts.cancelled) == (status, state == "cancelled")
