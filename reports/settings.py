@@ -181,7 +181,8 @@ class Settings:
     #: A pending item untouched for this long, with no live claim, is re-enqueued by reconcile.
     reconcile_stuck_after_seconds: float = 600.0
     #: When the scheduler triggers last month's run: the 1st of each month at this time
-    #: (``HH:MM``) in this IANA timezone.
+    #: (``HH:MM``) in this IANA timezone. With ``send_at_local_time`` set, the month is triggered
+    #: as it ends in UTC instead, so that no user's morning comes before it.
     schedule_time: str = "06:00"
     #: The IANA timezone of ``schedule_time`` (``Europe/Paris``); a period is never triggered
     #: before it has ended in UTC, whatever the timezone.

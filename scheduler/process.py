@@ -361,11 +361,12 @@ class SchedulerProcess:
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
         logger.info(
-            "Scheduler %s starting: monthly on the 1st at %s %s, look-back %d month(s), reconcile every %ss; "
+            "Scheduler %s starting: monthly on the 1st at %s %s%s, look-back %d month(s), reconcile every %ss; "
             "database %s, broker %s (namespace %s).",
             self.replica,
             self.schedule.at.strftime("%H:%M"),
-            self.settings.schedule_timezone,
+            self.schedule.timezone,
+            " (as the month ends: SEND_AT_LOCAL_TIME is set)" if self.schedule.at_month_end else "",
             self.schedule.lookback_months,
             self.settings.schedule_reconcile_interval_seconds,
             redact_url(self.settings.database_url),

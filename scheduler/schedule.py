@@ -26,14 +26,21 @@ class Schedule:
     timezone: tzinfo
     #: How many past months the catch-up considers (the most recent closed month is the first).
     lookback_months: int
+    #: The month is triggered as it ends in UTC, whatever ``SCHEDULE_TIME`` says: with
+    #: ``SEND_AT_LOCAL_TIME`` each report waits for its user's morning, the first of which comes
+    #: then (09:00 in Tokyo is 00:00 UTC), and a later trigger would make those users' reports late.
+    at_month_end: bool = False
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Schedule:
         """Validate the schedule settings; :class:`ConfigurationError` names the variable to fix."""
+        at, timezone = parse_time(settings.schedule_time), parse_timezone(settings.schedule_timezone)
+        at_month_end = bool(settings.send_at_local_time)
         return cls(
-            at=parse_time(settings.schedule_time),
-            timezone=parse_timezone(settings.schedule_timezone),
+            at=time(0, 0) if at_month_end else at,
+            timezone=UTC if at_month_end else timezone,
             lookback_months=check_lookback(settings.schedule_lookback_months),
+            at_month_end=at_month_end,
         )
 
     def due_periods(self, now_utc: datetime) -> list[Period]:

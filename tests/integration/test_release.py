@@ -9,8 +9,9 @@ while October still ran in UTC, is due on the 2nd local: 19:00 UTC on the 1st.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
-from datetime import datetime, time, timedelta
+from datetime import UTC, datetime, time, timedelta
 
 import pytest
 from sqlalchemy import select, text
@@ -25,6 +26,9 @@ from reports.local_time import SendSchedule
 from reports.models import ItemState, ReportItem
 from reports.periods import Period
 from reports.queue import InMemoryQueue
+from reports.worker.broker import build_broker, shared_redis
+from scheduler.process import SchedulerProcess
+from scheduler.schedule import Schedule
 from tests.integration.conftest import PERIOD, run_together
 from tests.support.databases import load_users
 
@@ -326,3 +330,35 @@ def test_triggering_a_walked_month_again_restarts_its_release_and_sends_nobody_e
         sessions, PERIOD, released, walker=chain.walker, page_size=PAGE, budget_seconds=60, clock=lambda: DUE[None]
     )
     assert set(handed_out(released)) == due_by(zones, DUE[None])
+
+
+def test_the_scheduler_triggers_the_month_as_it_ends_so_the_earliest_mornings_are_on_time(sessions, settings):
+    # SCHEDULE_TIME keeps its default, 06:00 UTC: hours after Tashkent's nine o'clock (04:00 UTC).
+    configured = dataclasses.replace(settings, send_at_local_time="09:00")
+    zones = load_users_in_zones(sessions)
+    broker = build_broker(configured)
+    ends = datetime(2026, 11, 1, 0, 0, 1)
+    scheduler = SchedulerProcess(
+        configured,
+        Schedule.from_settings(configured),
+        sessions=sessions,
+        broker=broker,
+        redis_client=shared_redis(broker, configured),
+        clock=lambda: ends,
+    )
+    try:
+        assert scheduler.catch_up("month-end") == [PERIOD]
+        [monthly] = [job for job in scheduler.build_scheduler().get_jobs() if job.id == "monthly-trigger"]
+        assert monthly.trigger.get_next_fire_time(None, datetime(2026, 11, 2, tzinfo=UTC)) == datetime(
+            2026, 12, 1, tzinfo=UTC
+        )
+    finally:
+        broker.close()
+    queue = InMemoryQueue()
+    step(sessions, queue, ends)
+    tashkent = DUE["Asia/Tashkent"]
+    step(sessions, queue, tashkent)
+    assert set(handed_out(queue)) == due_by(zones, tashkent) != set()
+
+    # Without SEND_AT_LOCAL_TIME the month waits for SCHEDULE_TIME, as before.
+    assert Schedule.from_settings(settings).due_periods(ends) == []

@@ -238,3 +238,10 @@ def test_the_current_utc_month_is_never_due_in_any_timezone(zone: str) -> None:
 def test_due_periods_rejects_a_lookback_of_zero() -> None:
     with pytest.raises(ConfigurationError):
         due_periods(datetime(2026, 11, 15), time(6, 0), UTC, 0)
+
+
+def test_with_a_local_send_time_the_month_is_due_as_it_ends_whatever_schedule_time_says() -> None:
+    schedule = Schedule.from_settings(Settings(schedule_time="06:00", send_at_local_time="09:00"))
+    assert (schedule.at, schedule.timezone, schedule.at_month_end) == (time(0, 0), UTC, True)
+    assert schedule.due_periods(datetime(2026, 10, 31, 23, 59, 59)) == periods("2026-09")
+    assert schedule.due_periods(datetime(2026, 11, 1, 0, 0)) == periods("2026-10")
