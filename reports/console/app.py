@@ -14,6 +14,7 @@ actions in :mod:`actions`.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import logging
@@ -49,7 +50,7 @@ from reports.console_settings import ConsoleUser, Role
 from reports.endpoints import is_loopback
 from reports.ops.metrics import fleet_collector
 from reports.queue import Queue
-from reports.settings import Settings
+from reports.settings import Settings, trusted_proxies
 from reports.worker.broker import Broker, build_broker
 from reports.worker.queues import queue_for
 
@@ -57,6 +58,12 @@ logger = logging.getLogger(__name__)
 
 #: Where the console is served.
 PREFIX = "/console"
+
+#: Passwords checked at once. Argon2 takes 64 MiB a check by design: twenty logins at once, from
+#: anyone who can reach the login form, would take the web process past a gigabyte.
+PASSWORD_CHECKS_AT_ONCE = 2
+#: How long a login waits for its turn before it is answered 503, in seconds.
+PASSWORD_CHECK_WAIT_SECONDS = 10.0
 
 #: Sent with every console answer: nothing loads from elsewhere, no inline script or style runs,
 #: forms post only here, frames show only the console's own preview, and nobody frames the console.
@@ -96,10 +103,12 @@ class Console:
     sampler: Sampler = field(default_factory=Sampler)
     _broker: Broker | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    password_checks: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(PASSWORD_CHECKS_AT_ONCE))
 
     def __post_init__(self) -> None:
         self.fleet = fleet_collector(self.settings, self.sessions)
         self.decoy = passwords.decoy(self.users.values())
+        self.trusts_every_proxy = trusted_proxies(self.settings.forwarded_allow_ips) == ["*"]
 
     @property
     def broker(self) -> Broker:
@@ -319,12 +328,22 @@ def _login(console: Console) -> Callable[[Request], Awaitable[Response]]:
             return _refused("The form is stale or forged: reload the page and try again.")
         name = form.get("name", "")[:MAX_NAME_CHARS]
         password = form.get("password", "")[:MAX_PASSWORD_CHARS]
-        address = request.client.host if request.client else "unknown"
+        address = _login_address(request, console.trusts_every_proxy)
         if await run_in_threadpool(console.throttle.attempt, name, address):
             logger.warning("Console: refused a login past the throttle.")
             return console.render(request, "login.html", status=429, error="Too many failed logins; try later.")
         user = console.users.get(name)
-        if not await run_in_threadpool(lambda: passwords.verify(user, password, decoy=console.decoy)) or user is None:
+        try:
+            async with asyncio.timeout(PASSWORD_CHECK_WAIT_SECONDS):
+                await console.password_checks.acquire()
+        except TimeoutError:
+            logger.warning("Console: refused a login, too many at once.")
+            return console.render(request, "login.html", status=503, error="Too many logins at once; try again.")
+        try:
+            verified = await run_in_threadpool(lambda: passwords.verify(user, password, decoy=console.decoy))
+        finally:
+            console.password_checks.release()
+        if not verified or user is None:
             logger.warning("Console: a login failed.")
             return console.render(request, "login.html", status=401, error="Wrong name or password.")
         await run_in_threadpool(console.throttle.succeeded, name, address)
@@ -337,6 +356,20 @@ def _login(console: Console) -> Callable[[Request], Awaitable[Response]]:
         return RedirectResponse(f"{PREFIX}/periods", status_code=303)
 
     return login
+
+
+def _login_address(request: Request, trusts_every_proxy: bool) -> str:
+    """The address the login limit counts.
+
+    Trusting every proxy (``FORWARDED_ALLOW_IPS=*``), the server takes the client's address from the
+    leftmost ``X-Forwarded-For`` entry, which the client may write itself: one client would pass for
+    as many as it likes, or for another it wants locked out. The rightmost entry is the one the
+    platform's router added, the address it took the request from.
+    """
+    forwarded = ",".join(request.headers.getlist("x-forwarded-for"))
+    if trusts_every_proxy and (nearest := forwarded.rsplit(",", 1)[-1].strip()):
+        return nearest
+    return request.client.host if request.client else "unknown"
 
 
 def _audit_login(console: Console, user: ConsoleUser) -> None:

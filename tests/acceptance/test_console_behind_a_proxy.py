@@ -46,3 +46,18 @@ def test_behind_a_router_not_listed_every_client_counts_as_the_router(sessions, 
     # The default trusts only a proxy on this machine (127.0.0.1): the router's own address is
     # the one the limit counts, so twenty guesses from anywhere lock everyone out.
     assert guessed_from_twenty_clients_then_ada_logs_in(start_web) == 429
+
+
+def test_trusting_every_proxy_a_client_cannot_pick_the_address_the_limit_counts(sessions, start_web):
+    load_users(sessions, count=1)
+    web = start_web(console_users=CONSOLE_USERS, forwarded_allow_ips="*")
+    # Each guess claims another address, and the last five claim ada's: the router appends the
+    # address it took them from, the attacker's own.
+    for n in range(throttle.MAX_FAILURES_PER_ADDRESS):
+        claimed = "198.51.100.7" if n >= throttle.MAX_FAILURES_PER_ADDRESS - 5 else f"203.0.113.{n + 1}"
+        with through_the_router(web, f"{claimed}, 192.0.2.66") as attacker:
+            assert attacker.login(f"guess{n}", "wrong password") == 401
+    with through_the_router(web, "203.0.113.200, 192.0.2.66") as attacker:
+        assert attacker.login("guess", "wrong password") == 429
+    with through_the_router(web, "198.51.100.7") as ada:
+        assert ada.login("ada", ADMIN_PASSWORD) == 200

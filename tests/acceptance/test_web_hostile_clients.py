@@ -4,9 +4,15 @@ sockets against the real process, with the read timeout and the connection cap s
 from __future__ import annotations
 
 import http.client
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
+import httpx2 as httpx
 import pytest
+from argon2 import PasswordHasher
 
+from tests.support.console import ADMIN_PASSWORD, ConsoleClient
 from tests.support.databases import load_users
 from tests.support.waiting import wait_until
 from tests.support.web import ONE_CLICK, RawAnswer, open_raw, read_until_closed, request, suppressed
@@ -143,3 +149,35 @@ def test_a_client_that_leaves_mid_body_is_one_log_line(sessions, start_web):
     wait_until(lambda: len(web.log().splitlines()) > len(before), timeout=10, what="the disconnect to be logged")
     assert web.log().splitlines()[len(before) :] == ["INFO:     A client left before its request body arrived."]
     assert suppressed(sessions) == {}
+
+
+def peak_rss_mib(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    [line] = [line for line in status.splitlines() if line.startswith("VmHWM:")]
+    return int(line.split()[1]) / 1024
+
+
+def test_logins_at_once_are_checked_a_few_at_a_time_so_their_memory_stays_bounded(sessions, start_web):
+    # Argon2 at its production cost: 64 MiB a check.
+    web = start_web(console_users=f"ada:admin:{PasswordHasher().hash(ADMIN_PASSWORD)}")
+    guessers = [ConsoleClient(httpx.Client(base_url=web.base_url, follow_redirects=True)) for _ in range(12)]  # type: ignore[arg-type]
+    tokens = [guesser.csrf() for guesser in guessers]
+    warm = ConsoleClient(httpx.Client(base_url=web.base_url, follow_redirects=True))  # type: ignore[arg-type]
+    assert warm.login("nobody", "wrong password") == 401
+    before = peak_rss_mib(web.process.pid)
+    ready = threading.Barrier(len(guessers))
+
+    def guess(n: int) -> int:
+        ready.wait()
+        data = {"name": f"guess{n}", "password": "wrong password", "csrf": tokens[n]}
+        return guessers[n].http.post("/console/login", data=data).status_code
+
+    with ThreadPoolExecutor(len(guessers)) as pool:
+        answers = list(pool.map(guess, range(len(guessers))))
+
+    assert set(answers) <= {401, 503}, answers
+    grew = peak_rss_mib(web.process.pid) - before
+    assert grew < 3 * 64, f"the web process grew by {grew:.0f} MiB for {len(guessers)} logins at once"
+    ada = ConsoleClient(httpx.Client(base_url=web.base_url, follow_redirects=True))  # type: ignore[arg-type]
+    assert ada.login("ada", ADMIN_PASSWORD) == 200
+    assert "Traceback" not in web.log()
