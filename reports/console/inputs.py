@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+import unicodedata
 
 from reports.errors import BadInput
 from reports.failures import dead_letters
@@ -59,6 +60,9 @@ def search_text(text: str | None) -> str | None:
         return None
     if len(text) > MAX_TEXT:
         raise BadInput(f"The search text is longer than {MAX_TEXT} characters.")
+    # PostgreSQL refuses a NUL in text outright (the page was a 500), and no stored text holds one.
+    if any(unicodedata.category(character) == "Cc" for character in text.strip()):
+        raise BadInput("The search text holds a control character.")
     return text.strip()
 
 

@@ -445,6 +445,16 @@ def test_suppressions_are_found_by_user_id_or_address(console, sessions):
     assert [u for u, _ in rows(console.http.get(f"/console/suppressions?q={address.upper()}").text)] == ["2"]
 
 
+@pytest.mark.parametrize(
+    "path",
+    ["/console/suppressions?q=a%00@x.test", "/console/dead-letters?text=a%00b", "/console/dead-letters?actor=a%00b"],
+)
+def test_a_search_holding_a_nul_is_said_to_be_refused_not_a_server_error(console, path):
+    assert console.login() == 200
+    answer = console.http.get(path)
+    assert answer.status_code == 200 and "control character" in answer.text, answer.text[:300]
+
+
 def test_the_fleet_page_shows_queue_depths_and_the_breaker(console, sessions, settings):
     assert console.login() == 200
     assert "coordinator enqueued" in console.post("/console/periods", {"period": str(PERIOD)})[1]
