@@ -10,6 +10,7 @@ import click
 
 from reports import tokens
 from reports.cli.app import Obj, cli, non_empty, pass_obj
+from reports.endpoints import is_loopback
 from reports.errors import BadInput
 
 
@@ -32,6 +33,13 @@ def web(obj: Obj, host: str, port: int) -> None:
     from reports.web import guards, server
 
     settings = obj.settings
+    if not settings.unsubscribe_secret and not is_loopback(host):
+        # The built-in secret is in the source: anyone who reaches this address could sign a link
+        # that unsubscribes any user.
+        raise BadInput(
+            f"UNSUBSCRIBE_SECRET is unset and reports web would listen on {host}, beyond this machine: "
+            "set UNSUBSCRIBE_SECRET (and PUBLIC_BASE_URL), or listen on 127.0.0.1."
+        )
     sessions = obj.sessions()
     hooks = feedback_web.routes(settings, sessions)
     console = console_app.routes(settings, sessions)
@@ -55,7 +63,7 @@ def web(obj: Obj, host: str, port: int) -> None:
     if not settings.unsubscribe_secret:
         click.echo(
             "note: UNSUBSCRIBE_SECRET is unset; links are signed with the built-in development secret "
-            "(allowed only while PUBLIC_BASE_URL is on this machine).",
+            "(allowed only while PUBLIC_BASE_URL and the address listened on are this machine's).",
             err=True,
         )
     click.echo(f"Serving unsubscribe pages on http://{host}:{port} for {settings.public_base_url}", err=True)

@@ -423,7 +423,8 @@ def test_the_web_line_as_written_serves_healthz_on_port_and_exits_0_on_sigterm(s
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            env={**line_environment(settings), "PORT": str(port)},
+            # Listening beyond this machine, it needs a secret of its own to sign links with.
+            env={**line_environment(settings), "PORT": str(port), "UNSUBSCRIBE_SECRET": "s" * 32},
         )
     process = LineProcess("web", popen, log_path)
 

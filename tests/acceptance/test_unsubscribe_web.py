@@ -19,7 +19,7 @@ from reports.tokens import Signer
 from tests.integration.conftest import PERIOD, RecordingQueue, walk_everything
 from tests.support.browser import chromium_path, launch
 from tests.support.databases import load_users
-from tests.support.processes import run_cli
+from tests.support.processes import free_port, run_cli
 from tests.support.web import ONE_CLICK, SECRET, request, suppressed
 
 pytestmark = pytest.mark.acceptance
@@ -174,6 +174,16 @@ def test_reports_web_rejects_a_port_in_use_in_one_line(settings, start_web):
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "Cannot listen on 127.0.0.1" in errors[0], result.stderr
     assert run_cli(settings, "web", "--port", "0").returncode == 2
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::"])
+def test_reports_web_beyond_this_machine_without_a_secret_of_its_own_refuses_to_start(settings, host):
+    # The built-in development secret is in the source: anyone reaching the server could sign links.
+    port = str(free_port())
+    result = run_cli(settings, "web", "--host", host, "--port", port, timeout=20)
+    assert result.returncode == 2, result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("error: UNSUBSCRIBE_SECRET is unset") and host in line, line
 
 
 def test_a_person_confirms_in_a_browser_sees_it_done_and_resubscribes(sessions, start_web):
