@@ -455,7 +455,8 @@ class ConsoleAudit(Base):
     at: Mapped[Timestamp]
     #: The console user's name, as CONSOLE_USERS has it.
     actor: Mapped[str] = mapped_column(String(64))
-    #: ``login``, ``trigger``, ``cancel``, ``replay``, ``send-now``, ``suppress``, ``unsuppress``.
+    #: ``login``, ``trigger``, ``cancel``, ``replay``, ``send-now``, ``suppress``, ``unsuppress``, and
+    #: ``post`` for a POST refused before its action (a viewer's, or a stale form's).
     action: Mapped[str] = mapped_column(String(32))
     #: What it acted on: ``period 2026-10``, ``dead letters period=2026-10 reason=permanent``, ``user 42``.
     target: Mapped[str] = mapped_column(Text)

@@ -268,12 +268,18 @@ def acting(console: Console, action: Action) -> Callable[[Request], Awaitable[Re
         form = await _form(request)
         if user is None:
             return _refused("Log in first.")
+        refusal = None
         if not _csrf_ok(request, form):
             logger.warning("Console: refused a POST without a valid CSRF token.", extra={"console_user": user.name})
-            return _refused("The form is stale or forged: reload the page and try again.")
-        if user.role != Role.ADMIN:
+            refusal = "The form is stale or forged: reload the page and try again."
+        elif user.role != Role.ADMIN:
             logger.warning("Console: refused a viewer's action.", extra={"console_user": user.name})
-            return _refused("Viewers can look but not act.")
+            refusal = "Viewers can look but not act."
+        if refusal is not None:
+            await run_in_threadpool(
+                _audit_refusal, console, actor=user.name, action="post", target=request.url.path, reason=refusal
+            )
+            return _refused(refusal)
         return await run_in_threadpool(action, request, user, console, form)
 
     return endpoint
@@ -345,6 +351,17 @@ def _login(console: Console) -> Callable[[Request], Awaitable[Response]]:
             console.password_checks.release()
         if not verified or user is None:
             logger.warning("Console: a login failed.")
+            # Up to the throttle's limit, a refused login is recorded with the name it tried and
+            # where from; past it, only logged, so that a flood cannot fill the table.
+            await run_in_threadpool(
+                _audit_refusal,
+                console,
+                # Whatever was typed, made printable: a NUL is refused by PostgreSQL's text.
+                actor="".join(c if c.isprintable() else "?" for c in name) or "(no name)",
+                action="login",
+                target=f"from {address}",
+                reason="Wrong name or password.",
+            )
             return console.render(request, "login.html", status=401, error="Wrong name or password.")
         await run_in_threadpool(console.throttle.succeeded, name, address)
         # A new session, with a new CSRF token: nothing from before the login carries over.
@@ -370,6 +387,11 @@ def _login_address(request: Request, trusts_every_proxy: bool) -> str:
     if trusts_every_proxy and (nearest := forwarded.rsplit(",", 1)[-1].strip()):
         return nearest
     return request.client.host if request.client else "unknown"
+
+
+def _audit_refusal(console: Console, *, actor: str, action: str, target: str, reason: str) -> None:
+    with console.sessions.begin() as session:
+        audit.record(session, actor=actor, action=action, target=target, outcome=f"refused: {reason}", now=utcnow())
 
 
 def _audit_login(console: Console, user: ConsoleUser) -> None:

@@ -107,7 +107,10 @@ def test_logins_are_throttled_per_user_even_with_the_right_password(console, ses
     assert console.login("ada", ADMIN_PASSWORD) == 429
     # Another user from the same address is not locked out by ada's failures.
     assert console.login("vic", VIEWER_PASSWORD) == 200
-    assert [a for _, a, _ in audit_trail(sessions)] == ["login"]
+    # The failures are recorded; the login refused past the limit is not (a flood would fill the table).
+    assert audit_trail(sessions) == [("ada", "login", "from testclient")] * throttle.MAX_FAILURES_PER_USER + [
+        ("vic", "login", "viewer")
+    ]
 
 
 def test_logins_are_throttled_per_address_across_user_names(settings, sessions):
@@ -197,7 +200,8 @@ def test_a_viewer_sees_every_page_and_every_post_gets_403_and_changes_nothing(co
         assert session.scalar(select(func.count()).select_from(PeriodRun)) == 1
         assert session.get(PeriodRun, str(PERIOD)).state == RunState.ACTIVE
     assert suppressed(sessions) == {}
-    assert [a for _, a, _ in audit_trail(sessions)] == ["login"]
+    # Nothing done; each refusal recorded.
+    assert audit_trail(sessions) == [("vic", "login", "viewer")] + [("vic", "post", path) for path, _ in posts]
 
 
 def test_a_session_expires_after_console_session_seconds(settings, sessions):
@@ -295,6 +299,26 @@ def test_admin_actions_go_through_and_are_audited_with_who_did_them(console, ses
     audit_page = console.http.get("/console/audit").text
     assert audit_page.index("period 2999-01") < audit_page.index("Triggered 2026-10")
     assert "refused: No user with id 99." in audit_page
+
+
+def test_refused_logins_and_refused_actions_are_in_the_audit_trail_with_who_and_where(console, sessions):
+    assert console.login("eve\x00", "guess") == 401
+    assert console.login("vic", VIEWER_PASSWORD) == 200
+    assert console.post(f"/console/periods/{PERIOD}/cancel")[0] == 403
+    assert console.post("/console/periods", {"period": str(PERIOD)}, csrf="forged")[0] == 403
+    with sessions() as session:
+        rows = session.execute(
+            select(ConsoleAudit.actor, ConsoleAudit.action, ConsoleAudit.target, ConsoleAudit.outcome).order_by(
+                ConsoleAudit.id
+            )
+        ).all()
+    assert [tuple(row) for row in rows] == [
+        ("eve?", "login", "from testclient", "refused: Wrong name or password."),
+        ("vic", "login", "viewer", "ok"),
+        ("vic", "post", f"/console/periods/{PERIOD}/cancel", "refused: Viewers can look but not act."),
+        ("vic", "post", "/console/periods", "refused: The form is stale or forged: reload the page and try again."),
+    ]
+    assert "refused: Viewers can look but not act." in console.http.get("/console/audit").text
 
 
 def test_send_now_from_the_preview_queues_the_commands_request(console, sessions, settings):
