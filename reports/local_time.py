@@ -100,7 +100,12 @@ class SendSchedule:
 
     def due_at(self, period: Period, zone_name: str | None) -> tuple[datetime, bool]:
         """When ``period``'s report is due for a user whose zone is ``zone_name``, and whether an
-        unknown name fell back to the default (an unset one is no fallback)."""
-        zone = zone_named(zone_name)
-        fell_back = zone is None and zone_name is not None
+        unknown name fell back to the default (an unset one is no fallback).
+
+        Spaces around the name (a CSV load leaves a ``\\r``) are not part of it, and an empty one is
+        unset, as for a user's locale: either would otherwise put the user an hour or more off.
+        """
+        name = (zone_name or "").strip() or None
+        zone = zone_named(name)
+        fell_back = zone is None and name is not None
         return due_at(period, self.at, zone or check_zone(self.default_zone, "DEFAULT_TIME_ZONE")), fell_back

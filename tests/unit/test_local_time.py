@@ -82,6 +82,14 @@ def test_an_unknown_zone_falls_back_to_the_default_and_says_so_an_unset_one_does
     assert schedule.due_at(OCTOBER, None) == (tashkent, False)
 
 
+def test_a_zone_with_spaces_around_it_is_that_zone_and_an_empty_one_is_unset() -> None:
+    schedule = SendSchedule(NINE, "Asia/Tashkent")
+    istanbul = (datetime(2026, 11, 1, 6, 0), False)
+    assert schedule.due_at(OCTOBER, " Europe/Istanbul") == istanbul
+    assert schedule.due_at(OCTOBER, "Europe/Istanbul\r") == istanbul
+    assert schedule.due_at(OCTOBER, "") == (datetime(2026, 11, 1, 4, 0), False)
+
+
 def test_a_run_without_a_send_time_has_no_schedule() -> None:
     assert SendSchedule.parse(None, "UTC") is None
     assert SendSchedule.parse("", "UTC") is None
