@@ -62,7 +62,11 @@ def test_a_worker_whose_clock_runs_ahead_of_the_lease_and_the_heartbeat_mails_ev
     deadline = time.monotonic() + TAKING_SECONDS
     while handler.arrived == USERS and time.monotonic() < deadline:
         time.sleep(0.1)
+    # A message taken from a live worker is sent a second time or, while the live worker's claim
+    # holds, deferred (a line in the taker's log): the fast worker must show neither.
+    arrived, deferred = handler.arrived, [line for line in groups[-1].log().splitlines() if "Deferred message" in line]
     handler.answering.set()
+    assert (arrived, deferred) == (USERS, []), "the fast worker took messages the others still held"
 
     def complete() -> bool:
         with sessions.begin() as session:
