@@ -14,6 +14,7 @@ import redis
 from sqlalchemy import func, select
 
 from reports.clock import utcnow
+from reports.content.render import money
 from reports.fanout.runs import trigger
 from reports.models import Base
 from reports.periods import Period
@@ -70,8 +71,13 @@ def test_a_preview_writes_each_sampled_users_email_and_html_and_changes_nothing(
     assert message["Subject"] == "Your activity report for October 2026"
     html = message.get_body(preferencelist=("html",)).get_content()
     assert html.replace("\r\n", "\n") == (out / f"{PERIOD}-{first[0]}.html").read_text()
-    count, _total = population.expected[first[0]]
-    assert f"{count}" in message.get_body(preferencelist=("plain",)).get_content()
+    # Whole lines: a bare figure (user 1 has 1 activity) would be found anywhere in the email.
+    count, total = population.expected[first[0]]
+    plain = message.get_body(preferencelist=("plain",)).get_content().replace("\r\n", "\n")
+    assert f"Activities: {count}\n" in plain
+    assert f"Total: {money(total)}\n" in plain
+    assert "Previous month: 5.55\n" in plain
+    assert f'<td id="total">{money(total)}</td>' in html
     assert snapshot(sessions, templated) == before
 
 
