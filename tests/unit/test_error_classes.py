@@ -51,11 +51,6 @@ def test_each_failure_is_classified_once_for_retries_and_for_the_breaker(
     assert is_provider_failure(exception) is provider_failure
 
 
-def test_only_provider_unavailable_and_smtp_421_count_as_provider_failures() -> None:
-    counted = [type(e).__name__ + str(getattr(e, "code", "")) for e, _, failure in CASES if failure]
-    assert counted == ["MailDeferred421", "ProviderUnavailable"]
-
-
 def test_smtp_replies_keep_their_code_and_text() -> None:
     rejected, deferred = MailRejected(550, "5.1.1 No such user"), MailDeferred(451, "try later")
 

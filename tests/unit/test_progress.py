@@ -65,26 +65,6 @@ def test_as_dict_carries_the_figures_and_the_completion() -> None:
     assert progress_factory(pending=0, delivered=7).as_dict()["complete"] is True
 
 
-@pytest.mark.parametrize(
-    ("delivered", "skipped", "dead", "pending", "planned"),
-    [
-        (0, 0, 0, 0, False),
-        (0, 0, 0, 0, True),
-        (6, 2, 1, 1, True),
-        (100, 0, 0, 0, True),
-        (0, 0, 0, 7, False),
-        (3, 4, 5, 0, True),
-    ],
-)
-def test_the_states_add_up_to_the_total(delivered: int, skipped: int, dead: int, pending: int, planned: bool) -> None:
-    total = delivered + skipped + dead + pending
-    figures = progress_factory(
-        total=total, planned=planned, delivered=delivered, skipped=skipped, dead=dead, pending=pending
-    ).as_dict()
-    assert figures["delivered"] + figures["skipped"] + figures["dead"] + figures["pending"] == figures["total"]
-    assert figures["complete"] is (planned and pending == 0)
-
-
 def test_finished_counts_the_items_in_a_final_state() -> None:
     progress = progress_factory(delivered=6, skipped=2, dead=1, pending=1)
     assert progress.finished == 9
