@@ -1,4 +1,8 @@
-"""The SMTP mailer keeps one connection per thread, and a refusal does not spoil it."""
+"""The SMTP mailer replaces a connection the provider dropped, sends content as written, and logs in.
+
+That a refusal keeps the connection for the next message is in tests/integration/test_smtp_replies.py,
+which counts the connections.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ from aiosmtpd.smtp import AuthResult, LoginPassword
 
 from reports.delivery.mail import smtp
 from reports.delivery.mail.smtp import SmtpMailer
-from reports.errors import MailRejected, ProviderUnavailable
+from reports.errors import ProviderUnavailable
 from tests.support.processes import free_port
 from tests.support.smtp import RecordingHandler
 
@@ -23,16 +27,6 @@ def _message(to: str) -> bytes:
     message["Subject"] = "report"
     message.set_content("hello")
     return message.as_bytes()
-
-
-def test_a_refused_message_does_not_break_the_next_send_on_the_same_connection(smtp_server):
-    smtp_server.handler.fault = lambda rcpt, attempt: "550 5.1.1 No such user" if rcpt.startswith("bad") else None
-    mailer = SmtpMailer(smtp_server.url, timeout_seconds=5, sender="reports@reports.test")
-    with pytest.raises(MailRejected):
-        mailer.send(_message("bad@example.test"), recipient="bad@example.test")
-    mailer.send(_message("good@example.test"), recipient="good@example.test")
-    mailer.send(_message("good2@example.test"), recipient="good2@example.test")
-    assert [m["To"] for m in smtp_server.messages] == ["good@example.test", "good2@example.test"]
 
 
 def test_a_connection_the_provider_dropped_is_replaced_before_the_next_message(smtp_server, monkeypatch):
