@@ -329,8 +329,11 @@ class ReportsCollector(Collector):
             "Circuit breaker state changes, by the state entered.",
             labels=["breaker", "state"],
         )
-        for labels, value in self._hash("breaker_transitions"):
-            transitions.add_metric(labels, value)
+        # Every state from 0, so the breaker's first entry into each is an increase Prometheus can see.
+        entered = {SEP.join(("mail", state)): 0.0 for state in State}
+        entered.update({SEP.join(labels): value for labels, value in self._hash("breaker_transitions")})
+        for key, value in sorted(entered.items()):
+            transitions.add_metric(key.split(SEP), value)
         yield transitions
         yield self._throttled()
         yield self._fallbacks()
