@@ -158,6 +158,48 @@ def test_promtool_unit_tests_every_alert():
     assert tested == {name for name, _ in alert_expressions()}
 
 
+def test_promtool_proves_the_period_completion_panel_shows_only_planned_periods(tmp_path):
+    """A period whose walk is under way has recorded only some of its users: finished over those
+    would read nearly done; a period just triggered has none (0/0). Neither gets a bar."""
+    (expr,) = [
+        target["expr"]
+        for panel in panels(json.loads(DASHBOARD.read_text()))
+        if panel["title"] == "Period completion"
+        for target in panel["targets"]
+    ]
+    series = {
+        # Planned: 1000 items, 500 delivered, 100 skipped, 50 dead.
+        "2026-09": {"planned": 1, "total": 1000, "delivered": 500, "skipped": 100, "dead": 50},
+        # Walk under way: 1000 users recorded of many more, 960 of them delivered.
+        "2026-10": {"planned": 0, "total": 1000, "delivered": 960, "skipped": 0, "dead": 0},
+        # Just triggered: nothing recorded yet.
+        "2026-11": {"planned": 0, "total": 0, "delivered": 0, "skipped": 0, "dead": 0},
+        # Planned with no user at all.
+        "2026-12": {"planned": 1, "total": 0, "delivered": 0, "skipped": 0, "dead": 0},
+    }
+    lines = []
+    for period, figures in series.items():
+        labels = f'job="reports", instance="localhost:9300", period="{period}"'
+        lines.append(f"      - series: 'reports_period_planned{{{labels}}}'\n        values: '{figures['planned']}x5'")
+        lines.append(f"      - series: 'reports_period_total{{{labels}}}'\n        values: '{figures['total']}x5'")
+        for state in ("delivered", "skipped", "dead"):
+            lines.append(
+                f"      - series: 'reports_period_items{{{labels}, state=\"{state}\"}}'\n"
+                f"        values: '{figures[state]}x5'"
+            )
+    tests = tmp_path / "completion_test.yml"
+    tests.write_text(
+        "rule_files: []\nevaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n"
+        + "\n".join(lines)
+        + f"\n    promql_expr_test:\n      - expr: {json.dumps(expr)}\n        eval_time: 2m\n"
+        + "        exp_samples:\n          - labels: '{period=\"2026-09\"}'\n            value: 0.65\n"
+    )
+    result = subprocess.run(
+        [binary("promtool"), "test", "rules", str(tests)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 # --- A real Prometheus -------------------------------------------------------------------------
 
 
