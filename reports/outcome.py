@@ -8,7 +8,8 @@ from typing import ClassVar
 
 
 class Kind(enum.StrEnum):
-    """What a message came to, as the actor metrics label it (``reports_messages_total{outcome}``)."""
+    """What a message came to: the ``outcome`` of ``reports_actor_outcomes_total``, a delivery
+    counted as ``success``."""
 
     DELIVERED = "delivered"
     SKIPPED = "skipped"

@@ -208,6 +208,36 @@ def test_every_metric_the_exporter_builds_is_in_the_metrics_reference(site: Path
     assert [name for name in families if name not in ids(site, "reference/metrics")] == []
 
 
+def test_every_metric_named_in_the_code_the_docs_and_the_deploy_files_is_one_the_exporter_serves(
+    hook: ModuleType,
+) -> None:
+    """A metric named in backticks in a docstring, a comment or a page, or in an alert rule or a
+    panel, is one the exporter serves (with its counter or histogram suffix)."""
+    served = {
+        family["name"] + suffix
+        for family in hook.metric_families()
+        for suffix in ("", *hook._SUFFIXES.get(family["type"], ()))
+    }
+    sources = [
+        *(path for folder in ("reports", "actors", "scheduler") for path in (REPO / folder).rglob("*.py")),
+        *DOCS.rglob("*.md"),
+        REPO / "README.md",
+    ]
+    named = {
+        (path.relative_to(REPO).as_posix(), name)
+        for path in sources
+        for name in re.findall(r"`(reports_[a-z_]+)", path.read_text())
+    }
+    named |= {
+        (path.relative_to(REPO).as_posix(), name)
+        for path in (REPO / "deploy").rglob("*")
+        if path.suffix in (".yml", ".json")
+        for name in re.findall(r"\b(reports_[a-z_]+)", path.read_text())
+    }
+    assert len(named) > 20
+    assert sorted((path, name) for path, name in named if name not in served) == []
+
+
 def test_every_table_is_in_the_schema_reference(site: Path) -> None:
     tables = list(Base.metadata.tables)
     assert [table for table in tables if table not in ids(site, "reference/schema")] == []
