@@ -130,16 +130,26 @@ def _check_line(variable: str, value: str, limit: int, *, required: bool) -> Non
         )
 
 
+#: A language subtag: two or three letters (BCP 47), such as ``tr`` or ``fil``.
+_LANGUAGE = re.compile("[A-Za-z]{2,3}")
+
+
 def locale_candidates(tag: str) -> Iterator[Locale]:
     """The locales Babel knows that a BCP 47 tag names (``tr-DE``, ``uz_Latn``,
     ``de-DE-u-co-phonebk``), most specific first: the tag, then the tag with its last part dropped,
     down to its language alone. CLDR has no ``tr_DE``; a Turkish speaker in Germany reads Turkish."""
     parts = [part for part in re.split("[-_]", tag.strip()) if part]
+    # Babel reads the operating system's names (C, C.UTF-8, POSIX) and "und" as English: they
+    # name no one's language, and fall back like any other unknown one.
+    if not parts or not _LANGUAGE.fullmatch(parts[0]) or parts[0].lower() == "und":
+        return
     for end in range(len(parts), 0, -1):
         try:
-            yield Locale.parse("_".join(parts[:end]))
+            locale = Locale.parse("_".join(parts[:end]))
         except (UnknownLocaleError, ValueError, TypeError):
             continue
+        if locale.variant != "POSIX":
+            yield locale
 
 
 def parse_locale(tag: str) -> Locale:

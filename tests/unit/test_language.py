@@ -49,6 +49,16 @@ def test_the_default_is_written_in_its_own_words_when_they_ship_and_in_english_o
     assert language.resolve(None, "fr_FR") == (language.Language("fr_FR", "en"), False)
 
 
+@pytest.mark.parametrize("requested", ["C", "C.UTF-8", "POSIX", "und"])
+def test_the_operating_systems_locale_names_are_no_ones_language(requested: str) -> None:
+    # Babel reads each as English, in its POSIX variant with no grouping ("€ 1234.56").
+    assert language.resolve(requested, "de_DE") == (language.Language("de_DE", "de"), True)
+
+
+def test_english_in_its_posix_variant_is_read_as_english_with_its_grouping() -> None:
+    assert language.resolve("en-US-POSIX", "de_DE") == (language.Language("en_US", "en"), False)
+
+
 def test_a_fallback_is_counted_once_per_report_and_drained_by_the_metrics() -> None:
     FALLBACKS.drain()
     language.for_user("xx", "en_US")
