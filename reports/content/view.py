@@ -248,12 +248,20 @@ def text_table(rows: Sequence[Row], bars: Sequence[Bar], words: NullTranslations
     return tuple(lines)
 
 
+#: Unicode categories that take no column: marks drawn on the character before them (Thai's
+#: vowel and tone marks too, which ``unicodedata.combining`` says are not combining), enclosing
+#: marks, and format characters (the zero-width joiner of an emoji sequence).
+_ZERO_WIDTH = frozenset(("Mn", "Me", "Cf"))
+
+
 def display_width(text: str) -> int:
     """Columns ``text`` takes in a monospace font: wide and full-width characters take two,
-    combining marks none."""
+    marks and format characters none."""
+    if text.isascii():
+        return len(text)
     width = 0
     for char in text:
-        if unicodedata.combining(char):
+        if unicodedata.category(char) in _ZERO_WIDTH:
             continue
         width += 2 if unicodedata.east_asian_width(char) in ("W", "F") else 1
     return width

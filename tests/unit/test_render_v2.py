@@ -301,6 +301,21 @@ def test_the_text_parts_columns_line_up_in_a_monospace_font() -> None:
     assert table[2].startswith("café ") and table[3].startswith("travel ") and table[4].startswith("食品と飲み物 ")
 
 
+@pytest.mark.parametrize(
+    ("text", "columns"),
+    [
+        ("travel", 6),
+        ("café", 4),
+        ("cafe\u0301", 4),  # e and a combining acute accent
+        ("食品", 4),
+        ("ที่พัก", 3),  # Thai: a vowel mark and a tone mark above the consonant take no column
+        ("a\u200db", 2),  # a zero-width joiner
+    ],
+)
+def test_display_width_counts_the_columns_a_monospace_font_draws(text: str, columns: int) -> None:
+    assert display_width(text) == columns
+
+
 def test_the_v2_subject_is_one_line_with_the_month_and_the_total() -> None:
     assert v2()[0] == "Your October 2026 report: $1,234.56 spent"
 
