@@ -41,6 +41,7 @@ def test_every_active_user_gets_exactly_one_correct_email(settings, sessions, sm
         "skipped": 0,
         "dead": 0,
         "pending": 0,
+        "state": "active",
         "complete": True,
     }
 

@@ -145,6 +145,7 @@ def test_a_550_bounce_is_a_dead_letter_after_one_attempt_and_everyone_else_is_ma
         "skipped": 0,
         "dead": len(bounced),
         "pending": 0,
+        "state": "active",
         "complete": True,
     }
     assert_each_mailed_once(smtp_server, [u for u in population.active if u not in bounced])
@@ -523,6 +524,7 @@ def test_replay_mails_a_fixed_user_once_and_a_second_replay_sends_nothing(
         "skipped": 0,
         "dead": 0,
         "pending": 0,
+        "state": "active",
         "complete": True,
     }
 

@@ -254,6 +254,7 @@ def test_send_now_for_a_user_never_mailed_is_the_monthly_email_and_the_monthly_r
         "skipped": 0,
         "dead": 0,
         "pending": 0,
+        "state": "active",
         "complete": True,
     }
     assert item_state(sessions, user) == "delivered"

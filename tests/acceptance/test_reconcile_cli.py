@@ -40,6 +40,7 @@ KEYS = {
     "walk_paused",
     "requests_requeued",
     "scheduled",
+    "cancelled",
 }
 
 
@@ -122,6 +123,7 @@ def test_reconcile_json_prints_one_object_with_every_count(settings, sessions):
         "walk_paused": False,
         "requests_requeued": 0,
         "scheduled": 0,
+        "cancelled": False,
     }
     assert queue_counts(settings) == {"default": 0, "bulk": active}
     sent = sorted(job.user_id for job in jobs_in_queue(settings, "bulk", ReportJob))
