@@ -75,8 +75,16 @@ SECRETS = (
 )
 
 
-#: The repository's own ``templates/`` folder, used unless ``TEMPLATES_DIR`` says otherwise.
-DEFAULT_TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
+def _default_templates_dir() -> Path:
+    """The project's ``templates/``: beside the code in a checkout (an editable install too), else
+    in the folder the process starts in, the app's root where the build installed the code into
+    site-packages (``pip install .``) and the Procfile's processes run."""
+    beside_the_code = Path(__file__).resolve().parent.parent / "templates"
+    return beside_the_code if beside_the_code.is_dir() else Path.cwd() / "templates"
+
+
+#: The project's own ``templates/`` folder, used unless ``TEMPLATES_DIR`` says otherwise.
+DEFAULT_TEMPLATES_DIR = _default_templates_dir()
 
 
 @dataclass(frozen=True, kw_only=True, repr=False)
@@ -116,7 +124,8 @@ class Settings:
     smtp_helo_name: str = ""
     #: Longest one whole send may take (connect, greeting, TLS, login, the transaction), in seconds.
     smtp_timeout_seconds: float = 10.0
-    #: Where the versioned templates are: one folder per version (``v1/``, ``v2/``).
+    #: Where the versioned templates are: one folder per version (``v1/``, ``v2/``). Default: the
+    #: project's ``templates/``, beside the code in a checkout, else in the folder the process runs in.
     templates_dir: Path = DEFAULT_TEMPLATES_DIR
     #: Template version pinned into every per-user message of a new period run. Periods pinned to
     #: an older version (``v1``) keep rendering with it. A version with no folder in
@@ -344,7 +353,7 @@ class Settings:
                 continue
             try:
                 values[name] = (
-                    _OPTIONAL_NUMBERS[name](raw) if name in _OPTIONAL_NUMBERS else _parse(getattr(_DEFAULTS, name), raw)
+                    _OPTIONAL_NUMBERS[name](raw) if name in _OPTIONAL_NUMBERS else _parse(_FIELDS[name].default, raw)
                 )
             except ValueError:
                 raise ConfigurationError(f"{variable} must be a number, got {raw!r}.") from None
@@ -640,5 +649,6 @@ def _shown(name: str, value: object) -> object:
     return value
 
 
-#: Built last: its checks use every helper above.
-_DEFAULTS = Settings()
+#: Each setting's field, whose default tells how to read its variable. Not a default ``Settings()``:
+#: building one checks it, and the import would fail where a default does not hold.
+_FIELDS = {f.name: f for f in fields(Settings)}

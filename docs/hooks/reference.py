@@ -100,6 +100,8 @@ def settings_sections() -> str:
         "rabbitmq_queue_type": module.QUEUE_TYPES,
     }
     sections = []
+    # The defaults as a process sees them: DATABASE_URL's is worked out from VAR_DIR's.
+    defaults = module.Settings()
     for field in fields(module.Settings):
         variable = module.ENVIRONMENT[field.name]
         if field.name in module._RANGES:
@@ -108,8 +110,7 @@ def settings_sections() -> str:
             accepts = "one of " + ", ".join(f"`{c}`" for c in choices[field.name])
         else:
             accepts = _kind(field.type)
-        # The default as a process sees it: DATABASE_URL's is worked out from VAR_DIR's.
-        default = getattr(module._DEFAULTS, field.name)
+        default = getattr(defaults, field.name)
         doc = _as_variables(_rst_to_markdown(docs.get(field.name, "")), module.ENVIRONMENT)
         sections.append(
             f"### `{variable}` {{ #{variable} }}\n\n{doc}\n\n"
