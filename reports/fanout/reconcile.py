@@ -90,6 +90,7 @@ def reconcile(
     holds_back = breaker.holds_back if breaker is not None else _never
     with sessions.begin() as session:
         counts = progress.count(session, period)  # BadInput for a period never triggered
+        leases_live_at = session.execute(select(server_now())).scalar_one()
         run = session.get(PeriodRun, str(period), with_for_update=True)
         assert run is not None
         template_version = run.template_version
@@ -119,7 +120,7 @@ def reconcile(
             queue.send_coordinator(run.new_chain(now), CoordinatorJob(period).payload())
 
     may_be_waiting = not resume and (holds_back() or queue.backlog(BUILD_REPORT.queue) > 0)
-    lost = _lost(period, untouched_since, now, handed_out_too=not may_be_waiting)
+    lost = _lost(period, untouched_since, now, leases_live_at=leases_live_at, handed_out_too=not may_be_waiting)
     requeued = 0
     if not cancelled:
         requeued = _requeue(
@@ -138,7 +139,7 @@ def reconcile(
                 session.scalar(
                     select(func.count())
                     .select_from(ReportItem)
-                    .where(*_lost(period, untouched_since, now, handed_out_too=True))
+                    .where(*_lost(period, untouched_since, now, leases_live_at=leases_live_at, handed_out_too=True))
                 )
                 or 0
             )
@@ -198,12 +199,16 @@ def _requeue(
             last = max(user_ids)
 
 
-def _lost(period: Period, untouched_since: datetime, now: datetime, *, handed_out_too: bool) -> list[Any]:
+def _lost(
+    period: Period, untouched_since: datetime, now: datetime, *, leases_live_at: datetime, handed_out_too: bool
+) -> list[Any]:
     live_claim = exists().where(
-        Delivery.period == ReportItem.period,
+        Delivery.period == str(period),
         Delivery.user_id == ReportItem.user_id,
-        # On the clock the lease was written on, the database's.
-        and_(Delivery.state == DeliveryState.CLAIMED, Delivery.lease_expires_at > server_now()),
+        # The database's clock, the one the lease was written on, read once and bound: PostgreSQL
+        # ran the check once per pending item against clock_timestamp(), which changes as it runs,
+        # and joins once against a value. A lease that ends meanwhile is looked at next time.
+        and_(Delivery.state == DeliveryState.CLAIMED, Delivery.lease_expires_at > leases_live_at),
     )
     return [
         ReportItem.period == str(period),
