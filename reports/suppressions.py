@@ -138,5 +138,11 @@ def search(
         statement = statement.where(Suppression.user_id == user_id)
     if address is not None:
         statement = statement.where(func.lower(User.email) == address.lower())
-    statement = statement.where(sql.after(Suppression.user_id, after)).order_by(Suppression.user_id).limit(limit)
+    # The cursor on both sides of the join: on the suppressions' side alone, PostgreSQL merged it
+    # with the users from the lowest id, and each page took longer than the one before.
+    statement = (
+        statement.where(sql.after(Suppression.user_id, after), sql.after(User.id, after))
+        .order_by(Suppression.user_id)
+        .limit(limit)
+    )
     return [(entry, email) for entry, email in session.execute(statement)]
