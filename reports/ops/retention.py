@@ -193,16 +193,22 @@ def _drop_locked(session: Session, pruned: PeriodPruned, settled_before: datetim
     partitions.keep_from_making(session)
     present = partitions.present(session, period)
     pruned.kept_for_dead_letters = _kept(session, period)
-    # Few: one user's rows per unreplayed dead letter. Put back after the drop.
-    kept: dict[Table, list[dict[str, object]]] = {}
+    # One user's rows per unreplayed dead letter, copied aside to be put back after the drop. In
+    # the database, and before the drop: the drop locks the tables every worker writes until the
+    # commit, and rows put back one by one from here held them for seconds at 12,000 letters.
+    kept: dict[Table, TableClause] = {}
     for whole, name in _PER_USER:
         if whole.name in present:
-            part = sqlalchemy.table(partitions.name(whole.name, period), *(column(c.name, c.type) for c in whole.c))
+            part = _columns_of(whole, partitions.name(whole.name, period))
             pruned.deleted[name] = _count(session, part, period)
             if pruned.kept_for_dead_letters:
-                kept[whole] = [
-                    dict(row) for row in session.execute(select(part).where(_unreplayed_letter(part))).mappings()
-                ]
+                aside = _columns_of(whole, f"kept_{partitions.name(whole.name, period)}")
+                session.execute(text(f"CREATE TEMPORARY TABLE {aside.name} (LIKE {whole.name}) ON COMMIT DROP"))
+                session.execute(
+                    insert(aside).from_select(list(aside.c), select(*part.c).where(_unreplayed_letter(part)))
+                )
+                if session.scalar(select(exists().select_from(aside))):
+                    kept[whole] = aside
     # A period pruned before keeps only such rows: nothing to drop then.
     dropping = any(pruned.deleted.values())
     # Before the drop, which locks the tables every worker writes until the commit.
@@ -213,8 +219,13 @@ def _drop_locked(session: Session, pruned: PeriodPruned, settled_before: datetim
         _drop(session, period, present, kept)
 
 
-def _drop(session: Session, period: str, present: list[str], kept: dict[Table, list[dict[str, object]]]) -> None:
-    """Drop ``period``'s partitions, then put back the ``kept`` rows into new ones."""
+def _columns_of(whole: Table, name: str) -> TableClause:
+    """The table ``name`` with ``whole``'s columns: one of its partitions, or a copy of its rows."""
+    return sqlalchemy.table(name, *(column(c.name, c.type) for c in whole.c))
+
+
+def _drop(session: Session, period: str, present: list[str], kept: dict[Table, TableClause]) -> None:
+    """Drop ``period``'s partitions, then put back the ``kept`` rows (copied aside) into new ones."""
     session.execute(text(f"SET LOCAL lock_timeout = {LOCK_TIMEOUT_MS}"))
     # In the order a per-user message locks them, each with its parent table: a moment's lock.
     for name in partitions.PARTITIONED:
@@ -222,12 +233,11 @@ def _drop(session: Session, period: str, present: list[str], kept: dict[Table, l
             session.execute(text(f"DROP TABLE {partitions.name(name, period)}"))
     # The count triggers do not see a drop: the period's items went, and their counts with them.
     session.execute(delete(ItemCount).where(ItemCount.period == period))
-    if any(kept.values()):
+    if kept:
         partitions.ensure(session, period)
-        for whole, rows in kept.items():
-            if rows:
-                # The items are counted again by the insert's triggers: what a prune keeps, counts.
-                session.execute(insert(whole), rows)
+        for whole, aside in kept.items():
+            # The items are counted again by the insert's triggers: what a prune keeps, counts.
+            session.execute(insert(whole).from_select([c.name for c in whole.c], select(*aside.c)))
 
 
 def _prune_period(
