@@ -311,6 +311,10 @@ class DeadLetterReason(enum.StrEnum):
     UNDECODABLE = "undecodable"
 
 
+#: A dead letter not yet replayed.
+UNREPLAYED = "replayed_at IS NULL"
+
+
 class DeadLetter(Base):
     """A message that failed for good: kept with its payload and error until an operator acts."""
 
@@ -340,6 +344,16 @@ class DeadLetter(Base):
     __table_args__ = (
         Index("ix_dead_letters_period", "period"),
         Index("ix_dead_letters_died_at", "died_at"),
+        # The letters not yet replayed, which every list and count looks for, apart from the
+        # replayed ones that pile up (migration 0019).
+        Index("ix_dead_letters_unreplayed_id", "id", postgresql_where=text(UNREPLAYED), sqlite_where=text(UNREPLAYED)),
+        Index(
+            "ix_dead_letters_unreplayed_period_id",
+            "period",
+            "id",
+            postgresql_where=text(UNREPLAYED),
+            sqlite_where=text(UNREPLAYED),
+        ),
     )
 
 

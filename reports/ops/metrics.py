@@ -438,10 +438,11 @@ class ReportsCollector(Collector):
             ).all()
             counts = progress.items_by_state(session, [period for period, _, _, _ in runs])
             waiting = progress.scheduled_by_period(session, utcnow())
-            was_replayed = DeadLetter.replayed_at.is_not(None)
-            letters = {
-                bool(k): n for k, n in session.execute(select(was_replayed, func.count()).group_by(was_replayed))
-            }
+            # Two counts, not one grouped by replayed: the letters not yet replayed come from their
+            # own index, and the total from the smallest index, never from the table's tracebacks.
+            every_letter = session.scalar(select(func.count()).select_from(DeadLetter)) or 0
+            unreplayed = session.scalar(select(func.count()).where(DeadLetter.replayed_at.is_(None))) or 0
+            letters = {False: unreplayed, True: every_letter - unreplayed}
             suppressed = suppressions.count_by_reason(session)
             feedback = list(self._feedback(session, [period for period, _, _, _ in runs], counts))
         for period, is_planned, triggered_at, state in runs:
