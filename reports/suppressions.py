@@ -6,7 +6,7 @@ coordinator's page (:mod:`reports.fanout.coordinator`) fold their look-up into t
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -114,11 +114,14 @@ def get(session: Session, user_id: int) -> Suppression | None:
     return session.get(Suppression, user_id)
 
 
-def find(session: Session, *, reason: SuppressionReason | None = None, limit: int | None = None) -> list[Suppression]:
-    statement = select(Suppression).order_by(Suppression.user_id).limit(limit)
+def find(
+    session: Session, *, reason: SuppressionReason | None = None, limit: int | None = None
+) -> Iterator[Suppression]:
+    """The entries, lowest user id first, read a page at a time as they are used."""
+    statement = select(Suppression).order_by(Suppression.user_id).limit(limit).execution_options(yield_per=1000)
     if reason is not None:
         statement = statement.where(Suppression.reason == reason.value)
-    return list(session.scalars(statement))
+    yield from session.scalars(statement)
 
 
 def count_by_reason(session: Session) -> dict[str, int]:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import itertools
+import json
 import math
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
@@ -162,6 +164,18 @@ def text_option(_ctx: click.Context, param: click.Parameter, value: str | None) 
     if len(value) > MAX_TEXT_OPTION:
         raise click.BadParameter(f"is longer than {MAX_TEXT_OPTION} characters.")
     return value
+
+
+def echo_json_array(rows: Iterable[object]) -> int:
+    """Print ``rows`` as one JSON array, the bytes ``json.dumps`` writes, a thousand at a time as
+    they come: a list of a million is never held whole, as rows or as text. Returns how many."""
+    printed, remaining = 0, iter(rows)
+    click.echo("[", nl=False)
+    while chunk := list(itertools.islice(remaining, 1000)):
+        click.echo((", " if printed else "") + ", ".join(json.dumps(row) for row in chunk), nl=False)
+        printed += len(chunk)
+    click.echo("]")
+    return printed
 
 
 def iso_utc(moment: datetime | None) -> str | None:

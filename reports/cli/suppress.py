@@ -3,12 +3,10 @@ the provider event behind each entry that a webhook made."""
 
 from __future__ import annotations
 
-import json
-
 import click
 
 from reports import suppressions
-from reports.cli.app import Obj, cli, iso_utc, pass_obj
+from reports.cli.app import Obj, cli, echo_json_array, iso_utc, pass_obj
 from reports.clock import utcnow
 from reports.errors import BadInput
 from reports.jobs import MAX_USER_ID, MIN_USER_ID
@@ -72,21 +70,23 @@ def list_(obj: Obj, reason: str | None, limit: int, as_json: bool) -> None:
     """The suppressed users, lowest id first."""
     with obj.session() as session:
         found = suppressions.find(session, reason=SuppressionReason(reason) if reason else None, limit=limit)
-    rows = [
-        {
-            "user_id": s.user_id,
-            "reason": s.reason,
-            "created_at": iso_utc(s.created_at),
-            "source": s.source,
-            "provider": s.provider,
-            "event_id": s.event_id,
-        }
-        for s in found
-    ]
-    if as_json:
-        click.echo(json.dumps(rows))
-        return
-    for row in rows:
-        event = f"  {row['provider']} event {row['event_id']}" if row["provider"] else ""
-        click.echo(f"{row['user_id']}  {row['reason']:<12}  {row['created_at']}  {row['source'] or ''}{event}")
-    click.echo(f"{len(rows)} suppressed user(s).")
+        rows = (
+            {
+                "user_id": s.user_id,
+                "reason": s.reason,
+                "created_at": iso_utc(s.created_at),
+                "source": s.source,
+                "provider": s.provider,
+                "event_id": s.event_id,
+            }
+            for s in found
+        )
+        if as_json:
+            echo_json_array(rows)
+            return
+        printed = 0
+        for row in rows:
+            printed += 1
+            event = f"  {row['provider']} event {row['event_id']}" if row["provider"] else ""
+            click.echo(f"{row['user_id']}  {row['reason']:<12}  {row['created_at']}  {row['source'] or ''}{event}")
+    click.echo(f"{printed} suppressed user(s).")

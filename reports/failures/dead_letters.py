@@ -158,8 +158,21 @@ class Filter:
         return clauses
 
 
-def find(session: Session, where: Filter, *, limit: int | None = None) -> list[DeadLetter]:
-    return list(session.scalars(select(DeadLetter).where(*where.clauses()).order_by(DeadLetter.id).limit(limit)))
+#: Rows read at a time by :func:`find`.
+FIND_PAGE = 1000
+
+
+def find(session: Session, where: Filter, *, limit: int | None = None) -> Iterator[DeadLetter]:
+    """The matching dead letters, oldest first, read a page at a time as they are used: a list of
+    a million letters holds one page."""
+    statement = (
+        select(DeadLetter)
+        .where(*where.clauses())
+        .order_by(DeadLetter.id)
+        .limit(limit)
+        .execution_options(yield_per=FIND_PAGE)
+    )
+    yield from session.scalars(statement)
 
 
 def page(session: Session, where: Filter, *, before: int | None, limit: int) -> list[DeadLetter]:

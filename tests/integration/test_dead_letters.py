@@ -73,7 +73,7 @@ def record(sessions: sessionmaker[Session], dead: DeadMessage) -> bool:
 
 def letters(sessions: sessionmaker[Session], where: dead_letters.Filter | None = None) -> list[DeadLetter]:
     with sessions() as session:
-        return dead_letters.find(session, where or dead_letters.Filter(include_replayed=True))
+        return list(dead_letters.find(session, where or dead_letters.Filter(include_replayed=True)))
 
 
 def item(sessions: sessionmaker[Session], user_id: int, period: str = str(PERIOD)) -> ReportItem | None:
@@ -355,7 +355,7 @@ def test_find_by_ids_and_with_a_limit(sessions, catalogue) -> None:
 
     assert [letter.id for letter in letters(sessions, dead_letters.Filter(ids=wanted))] == sorted(wanted[:2])
     with sessions() as session:
-        assert len(dead_letters.find(session, dead_letters.Filter(), limit=2)) == 2
+        assert len(list(dead_letters.find(session, dead_letters.Filter(), limit=2))) == 2
 
 
 def test_get_returns_one_dead_letter_or_none(sessions, catalogue) -> None:
