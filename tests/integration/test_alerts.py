@@ -175,9 +175,11 @@ def test_ten_thousand_dead_letters_from_two_processes_are_a_handful_of_posts_and
         assert set(post["sample_message_ids"]) <= sent_ids
         assert sum(post["by_reason"].values()) == post["dead_letters"]
     assert by_reason == {"permanent:MailRejected": per_process, "retries_exhausted:MailDeferred": per_process}
-    # At most one post per window, fleet-wide (a little slack for the HTTP round trip).
+    # At most one post per window, fleet-wide. Slack for the HTTP round trip: the times are when
+    # the posts arrived, and one that took 0.16 s longer than the next under a loaded machine's
+    # scheduler read as 0.84 s apart.
     times = webhook.times
-    assert all(later - earlier >= WINDOW_SECONDS - 0.1 for earlier, later in itertools.pairwise(times)), times
+    assert all(later - earlier >= WINDOW_SECONDS - 0.25 for earlier, later in itertools.pairwise(times)), times
     # And nothing is left behind in Redis.
     time.sleep(0.5 * WINDOW_SECONDS)
     assert webhook.posts == posts
