@@ -103,12 +103,21 @@ class Console:
     sampler: Sampler = field(default_factory=Sampler)
     _broker: Broker | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
-    password_checks: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(PASSWORD_CHECKS_AT_ONCE))
+    _password_turns: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
 
     def __post_init__(self) -> None:
         self.fleet = fleet_collector(self.settings, self.sessions)
         self.decoy = passwords.decoy(self.users.values())
         self.trusts_every_proxy = trusted_proxies(self.settings.forwarded_allow_ips) == ["*"]
+
+    def password_turns(self) -> asyncio.Semaphore:
+        """The turns to check a password, :data:`PASSWORD_CHECKS_AT_ONCE` at a time: made in the
+        running event loop, which an asyncio semaphore belongs to once a login has waited on it
+        (uvicorn runs one loop; a test client may start one per request)."""
+        loop = asyncio.get_running_loop()
+        if self._password_turns is None or self._password_turns[0] is not loop:
+            self._password_turns = (loop, asyncio.Semaphore(PASSWORD_CHECKS_AT_ONCE))
+        return self._password_turns[1]
 
     @property
     def broker(self) -> Broker:
@@ -339,16 +348,17 @@ def _login(console: Console) -> Callable[[Request], Awaitable[Response]]:
             logger.warning("Console: refused a login past the throttle.")
             return console.render(request, "login.html", status=429, error="Too many failed logins; try later.")
         user = console.users.get(name)
+        turns = console.password_turns()
         try:
             async with asyncio.timeout(PASSWORD_CHECK_WAIT_SECONDS):
-                await console.password_checks.acquire()
+                await turns.acquire()
         except TimeoutError:
             logger.warning("Console: refused a login, too many at once.")
             return console.render(request, "login.html", status=503, error="Too many logins at once; try again.")
         try:
             verified = await run_in_threadpool(lambda: passwords.verify(user, password, decoy=console.decoy))
         finally:
-            console.password_checks.release()
+            turns.release()
         if not verified or user is None:
             logger.warning("Console: a login failed.")
             # Up to the throttle's limit, a refused login is recorded with the name it tried and

@@ -3,9 +3,11 @@ viewer and an admin may do, CSRF, the login throttle, session expiry, and the au
 
 from __future__ import annotations
 
+import asyncio
 import re
 from dataclasses import replace
 
+import jinja2
 import pytest
 import redis
 from dramatiq import Message
@@ -14,7 +16,8 @@ from starlette.testclient import TestClient
 
 from reports import suppressions
 from reports.clock import utcnow
-from reports.console import throttle
+from reports.console import app, throttle
+from reports.console.throttle import LoginThrottle
 from reports.failures import dead_letters
 from reports.models import ConsoleAudit, DeadLetter, PeriodRun, RunState, SendNowRequest, SuppressionReason
 from tests.integration.conftest import PERIOD, queued_user_ids, run_together, trigger
@@ -501,3 +504,26 @@ def test_the_fleet_page_names_a_broker_it_cannot_read_and_still_shows_the_breake
     assert 'data-field="unreadable">Could not read: broker.' in answer.text
     assert 'data-field="breaker" class="state-closed">closed<' in answer.text
     assert "<td>bulk</td>" not in answer.text
+
+
+def test_the_turns_to_check_a_password_belong_to_the_event_loop_that_waits_on_them(settings, sessions):
+    # uvicorn runs one loop; an app served from one loop and then another (a test client, an
+    # embedding) must not find the first loop's semaphore, which refuses every later wait.
+    console = app.Console(
+        settings=console_settings(settings),
+        sessions=sessions,
+        users={},
+        throttle=LoginThrottle(redis.Redis.from_url(settings.shared_redis_url), settings.broker_namespace),
+        templates=jinja2.Environment(autoescape=True),
+    )
+
+    async def logins_at_once() -> None:
+        async def one() -> None:
+            turns = console.password_turns()
+            async with turns:
+                await asyncio.sleep(0.01)
+
+        await asyncio.gather(*(one() for _ in range(app.PASSWORD_CHECKS_AT_ONCE + 2)))
+
+    asyncio.run(logins_at_once())
+    asyncio.run(logins_at_once())
