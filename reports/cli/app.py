@@ -178,6 +178,19 @@ def echo_json_array(rows: Iterable[object]) -> int:
     return printed
 
 
+def echo_listing(rows: Iterable[Any], *, as_json: bool, line: Callable[[Any], str], counted: str) -> None:
+    """Print a listing as it is read: one JSON array, or one ``line`` a row and then how many
+    (``"3 dead letter(s)."`` for ``counted="dead letter(s)"``)."""
+    if as_json:
+        echo_json_array(rows)
+        return
+    printed = 0
+    for row in rows:
+        printed += 1
+        click.echo(line(row))
+    click.echo(f"{printed} {counted}.")
+
+
 def iso_utc(moment: datetime | None) -> str | None:
     """A stored (naive UTC) time as ISO 8601 with its ``Z``, to the second."""
     return moment.isoformat(timespec="seconds") + "Z" if moment else None

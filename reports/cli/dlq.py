@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from reports.cli.app import Obj, cli, echo_json_array, iso_utc, pass_obj, period_option, text_option
+from reports.cli.app import Obj, cli, echo_listing, iso_utc, pass_obj, period_option, text_option
 from reports.clock import utcnow
 from reports.errors import BadInput
 from reports.failures import dead_letters
@@ -68,20 +68,17 @@ def list_command(obj: Obj, period: str | None, reason: str | None, replayed: boo
     where = dead_letters.Filter(period=period, reason=reason, include_replayed=replayed)
     with obj.session() as session:
         rows = (_as_dict(letter) for letter in dead_letters.find(session, where, limit=limit))
-        if as_json:
-            echo_json_array(rows)
-            return
-        printed = 0
-        # One plain line per dead letter: nothing to cut on a narrow terminal, easy to grep.
-        for row in rows:
-            printed += 1
-            click.echo(
-                f"#{row['id']}  {row['died_at']}  {row['period'] or '-'}  "
-                f"user {'-' if row['user_id'] is None else row['user_id']}  "
-                f"{row['actor']}  {row['reason']} after {row['attempts']}  "
-                f"{row['error_class']}: {row['error_message'][:120]}"
-            )
-    click.echo(f"{printed} dead letter(s).")
+        echo_listing(rows, as_json=as_json, line=_line, counted="dead letter(s)")
+
+
+def _line(row: dict[str, Any]) -> str:
+    """One plain line per dead letter: nothing to cut on a narrow terminal, easy to grep."""
+    return (
+        f"#{row['id']}  {row['died_at']}  {row['period'] or '-'}  "
+        f"user {'-' if row['user_id'] is None else row['user_id']}  "
+        f"{row['actor']}  {row['reason']} after {row['attempts']}  "
+        f"{row['error_class']}: {row['error_message'][:120]}"
+    )
 
 
 @dlq.command("show")

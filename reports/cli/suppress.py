@@ -3,10 +3,12 @@ the provider event behind each entry that a webhook made."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from reports import suppressions
-from reports.cli.app import Obj, cli, echo_json_array, iso_utc, pass_obj
+from reports.cli.app import Obj, cli, echo_listing, iso_utc, pass_obj
 from reports.clock import utcnow
 from reports.errors import BadInput
 from reports.jobs import MAX_USER_ID, MIN_USER_ID
@@ -81,12 +83,9 @@ def list_(obj: Obj, reason: str | None, limit: int, as_json: bool) -> None:
             }
             for s in found
         )
-        if as_json:
-            echo_json_array(rows)
-            return
-        printed = 0
-        for row in rows:
-            printed += 1
-            event = f"  {row['provider']} event {row['event_id']}" if row["provider"] else ""
-            click.echo(f"{row['user_id']}  {row['reason']:<12}  {row['created_at']}  {row['source'] or ''}{event}")
-    click.echo(f"{printed} suppressed user(s).")
+        echo_listing(rows, as_json=as_json, line=_line, counted="suppressed user(s)")
+
+
+def _line(row: dict[str, Any]) -> str:
+    event = f"  {row['provider']} event {row['event_id']}" if row["provider"] else ""
+    return f"{row['user_id']}  {row['reason']:<12}  {row['created_at']}  {row['source'] or ''}{event}"
