@@ -443,6 +443,22 @@ class FeedbackMatch(Base):
     )
 
 
+class FeedbackPruned(Base):
+    """Feedback events a prune deleted, counted by provider and kind.
+
+    The exporter's event counters are the events stored plus these: without them a prune would
+    make a counter go down, which Prometheus reads as a restart followed by every event at once.
+    """
+
+    __tablename__ = "feedback_pruned"
+
+    provider: Mapped[str] = mapped_column(String(16), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16), primary_key=True)
+    events: Mapped[int] = mapped_column(BigInteger)
+    #: Of those, the events that had matched no user.
+    unmatched: Mapped[int] = mapped_column(BigInteger)
+
+
 class WebhookToken(Base):
     """What made one webhook request one of a kind (Mailgun's token, SendGrid's signature, an SNS
     notification's id): seen again, the request is a replay.

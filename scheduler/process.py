@@ -252,17 +252,30 @@ class SchedulerProcess:
             return None
         now = self.clock()
         before = retention.cutoff(now, months)
-        result = retention.prune(self.sessions, before=before, should_stop=self.stopping.is_set, now=now)
+        result = retention.prune(
+            self.sessions,
+            before=before,
+            should_stop=self.stopping.is_set,
+            now=now,
+            soft_bounce_window=timedelta(days=self.settings.soft_bounce_window_days),
+        )
         reopened = [Period.parse(p.period) for p in result.periods if p.reopened]
+        feedback = result.feedback.deleted if result.feedback else 0
         logger.info(
-            "Pruned %d row(s) of %d period(s) before %s%s%s%s.",
+            "Pruned %d row(s) of %d period(s) before %s%s%s%s%s.",
             result.rows,
             len(result.periods),
             before,
+            f", and {feedback} feedback event(s)" if feedback else "",
             f"; kept unfinished {_names([Period.parse(p) for p in result.unfinished])}" if result.unfinished else "",
             f"; stopped at {_names(reopened)}, unfinished again" if reopened else "",
             "" if result.finished else "; stopped early, the rest at the next run",
-            extra={"before": str(before), "rows": result.rows, "periods": [p.period for p in result.periods]},
+            extra={
+                "before": str(before),
+                "rows": result.rows,
+                "periods": [p.period for p in result.periods],
+                "feedback_events": feedback,
+            },
         )
         return result
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import click
 
 from reports.cli.app import Obj, cli, pass_obj
@@ -24,13 +26,21 @@ def prune(obj: Obj, months: int, dry_run: bool) -> None:
     """Delete old periods' report items, deliveries and stored reports.
 
     On PostgreSQL each period goes by dropping its monthly partitions; on SQLite in short batches.
-    Keeps unfinished periods, what unreplayed dead letters need, and every period's run.
+    Keeps unfinished periods, what unreplayed dead letters need, and every period's run. Then
+    deletes the provider feedback events received before the oldest month kept, but not those of
+    the soft-bounce window or that a suppression points to.
     Stopped part-way, it is resumed by running it again; a period that a dead-letter replay or a
     send-now makes unfinished meanwhile keeps the rest of its rows.
     """
     now = utcnow()
     before = retention.cutoff(now, months)
-    result = retention.prune(obj.sessions(), before=before, dry_run=dry_run, now=now)
+    result = retention.prune(
+        obj.sessions(),
+        before=before,
+        dry_run=dry_run,
+        now=now,
+        soft_bounce_window=timedelta(days=obj.settings.soft_bounce_window_days),
+    )
     for line in describe(result, dry_run=dry_run):
         click.echo(line)
     verb = "Would delete" if dry_run else "Deleted"
@@ -53,4 +63,14 @@ def describe(result: retention.Pruned, *, dry_run: bool) -> list[str]:
             continue
         lines.append(f"{pruned.period}: {'would delete' if dry_run else 'deleted'} {parts}{kept}{reopened}.")
     lines += [f"{period}: kept whole, its run is unfinished." for period in result.unfinished]
+    if (feedback := result.feedback) and (feedback.deleted or feedback.kept_for_suppressions):
+        kept = (
+            f"; kept {feedback.kept_for_suppressions:,} a suppression points to"
+            if feedback.kept_for_suppressions
+            else ""
+        )
+        lines.append(
+            f"Feedback events received before {feedback.before:%Y-%m-%d %H:%M} UTC: "
+            f"{'would delete' if dry_run else 'deleted'} {feedback.deleted:,}{kept}."
+        )
     return lines

@@ -7,6 +7,7 @@ provider is answered: a retry finds its events stored and changes nothing, a cra
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -21,6 +22,7 @@ from reports.models import (
     DeliveryState,
     FeedbackEvent,
     FeedbackMatch,
+    FeedbackPruned,
     PeriodRun,
     SuppressionReason,
     User,
@@ -315,28 +317,36 @@ def find(
 
 
 def count_by_provider_kind(session: Session) -> dict[tuple[str, str], int]:
-    """Events stored, per (provider, kind), every pair present (0 when none)."""
-    counts = {
-        (str(p), str(k)): int(n)
-        for p, k, n in session.execute(
-            select(FeedbackEvent.provider, FeedbackEvent.kind, func.count()).group_by(
-                FeedbackEvent.provider, FeedbackEvent.kind
+    """Events ever stored, pruned ones included, per (provider, kind), every pair present (0 when none)."""
+    counts = Counter(
+        {
+            (str(p), str(k)): int(n)
+            for p, k, n in session.execute(
+                select(FeedbackEvent.provider, FeedbackEvent.kind, func.count()).group_by(
+                    FeedbackEvent.provider, FeedbackEvent.kind
+                )
             )
-        )
-    }
-    return {(p.value, k.value): counts.get((p.value, k.value), 0) for p in Provider for k in Kind}
+        }
+    )
+    for p, k, n in session.execute(select(FeedbackPruned.provider, FeedbackPruned.kind, FeedbackPruned.events)):
+        counts[(str(p), str(k))] += int(n)
+    return {(p.value, k.value): counts[(p.value, k.value)] for p in Provider for k in Kind}
 
 
 def unmatched_by_provider(session: Session) -> dict[str, int]:
-    """Events that matched no user, per provider, every provider present."""
+    """Events ever stored that matched no user, pruned ones included, per provider, every provider present."""
     no_match = ~select(FeedbackMatch.event).where(FeedbackMatch.event == FeedbackEvent.id).exists()
-    counts = {
-        str(p): int(n)
-        for p, n in session.execute(
-            select(FeedbackEvent.provider, func.count()).where(no_match).group_by(FeedbackEvent.provider)
-        )
-    }
-    return {p.value: int(counts.get(p.value, 0)) for p in Provider}
+    counts = Counter(
+        {
+            str(p): int(n)
+            for p, n in session.execute(
+                select(FeedbackEvent.provider, func.count()).where(no_match).group_by(FeedbackEvent.provider)
+            )
+        }
+    )
+    for p, n in session.execute(select(FeedbackPruned.provider, FeedbackPruned.unmatched)):
+        counts[str(p)] += int(n)
+    return {p.value: counts[p.value] for p in Provider}
 
 
 def users_by_period(session: Session, periods: Iterable[str]) -> dict[str, dict[str, int]]:

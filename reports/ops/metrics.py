@@ -468,19 +468,22 @@ class ReportsCollector(Collector):
 
     @staticmethod
     def _feedback(session: Session, periods: list[str], items: Mapping[str, Mapping[str, int]]) -> Iterator[Metric]:
-        """The providers' events (counted from the stored events, so a restart resets nothing), and
-        each period's complaint and bounce rates: users who complained about, or hard-bounced, the
-        period's email over the period's delivered emails."""
+        """The providers' events (counted from the stored events and the pruned ones' counts, so
+        neither a restart nor a prune takes anything off), and each period's complaint and bounce
+        rates: users who complained about, or hard-bounced, the period's email over the period's
+        delivered emails."""
         events = CounterMetricFamily(
             "reports_feedback_events",
-            "Provider webhook events stored, by provider and kind.",
+            "Provider webhook events stored, pruned ones included, by provider and kind.",
             labels=["provider", "kind"],
         )
         for (provider, kind), n in sorted(feedback_store.count_by_provider_kind(session).items()):
             events.add_metric([provider, kind], n)
         yield events
         unmatched = CounterMetricFamily(
-            "reports_feedback_unmatched_events", "Provider webhook events that matched no user.", labels=["provider"]
+            "reports_feedback_unmatched_events",
+            "Provider webhook events that matched no user, pruned ones included.",
+            labels=["provider"],
         )
         for provider, n in sorted(feedback_store.unmatched_by_provider(session).items()):
             unmatched.add_metric([provider], n)

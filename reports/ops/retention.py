@@ -23,6 +23,7 @@ from reports import partitions
 from reports.clock import utcnow
 from reports.database import LOCK_NOT_AVAILABLE
 from reports.fanout import runs
+from reports.feedback import retention as feedback_retention
 from reports.models import DeadLetter, Delivery, DeliveryState, ItemCount, Report, ReportItem, SendNowRequest
 from reports.periods import Period
 from reports.sql import after, rowcount
@@ -80,6 +81,8 @@ class Pruned:
     unfinished: list[str] = field(default_factory=list)
     #: False when ``should_stop`` ended the prune early: run it again to finish.
     finished: bool = True
+    #: The provider feedback events pruned, once every old period is done.
+    feedback: feedback_retention.Outcome | None = None
 
     @property
     def rows(self) -> int:
@@ -120,8 +123,10 @@ def prune(
     should_stop: Callable[[], bool] = lambda: False,
     batched: bool = False,
     now: datetime | None = None,
+    soft_bounce_window: timedelta = timedelta(0),
 ) -> Pruned:
-    """Delete the per-user rows of periods before ``before`` (see the module's docstring).
+    """Delete the per-user rows of periods before ``before`` (see the module's docstring), then
+    the provider feedback events received before them and before ``soft_bounce_window``.
 
     :param dry_run: count what would go; change nothing.
     :param should_stop: asked between batches, or on PostgreSQL before each period's drop;
@@ -130,7 +135,8 @@ def prune(
         (bench/prune.py compares the two).
     :param now: when the prune runs (send-now requests used since :data:`SEND_NOW_KEPT` are kept).
     """
-    settled_before = (now or utcnow()) - SEND_NOW_KEPT
+    now = now or utcnow()
+    settled_before = now - SEND_NOW_KEPT
     with sessions.begin() as session:
         partitions.keep_from_making(session)
         periods = old_periods(session, before)
@@ -155,6 +161,14 @@ def prune(
         elif should_stop() or not _drop_period(sessions, pruned, settled_before):
             result.finished = False
             return result
+    result.feedback = feedback_retention.prune(
+        sessions,
+        before=feedback_retention.cutoff(before, now, soft_bounce_window),
+        batch_size=batch_size,
+        dry_run=dry_run,
+        should_stop=should_stop,
+    )
+    result.finished = result.feedback.finished
     return result
 
 

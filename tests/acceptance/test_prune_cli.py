@@ -3,10 +3,19 @@ a real run deletes the old periods and keeps the open one and what dead letters 
 
 from __future__ import annotations
 
-import pytest
+from dataclasses import replace
+from datetime import timedelta
 
-from reports.models import ReportItem, RunState
+import pytest
+from sqlalchemy import func, select
+
+from reports.clock import utcnow
+from reports.feedback import store
+from reports.feedback.events import Kind
+from reports.models import FeedbackEvent, ReportItem, RunState
+from tests.integration.test_feedback_store import POLICY, event
 from tests.integration.test_retention import USERS, add_users, dead_letter, everything, fill_period, rows
+from tests.support.databases import load_users
 from tests.support.periods import month_from_now
 from tests.support.processes import run_cli
 
@@ -67,3 +76,35 @@ def test_a_real_run_deletes_old_periods_and_keeps_the_open_one_and_dead_lettered
     # Run again: nothing more to do.
     again = run_cli(settings, "prune", "--older-than-months", "12")
     assert again.stdout.splitlines()[-1].startswith("Deleted 0 row(s)")
+
+
+def test_old_provider_feedback_goes_with_the_months_but_not_what_a_suppression_or_the_soft_bounce_window_needs(
+    settings, sessions
+):
+    load_users(sessions, count=3)
+    long_ago = utcnow() - timedelta(days=500)
+    with sessions.begin() as session:
+        store.record(
+            session,
+            [
+                event(Kind.COMPLAINT, "user1@example.test", event_id="suppressed-user-1"),
+                event(Kind.SOFT_BOUNCE, "user2@example.test", summary="Transient/MailboxFull"),
+                event(Kind.HARD_BOUNCE, "stranger@example.test"),
+            ],
+            now=long_ago,
+            policy=POLICY,
+        )
+    dry = run_cli(settings, "prune", "--older-than-months", "12", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "would delete 2; kept 1 a suppression points to." in dry.stdout
+    with sessions() as session:
+        assert session.scalar(select(func.count()).select_from(FeedbackEvent)) == 3
+
+    # A soft-bounce window longer than the months kept keeps what it still counts.
+    wide = run_cli(replace(settings, soft_bounce_window_days=600), "prune", "--older-than-months", "12")
+    assert wide.returncode == 0 and "Feedback events" not in wide.stdout, wide.stdout
+    result = run_cli(settings, "prune", "--older-than-months", "12")
+    assert result.returncode == 0, result.stderr
+    assert "deleted 2; kept 1 a suppression points to." in result.stdout
+    with sessions() as session:
+        assert session.scalars(select(FeedbackEvent.event_id)).all() == ["suppressed-user-1"]

@@ -25,6 +25,8 @@ from reports.delivery import claims, pipeline
 from reports.delivery.mail.backend import build_mailer
 from reports.failures import dead_letters
 from reports.fanout import progress, runs
+from reports.feedback import store as feedback_store
+from reports.feedback.events import Kind
 from reports.jobs import SEND_NOW, SendNowJob
 from reports.models import (
     DeadLetter,
@@ -46,6 +48,8 @@ from reports.worker.broker import Broker, build_broker
 from reports.worker.queues import queue_for
 from scheduler.process import SchedulerProcess, prune_lock_key
 from scheduler.schedule import Schedule
+from tests.integration.test_feedback_store import POLICY
+from tests.integration.test_feedback_store import event as feedback_event
 from tests.support.databases import pg_connect
 from tests.support.processes import run_cli
 from tests.support.waiting import wait_until
@@ -481,9 +485,16 @@ def test_the_scheduler_prunes_once_a_day_across_replicas_from_the_2nd(filled, se
         for _ in range(2)
     ]
 
+    with filled.begin() as session:
+        long_ago = NOW - timedelta(days=400)
+        feedback_store.record(
+            session, [feedback_event(Kind.HARD_BOUNCE, "stranger@example.test")], now=long_ago, policy=POLICY
+        )
+
     first, second = (replica.prune() for replica in replicas)
 
     assert first is not None and [p.period for p in first.periods] == [OLD]
+    assert first.feedback is not None and first.feedback.deleted == 1
     assert second is None
     # Held under a day: the next day's run is not turned away by it.
     assert 0 < client.pttl(prune_lock_key(configured.broker_namespace)) < 24 * 3600 * 1000

@@ -1,0 +1,147 @@
+"""Provider feedback events pruned with the months on both databases: the old ones go with their
+matches, the ones a suppression or the soft-bounce window needs stay, and the exporter's event
+counters never go down."""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime, timedelta
+
+import pytest
+from sqlalchemy import select, text
+from sqlalchemy.orm import Session, sessionmaker
+
+from reports.feedback import retention as feedback_retention
+from reports.feedback import store
+from reports.feedback.events import Event, Kind, Provider
+from reports.ops import retention
+from reports.periods import Period
+from tests.integration.test_feedback_store import POLICY, event
+from tests.support.databases import load_users
+
+NOW = datetime(2026, 12, 7, 12, 0)
+#: With 12 months kept in December 2026, 2025-12 is the oldest month kept.
+OLDEST_KEPT = retention.cutoff(NOW, 12)
+OLD = datetime(2025, 11, 20)
+RECENT = datetime(2026, 11, 20)
+
+
+def received(sessions: sessionmaker[Session], at: datetime, *found: Event) -> None:
+    with sessions.begin() as session:
+        store.record(session, list(found), now=at, policy=POLICY)
+
+
+def stored(sessions: sessionmaker[Session]) -> list[str]:
+    with sessions() as session:
+        return sorted(session.scalars(text("SELECT event_id FROM feedback_events")))
+
+
+def counters(sessions: sessionmaker[Session]) -> tuple[dict[tuple[str, str], int], dict[str, int]]:
+    with sessions() as session:
+        return store.count_by_provider_kind(session), store.unmatched_by_provider(session)
+
+
+@pytest.fixture
+def feedback(sessions: sessionmaker[Session]) -> sessionmaker[Session]:
+    load_users(sessions, count=3)
+    received(
+        sessions,
+        OLD,
+        # A complaint suppressed user 1: the console shows it as the reason, so it stays.
+        event(Kind.COMPLAINT, "user1@example.test", event_id="old-complaint"),
+        event(Kind.SOFT_BOUNCE, "user2@example.test", event_id="old-soft", summary="Transient/MailboxFull"),
+        event(Kind.HARD_BOUNCE, "stranger@example.test", event_id="old-stranger"),
+        event(Kind.HARD_BOUNCE, "other@example.test", provider=Provider.POSTMARK, event_id="old-postmark"),
+    )
+    received(sessions, RECENT, event(Kind.COMPLAINT, "user3@example.test", event_id="recent-complaint"))
+    return sessions
+
+
+def prune(sessions: sessionmaker[Session], **kw) -> retention.Pruned:  # type: ignore[no-untyped-def]
+    return retention.prune(sessions, before=OLDEST_KEPT, now=NOW, **kw)
+
+
+def test_old_events_go_with_their_matches_and_the_counters_stay(feedback) -> None:
+    before = counters(feedback)
+
+    result = prune(feedback, soft_bounce_window=timedelta(days=30))
+
+    assert result.feedback is not None
+    assert (result.feedback.deleted, result.feedback.kept_for_suppressions) == (3, 1)
+    assert stored(feedback) == ["old-complaint", "recent-complaint"]
+    with feedback() as session:
+        matched = session.execute(
+            text("SELECT e.event_id, m.user_id FROM feedback_matches m JOIN feedback_events e ON e.id = m.event")
+        ).all()
+        assert sorted(matched) == [("old-complaint", 1), ("recent-complaint", 3)]
+        assert session.scalar(text("SELECT count(*) FROM feedback_matches")) == 2
+    # Every event ever received is still counted: a counter that went down would read as a restart.
+    assert counters(feedback) == before
+    assert before[0][("ses", "hard_bounce")] == 1 and before[1] == {
+        "ses": 1,
+        "sendgrid": 0,
+        "postmark": 1,
+        "mailgun": 0,
+    }
+
+    again = prune(feedback, soft_bounce_window=timedelta(days=30))
+    assert again.feedback is not None and again.feedback.deleted == 0
+    assert counters(feedback) == before
+
+
+def test_the_soft_bounce_window_keeps_what_it_counts(feedback) -> None:
+    result = prune(feedback, soft_bounce_window=timedelta(days=400))
+    assert result.feedback is not None and result.feedback.deleted == 0
+    assert result.feedback.before == NOW - timedelta(days=400)
+    assert len(stored(feedback)) == 5
+
+
+def test_a_dry_run_counts_what_would_go_and_changes_nothing(feedback) -> None:
+    before = counters(feedback)
+    result = prune(feedback, dry_run=True)
+    assert result.feedback is not None
+    assert (result.feedback.deleted, result.feedback.kept_for_suppressions) == (3, 1)
+    assert len(stored(feedback)) == 5
+    assert counters(feedback) == before
+
+
+def test_a_prune_stopped_between_batches_finishes_when_run_again(feedback) -> None:
+    before = counters(feedback)
+    stopped = feedback_retention.prune(feedback, before=OLDEST_KEPT.start, batch_size=1, should_stop=lambda: True)
+    assert (stopped.deleted, stopped.finished) == (1, False)
+    assert counters(feedback) == before
+    rest = feedback_retention.prune(feedback, before=OLDEST_KEPT.start, batch_size=1)
+    assert (rest.deleted, rest.finished) == (2, True)
+    assert stored(feedback) == ["old-complaint", "recent-complaint"]
+    assert counters(feedback) == before
+
+
+def test_the_cutoff_is_the_older_of_the_oldest_month_kept_and_the_soft_bounce_window() -> None:
+    oldest = Period(2025, 12)
+    assert feedback_retention.cutoff(oldest, NOW, timedelta(days=30)) == datetime(2025, 12, 1)
+    assert feedback_retention.cutoff(oldest, NOW, timedelta(days=400)) == NOW - timedelta(days=400)
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_on_postgresql_two_prunes_at_once_delete_each_event_once_and_count_it_once(sessions) -> None:
+    load_users(sessions, count=2)
+    received(sessions, OLD, *(event(Kind.HARD_BOUNCE, f"gone{i}@example.test") for i in range(200)))
+    before = counters(sessions)
+    start = threading.Barrier(2)
+    outcomes: list[feedback_retention.Outcome] = []
+
+    def run() -> None:
+        start.wait()
+        outcomes.append(feedback_retention.prune(sessions, before=OLDEST_KEPT.start, batch_size=7))
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert sum(outcome.deleted for outcome in outcomes) == 200
+    assert stored(sessions) == []
+    assert counters(sessions) == before
+    with sessions() as session:
+        assert session.scalar(select(text("sum(events)")).select_from(text("feedback_pruned"))) == 200
