@@ -90,10 +90,8 @@ def reconcile(
     holds_back = breaker.holds_back if breaker is not None else _never
     with sessions.begin() as session:
         counts = progress.count(session, period)  # BadInput for a period never triggered
-        leases_live_at = session.execute(select(server_now())).scalar_one()
-        run = session.get(PeriodRun, str(period), with_for_update=True)
-        assert run is not None
-        template_version = run.template_version
+        # Before the run's lock, which the walk needs for each page: these two read every active
+        # user (about a second at a million), and only what they say depends on them.
         active = session.scalar(select(func.count()).select_from(User).where(User.active)) or 0
         without_item = (
             session.scalar(
@@ -108,6 +106,10 @@ def reconcile(
             )
             or 0
         )
+        leases_live_at = session.execute(select(server_now())).scalar_one()
+        run = session.get(PeriodRun, str(period), with_for_update=True)
+        assert run is not None
+        template_version = run.template_version
         walk_paused = not counts.planned and run.paused_at is not None and run.paused_at >= untouched_since
         scheduled = progress.scheduled(session, period, now)
         # The chain walks, then releases what waits for its due time: either left to do needs it.

@@ -6,10 +6,12 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
+import psycopg
 import pytest
 import redis
 from sqlalchemy import select, text, update
@@ -33,8 +35,9 @@ from reports.sql import server_now
 from reports.worker.broker import build_broker, message_for
 from reports.worker.queues import queue_for
 from tests.integration.conftest import PERIOD, item_user_ids, queued_user_ids, run_together, trigger, walk_everything
+from tests.integration.test_retention import waiting_on_a_lock
 from tests.support.broker import queued_messages
-from tests.support.databases import load_users
+from tests.support.databases import load_users, pg_connect
 from tests.support.processes import free_port
 
 STUCK_AFTER = timedelta(minutes=10)
@@ -631,3 +634,37 @@ def test_an_open_breaker_holds_lost_items_back_only_for_its_cool_down(sessions, 
 
     assert (found.requeued, found.waiting) == (len(population.active), 0)
     assert queued_user_ids(settings) == Counter(population.active)
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_on_postgresql_reconcile_counts_the_users_without_holding_the_runs_lock_the_walk_needs(
+    sessions, settings
+) -> None:
+    """Counting every active user takes about a second at a million; the walk takes the run's lock
+    for each page, so the count must not hold it."""
+    load_users(sessions, count=10)
+    trigger(sessions, settings)
+    with pg_connect(settings.database_url) as holder, pg_connect(settings.database_url) as walker:
+        # The count of users without an item reads the suppressions: held here, it waits.
+        holder.execute("BEGIN")
+        holder.execute("LOCK TABLE suppressions IN ACCESS EXCLUSIVE MODE")
+        with ThreadPoolExecutor(1) as pool:
+            counting = pool.submit(run_reconcile, sessions, Recorder(), now=later())
+            deadline = time.monotonic() + 10
+            while waiting_on_a_lock(sessions) == 0:
+                assert time.monotonic() < deadline, "reconcile never waited for the suppressions"
+                time.sleep(0.05)
+            # What a page of the walk does first, without waiting: the run's lock is free.
+            walker.execute("BEGIN")
+            walker.execute("SET LOCAL lock_timeout = '1s'")
+            try:
+                locked = walker.execute(
+                    "SELECT period FROM period_runs WHERE period = %s FOR UPDATE", (str(PERIOD),)
+                ).fetchall()
+            except psycopg.errors.LockNotAvailable:
+                locked = []
+            walker.execute("ROLLBACK")
+            holder.execute("ROLLBACK")
+            found = counting.result(timeout=30)
+    assert locked == [(str(PERIOD),)], "the walk waited for the run's lock while reconcile counted users"
+    assert (found.active_users, found.active_without_item) == (8, 8)
