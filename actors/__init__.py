@@ -14,6 +14,7 @@ from typing import NoReturn
 import dramatiq
 
 from actors.process import WorkerProcess
+from reports.content.render import missing_catalogs_warning
 from reports.errors import ConfigurationError
 from reports.settings import Settings
 from reports.worker import failure_logs
@@ -43,6 +44,9 @@ except ConfigurationError as error:
     _refuse(error)
 # Dramatiq's command line set logging up at INFO (DEBUG with -v): LOG_LEVEL is what this process logs at.
 logging.getLogger().setLevel(_settings.log_level.upper())
+# Not a refusal: the reports are still right but for their words, and a replay of an older month needs workers.
+if (_no_catalog := missing_catalogs_warning(_settings.templates_dir, _settings.template_version)) is not None:
+    logging.getLogger(__name__).warning(_no_catalog)
 broker = build_broker(_settings)
 queue = queue_for(broker)
 _shared_redis = shared_redis(broker, _settings)

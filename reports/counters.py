@@ -18,7 +18,8 @@ SEP = "\x1f"
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
-#: Users whose locale (``locale``) or time zone (``time_zone``) was unknown, by fact: the default was used.
+#: Users whose locale (``locale``) or time zone (``time_zone``) was unknown, or whose language the
+#: template version has no catalog for (``catalog``), by fact: the default was used.
 FALLBACKS_COUNTER = "user_fallbacks"
 
 
@@ -32,7 +33,7 @@ def count(client: redis.Redis, namespace: str, name: str, *labels: str) -> None:
 
 
 class FallbackCounter:
-    """How many users fell back to a default, by fact (``locale``, ``time_zone``), since the last drain.
+    """How many users fell back to a default, by fact (``locale``, ``catalog``, ``time_zone``), since the last drain.
 
     Kept in the process and drained into :data:`FALLBACKS_COUNTER` by the worker's metrics flush,
     so that a fallback costs no Redis call of its own.

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from reports.cli.app import Obj, cli, non_empty, pass_obj, period_argument
 from reports.clock import utcnow
+from reports.content.render import missing_catalogs_warning
 from reports.errors import BadInput, PermanentError
 from reports.jobs import MAX_USER_ID, MIN_USER_ID
 from reports.models import User
@@ -84,6 +85,8 @@ def preview(
     with obj.sessions()() as session:
         version = preview_build.template_version_for(session, settings, period, template_version)
         preview_build.check_version(settings, version)
+        if (no_catalog := missing_catalogs_warning(settings.templates_dir, version)) is not None:
+            click.echo(f"warning: {no_catalog}", err=True)
         users = _users(session, user_ids, sample)
         session.expunge_all()
         session.rollback()

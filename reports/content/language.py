@@ -111,6 +111,22 @@ def default_language(default: str) -> Language:
 
 
 @lru_cache(maxsize=64)
+def missing_catalogs(locale_dir: Path, domain: str = DOMAIN) -> tuple[str, ...]:
+    """The shipped languages (:data:`CATALOGS`) with no compiled catalog in ``locale_dir``, looked
+    for once per process."""
+    return tuple(c for c in CATALOGS if not (locale_dir / c / "LC_MESSAGES" / f"{domain}.mo").is_file())
+
+
+def in_words_of(language: Language, missing: tuple[str, ...]) -> Language:
+    """``language``, or the source's words with its numbers when its catalog is ``missing``; that
+    fallback is counted (``catalog``)."""
+    if language.catalog not in missing:
+        return language
+    FALLBACKS.add("catalog")
+    return Language(locale=language.locale, catalog=SOURCE)
+
+
+@lru_cache(maxsize=64)
 def translations(locale_dir: Path, catalog: str, domain: str = DOMAIN) -> gettext.NullTranslations:
     """The words of ``catalog`` from ``locale_dir/<catalog>/LC_MESSAGES/<domain>.mo``; the source's
     words are the texts' own."""

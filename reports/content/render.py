@@ -42,6 +42,28 @@ STYLESHEET = "report.css"
 DEFAULT_LOOK = ReportLook()
 
 
+@lru_cache(maxsize=64)
+def missing_catalogs(templates_dir: Path, version: str) -> tuple[str, ...]:
+    """The shipped languages a styled version has no compiled catalog for: their users' reports are
+    worded in English. An unstyled version (v1) is English only, and lacks none."""
+    folder = templates_dir / version
+    if not (folder / STYLESHEET).is_file():
+        return ()
+    return language.missing_catalogs(folder / "locale")
+
+
+def missing_catalogs_warning(templates_dir: Path, version: str) -> str | None:
+    """The one line a process says at start when ``version`` lacks a shipped language's catalog."""
+    missing = missing_catalogs(templates_dir, version)
+    if not missing:
+        return None
+    return (
+        f"Template version {version!r} has no compiled catalog for {', '.join(missing)} "
+        f"(in {templates_dir / version / 'locale'}): those users' reports are worded in English, "
+        'counted in reports_user_fallbacks_total{fact="catalog"}; run scripts/catalogs.'
+    )
+
+
 @dataclass(frozen=True)
 class _Templates:
     subject: jinja2.Template
@@ -102,12 +124,13 @@ def render(
     :param look: branding, locale and currency (:meth:`ReportLook.from_settings`, built once per
         process); ``None`` is :data:`DEFAULT_LOOK`. Version ``v1`` ignores it.
     :param locale: the user's own locale as stored (BCP 47); ``None``, or one no catalog writes, is
-        the look's (a fallback is counted). Version ``v1`` is English only.
+        the look's (a fallback is counted). A language whose catalog the version lacks is worded in
+        English with its own numbers (a fallback is counted too). Version ``v1`` is English only.
     :param unsubscribe_url: the user's one-click unsubscribe link for the footer; ``None`` makes the
         footer say how to stop the reports without a link. Version ``v1`` shows no footer.
     """
     look = DEFAULT_LOOK if look is None else look
-    lang = language.for_user(locale, look.locale)
+    lang = language.in_words_of(language.for_user(locale, look.locale), missing_catalogs(templates_dir, version))
     templates = _templates(templates_dir, version, look, lang.catalog)
     context: dict[str, object] = {"name": name or "there", "period": summary.period, "summary": summary}
     if templates.styled:

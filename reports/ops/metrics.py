@@ -348,11 +348,12 @@ class ReportsCollector(Collector):
         fallbacks = CounterMetricFamily(
             "reports_user_fallbacks",
             "Users given a default because their own was unknown: the locale (REPORT_LOCALE, also when "
-            "not shipped), counted per report, or the time zone (DEFAULT_TIME_ZONE), counted as the walk "
+            "not shipped), counted per report, the words of a language whose catalog the template version "
+            "lacks (English), counted per report, or the time zone (DEFAULT_TIME_ZONE), counted as the walk "
             "records them.",
             labels=["fact"],
         )
-        counts = {"locale": 0.0, "time_zone": 0.0}
+        counts = {"catalog": 0.0, "locale": 0.0, "time_zone": 0.0}
         counts.update({labels[0]: value for labels, value in self._hash(FALLBACKS_COUNTER)})
         for fact, value in sorted(counts.items()):
             fallbacks.add_metric([fact], value)

@@ -156,3 +156,24 @@ def test_an_output_folder_that_cannot_be_made_is_bad_input(templated, sessions, 
     assert result.returncode == 2
     assert len(result.stderr.strip().splitlines()) == 1
     assert "output folder" in result.stderr
+
+
+def test_a_preview_of_a_version_without_a_languages_catalog_says_so_in_one_line(settings, sessions, tmp_path):
+    templates = tmp_path / "templates"
+    shutil.copytree(DEFAULT_TEMPLATES_DIR / "v2", templates / "v2")
+    shutil.copytree(DEFAULT_TEMPLATES_DIR / "v2", templates / "v3", ignore=shutil.ignore_patterns("locale"))
+    settings = replace(settings, templates_dir=templates, template_version="v2")
+    load_users(sessions, count=2, period=PERIOD)
+    out = tmp_path / "preview"
+
+    named = run_cli(settings, "preview", PERIOD, "--template-version", "v3", "--user", "1", "--out", str(out / "v3"))
+    shipped = run_cli(settings, "preview", PERIOD, "--user", "1", "--out", str(out / "v2"))
+
+    assert named.returncode == 0 and shipped.returncode == 0, (named.stderr, shipped.stderr)
+    assert named.stderr.splitlines() == [
+        f"warning: Template version 'v3' has no compiled catalog for de, tr, uz (in {templates / 'v3' / 'locale'}): "
+        "those users' reports are worded in English, counted in reports_user_fallbacks_total"
+        '{fact="catalog"}; run scripts/catalogs.'
+    ]
+    assert shipped.stderr == ""
+    assert len(named.stdout.splitlines()) == 2

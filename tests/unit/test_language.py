@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 
 from reports.content import language
-from reports.content.render import render
+from reports.content.render import missing_catalogs_warning, render
 from reports.counters import FALLBACKS
 from reports.look import ReportLook
 from tests.unit.test_render_v2 import many_categories
@@ -106,3 +107,44 @@ def test_report_locale_words_the_reports_of_users_with_no_locale() -> None:
     )
     assert rendered.text.splitlines()[2] == "Hallo,"
     assert "Ihr Bericht für Oktober 2026" in rendered.subject
+
+
+@pytest.fixture
+def new_version(tmp_path: Path) -> Path:
+    """A templates folder with the shipped v1 and v2, and a v3 of v2's templates with only the
+    German catalog: Turkish and Uzbek are missing."""
+    templates = tmp_path / "templates"
+    shutil.copytree(TEMPLATES / "v1", templates / "v1")
+    shutil.copytree(TEMPLATES / "v2", templates / "v2")
+    shutil.copytree(TEMPLATES / "v2", templates / "v3", ignore=shutil.ignore_patterns("locale"))
+    shutil.copytree(TEMPLATES / "v2" / "locale" / "de", templates / "v3" / "locale" / "de")
+    return templates
+
+
+def test_a_language_the_version_has_no_catalog_for_is_worded_in_english_with_its_numbers_and_counted(
+    new_version: Path,
+) -> None:
+    FALLBACKS.drain()
+    rendered = render(new_version, "v3", name="Ada", summary=many_categories(9), locale="tr")
+    assert rendered.subject == "Your Ekim 2026 report: $139,32 spent"
+    assert "Hello Ada," in rendered.text and "Eylül 2026" in rendered.text
+    assert '<html lang="en">' in rendered.html
+    assert FALLBACKS.drain() == {"catalog": 1}
+    # The catalogs it has are used, the previous version keeps its own, and neither is counted.
+    assert "Hallo Ada," in render(new_version, "v3", name="Ada", summary=many_categories(9), locale="de").text
+    assert "Merhaba Ada," in render(new_version, "v2", name="Ada", summary=many_categories(9), locale="tr").text
+    assert FALLBACKS.drain() == {}
+    # REPORT_LOCALE's words too, for users with no locale of their own.
+    look = ReportLook(locale="tr_TR", currency="USD")
+    assert "Hello there," in render(new_version, "v3", name=None, summary=many_categories(3), look=look).text
+    assert FALLBACKS.drain() == {"catalog": 1}
+
+
+def test_a_process_is_told_at_start_which_languages_the_version_has_no_catalog_for(new_version: Path) -> None:
+    warning = missing_catalogs_warning(new_version, "v3")
+    assert warning is not None and warning.startswith("Template version 'v3' has no compiled catalog for tr, uz ")
+    assert str(new_version / "v3" / "locale") in warning and "scripts/catalogs" in warning
+    # The shipped v2 lacks none, and v1 is English only.
+    assert missing_catalogs_warning(TEMPLATES, "v2") is None
+    assert missing_catalogs_warning(new_version, "v2") is None
+    assert missing_catalogs_warning(new_version, "v1") is None
