@@ -35,7 +35,7 @@ from reports.endpoints import redact_url
 from reports.errors import ConfigurationError
 from reports.fanout import runs
 from reports.jobs import QUEUES, CoordinatorJob
-from reports.models import PeriodRun
+from reports.models import PeriodRun, RunState
 from reports.ops import retention
 from reports.periods import Period
 from reports.settings import Settings
@@ -123,6 +123,7 @@ class SchedulerProcess:
                     template_version=self.settings.template_version,
                     schedule=self.settings.send_schedule,
                     now=now,
+                    resume=False,
                 )
             # Committed before the send: if the send fails, reconcile re-enqueues the coordinator
             # of a walk that has not moved for RECONCILE_STUCK_AFTER_SECONDS.
@@ -137,8 +138,9 @@ class SchedulerProcess:
                 )
             else:
                 logger.info(
-                    "%s was triggered by another replica; nothing enqueued.",
+                    "%s was triggered meanwhile, by another replica or an operator%s; nothing enqueued.",
                     period,
+                    ", and is cancelled" if run.run.state == RunState.CANCELLED else "",
                     extra={"period": str(period), "replica": self.replica},
                 )
         logger.log(

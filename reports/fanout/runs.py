@@ -74,6 +74,7 @@ def trigger(
     now: datetime,
     schedule: SendSchedule | None = None,
     restart_walk: bool = False,
+    resume: bool = True,
 ) -> Triggered:
     """Create the period's run if it has none; the template version and the send ``schedule`` are
     pinned by the first trigger.
@@ -82,6 +83,8 @@ def trigger(
     ``restart_walk``, an existing unfinished walk (or a release of reports not yet due) is given a
     new chain too, for the caller to enqueue: whichever chain was out there stops at its next slice. Without it, a run that
     exists keeps its chain (another scheduler replica created it and enqueued its coordinator).
+    A cancelled run is made active again, unless ``resume`` is false: only an operator resumes a
+    month, never the scheduler that found it missing a moment before the operator made and cancelled it.
     """
     # RETURNING, not rowcount: drivers disagree on rowcount for ON CONFLICT DO NOTHING.
     inserted = session.execute(
@@ -104,7 +107,7 @@ def trigger(
     if not run.planned:
         # Before the coordinator records the period's first items.
         partitions.ensure(session, period)
-    resumed = run.state == RunState.CANCELLED
+    resumed = resume and run.state == RunState.CANCELLED
     releasing = run.planned and progress.waiting(session, period)
     if resumed:
         run.state, run.updated_at = RunState.ACTIVE, now
