@@ -265,8 +265,9 @@ class Settings:
     #: Soft-bounced emails of one user within ``soft_bounce_window_days`` that suppress the user
     #: (each email once, however often its provider reported it).
     soft_bounce_limit: int = 3
-    #: The window, in days, that ``soft_bounce_limit`` counts a user's soft-bounced emails in.
-    soft_bounce_window_days: int = 30
+    #: The window, in days, that ``soft_bounce_limit`` counts a user's soft-bounced emails in: long
+    #: enough for three monthly reports, the only emails most users get.
+    soft_bounce_window_days: int = 90
     #: For tests only: a PEM file of the CAs that the SNS certificate and subscription fetches trust
     #: instead of the system's, which also lets them reach a loopback host. Refused at start unless
     #: PUBLIC_BASE_URL is loopback, so a production deployment cannot set it by accident.

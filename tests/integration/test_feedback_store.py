@@ -4,7 +4,7 @@ to the suppression list; soft bounces counted; a period's complaints counted; re
 from __future__ import annotations
 
 import itertools
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from sqlalchemy import select, text
@@ -199,3 +199,19 @@ def test_the_listing_filters(sessions, filters):
     with sessions() as session:
         [listed] = store.find(session, **filters)
     assert listed.user_id == (1 if set(filters) & {"provider", "kind"} else 2)
+
+
+def test_with_the_default_window_three_monthly_reports_soft_bounced_in_a_row_suppress(sessions, settings):
+    policy = store.Policy(
+        soft_bounce_limit=settings.soft_bounce_limit,
+        soft_bounce_window=timedelta(days=settings.soft_bounce_window_days),
+    )
+    load_users(sessions, count=2)
+    # Each report goes out on the 1st; its soft bounce comes back the same morning.
+    sent = [datetime(2026, 9, 1, 9), datetime(2026, 10, 1, 9), datetime(2026, 11, 1, 9)]
+    outcomes = []
+    for moment in sent:
+        soft = event(Kind.SOFT_BOUNCE, "user1@example.test", user_id=1, period=f"{moment:%Y-%m}", occurred_at=moment)
+        with sessions.begin() as session:
+            outcomes.append(store.record(session, [soft], now=moment, policy=policy).suppressed)
+    assert outcomes == [(), (), (1,)]

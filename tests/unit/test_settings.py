@@ -624,7 +624,7 @@ def test_the_provider_webhooks_are_unset_by_default() -> None:
         settings.mailgun_webhook_signing_key,
         settings.sns_test_ca_file,
     ) == ("", "", "", "", None)
-    assert (settings.soft_bounce_limit, settings.soft_bounce_window_days) == (3, 30)
+    assert (settings.soft_bounce_limit, settings.soft_bounce_window_days) == (3, 90)
 
 
 def test_well_formed_provider_webhook_settings_are_accepted_and_the_secrets_not_shown() -> None:
