@@ -216,6 +216,7 @@ def test_promtool_proves_the_period_completion_panel_shows_only_planned_periods(
 FLEET_STEPS = 240
 FLEET_STEP_SECONDS = 15
 
+
 def fleet_series(end: int) -> dict[str, list[float]]:
     """One exporter's series (``name{labels}``, without job and instance) and their values at each
     step of the hour up to ``end`` (Unix time). Four periods: one complete; one stuck 8 hours after
