@@ -54,15 +54,24 @@ class _Stage(enum.Enum):
 #: connection open, for instance, then answers "503 send HELO first" to every message.
 _SESSION_CODES = frozenset({500, 501, 503})
 
+#: A character of an address in a provider's reply: anything but what quotes or ends one (the
+#: local part's, an ``@`` too).
+_IN_ADDRESS = r"[^\s<>()\[\]\\,;:\"']"
+_IN_LOCAL_PART = r"[^\s<>()\[\]\\,;:\"'@]"
 #: Addresses in a provider's reply (``550 5.1.1 <x@y>: Recipient address rejected``), with their
 #: angle brackets if they have them: personal data, kept out of errors, dead letters and logs.
-_ADDRESS_IN_REPLY = re.compile(r"<?[^\s<>()\[\]\\,;:\"']+@[^\s<>()\[\]\\,;:\"']+>?")
+#: A local part may hold apostrophes (``mary.o'brien@…``, which a dot-atom allows); those before
+#: it quote the address (``'x@y'``) and are kept, as ``quote``. A match starts only where a word
+#: does, and its local part is never read twice, so a long reply costs one pass.
+_ADDRESS_IN_REPLY = re.compile(
+    rf"(?<!{_IN_LOCAL_PART})(?<!')(?P<quote>'*)<?(?>{_IN_LOCAL_PART}+(?:'+{_IN_LOCAL_PART}+)*'*)@{_IN_ADDRESS}+>?"
+)
 
 
 class _Refused(Exception):
     def __init__(self, stage: _Stage, code: int, reply: bytes | str) -> None:
         text = reply.decode("utf-8", "replace") if isinstance(reply, bytes) else str(reply)
-        self.stage, self.code, self.reply = stage, code, _ADDRESS_IN_REPLY.sub("<address>", text)
+        self.stage, self.code, self.reply = stage, code, _ADDRESS_IN_REPLY.sub(r"\g<quote><address>", text)
         super().__init__(stage.value, code, self.reply)
 
     @property
