@@ -403,8 +403,8 @@ def redact_webhook_url(url: str) -> str:
 
 def redact_url(url: str) -> str:
     """Return ``url`` with its secrets masked: the password (between the user name's ``:`` and the
-    host's ``@``) and the value of every query parameter named like a secret (``?password=``,
-    ``sslpassword``, ``token``, ``api_key``…, any case).
+    host's ``@``), the user name too when it is the password itself, and the value of every query
+    parameter named like a secret (``?password=``, ``sslpassword``, ``token``, ``api_key``…, any case).
 
     Deliberately not built on ``urlsplit``: it must hide a password even in a malformed URL
     (no scheme, an unencoded ``/`` or ``#`` in the password, a bad port) and never raise. A list of
@@ -430,5 +430,8 @@ def _redact_userinfo(url: str) -> str:
     userinfo, at, host = rest.rpartition("@")
     if not at or ":" not in userinfo:
         return url
-    user = userinfo.split(":", 1)[0]
+    user, _, password = userinfo.partition(":")
+    if user == password:
+        # A token that is both user and password (Postmark's SMTP server token) is a secret twice.
+        user = "***"
     return f"{scheme}{separator}{user}{':' if user else ''}***@{host}"

@@ -365,6 +365,8 @@ def test_a_sender_no_email_could_carry_is_refused_in_one_line(mail_from: str) ->
         ("redis://:secret@localhost:6379/0", "redis://***@localhost:6379/0"),
         ("postgresql+psycopg://app:secret@db:5432/reports", "postgresql+psycopg://app:***@db:5432/reports"),
         ("smtp://user:secret@[::1]:25", "smtp://user:***@[::1]:25"),
+        # Postmark's SMTP credentials: its server token as both user name and password.
+        ("smtp://secret:secret@smtp.postmarkapp.com:587", "smtp://***:***@smtp.postmarkapp.com:587"),
     ],
 )
 def test_redact_url_hides_the_password(url: str, redacted: str) -> None:
@@ -403,6 +405,14 @@ def test_a_redacted_url_keeps_its_host_and_port_readable() -> None:
 )
 def test_redact_url_never_raises_and_never_shows_the_password(url: str) -> None:
     assert "secret" not in redact_url(url)
+
+
+def test_a_token_that_is_user_and_password_is_not_in_the_smtp_url_error() -> None:
+    token = "8d5e1f3a-0c2b-4f6e-9a7d-1b2c3d4e5f60"
+    with pytest.raises(ConfigurationError, match="SMTP_URL") as raised:
+        Settings.from_env({"SMTP_URL": f"smtp://{token}:{token}@smtp.postmarkapp.com:587"})
+    assert token not in str(raised.value)
+    assert "smtp.postmarkapp.com:587" in str(raised.value)
 
 
 @pytest.mark.parametrize("url", ["amqp://guest:s3cret@127.0.0.1:5672/", "http://redis", "localhost:6379"])
