@@ -554,3 +554,26 @@ def test_a_provider_slow_on_every_reply_cannot_stretch_one_send_past_its_deadlin
         assert elapsed < 2.5, f"one send took {elapsed:.1f}s with a 2 s deadline (about 6 s of replies otherwise)"
     finally:
         slow.stop()
+
+
+@pytest.mark.parametrize(
+    ("reply", "shown"),
+    [
+        ("550 5.1.1 jane.doe... User unknown", "SMTP 550: 5.1.1 <address>... User unknown"),
+        ("550 5.1.1 User Jane.Doe not found here", "SMTP 550: 5.1.1 User <address> not found here"),
+        ("452 4.2.2 Mailbox jane.doe is full", "SMTP 452: 4.2.2 Mailbox <address> is full"),
+        # Another name that only begins like it is not the recipient's.
+        ("550 5.1.1 jane.doe2 unknown", "SMTP 550: 5.1.1 jane.doe2 unknown"),
+    ],
+)
+def test_the_recipients_local_part_alone_in_a_reply_is_masked_too(provider: Provider, reply: str, shown: str) -> None:
+    refuse_always(provider, "RCPT", reply)
+    mailer = SmtpMailer(provider.url, timeout_seconds=5, sender=SENDER)
+
+    with pytest.raises((MailRejected, MailDeferred)) as raised:
+        send(mailer, "jane.doe@example.test")
+
+    assert str(raised.value) == shown
+    # Still read as the reply it is: a 5xx about the address is a hard bounce of the recipient.
+    if isinstance(raised.value, MailRejected):
+        assert raised.value.recipient

@@ -96,20 +96,36 @@ class _Refused(Exception):
         server then does, and a broken session is not worth resetting."""
         return self.code == SERVICE_NOT_AVAILABLE or self.breaks_session
 
-    def error(self) -> MailRejected | MailDeferred | ProviderUnavailable | RateLimited:
+    def error(self, recipient: str) -> MailRejected | MailDeferred | ProviderUnavailable | RateLimited:
+        """The refusal as the pipeline takes it, read from the whole reply; its text with
+        ``recipient``'s local part masked too, where the reply names it without its domain
+        (``jane.doe... User unknown``), which the address's own mask cannot see."""
+        shown = _without_local_part(self.reply, recipient)
         if replies.is_about_rate(self.code, self.reply):
-            return RateLimited(self.code, self.reply)
+            return RateLimited(self.code, shown)
         if self.code == SERVICE_NOT_AVAILABLE:
-            return MailDeferred(self.code, self.reply)
+            return MailDeferred(self.code, shown)
         if self.breaks_session:
-            return ProviderUnavailable(f"SMTP session broken: {self.code} to {self.stage.value}: {self.reply}")
+            return ProviderUnavailable(f"SMTP session broken: {self.code} to {self.stage.value}: {shown}")
         if self.code >= 500:
             to_recipient = self.stage is _Stage.RCPT
             about_address = replies.is_about_address(self.code, self.reply, to_recipient=to_recipient)
-            return MailRejected(
-                self.code, self.reply, recipient=to_recipient and about_address, about_address=about_address
-            )
-        return MailDeferred(self.code, self.reply)
+            return MailRejected(self.code, shown, recipient=to_recipient and about_address, about_address=about_address)
+        return MailDeferred(self.code, shown)
+
+
+#: Shorter local parts are left in a reply: masked, ``jo`` would take out every word "jo" too, and
+#: without its domain it names nobody.
+_LOCAL_PART_MASKED_FROM = 3
+
+
+def _without_local_part(reply: str, recipient: str) -> str:
+    local = recipient.rpartition("@")[0]
+    if len(local) < _LOCAL_PART_MASKED_FROM:
+        return reply
+    # As a word of its own: not inside a longer name, but followed by "..." as sendmail writes it.
+    alone = rf"(?<![\w.+'-]){re.escape(local)}(?![\w+'-]|\.\w)"
+    return re.sub(alone, "<address>", reply, flags=re.IGNORECASE)
 
 
 class _DeadlineReader:
@@ -301,7 +317,7 @@ class SmtpMailer:
                     # the claim's lease may send it again.
                     raise SendUnconfirmed(f"SMTP provider gave the message no clear reply: {refused.code}") from None
                 if not refused.breaks_session or refused.code == SERVICE_NOT_AVAILABLE or last_try:
-                    raise refused.error() from None
+                    raise refused.error(recipient) from None
             except (smtplib.SMTPException, OSError) as e:
                 self._drop()
                 # Once the content is on the wire its fate is unknown: only a later attempt,
