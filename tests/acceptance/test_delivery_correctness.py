@@ -124,7 +124,16 @@ def test_an_outage_and_a_slow_drain_longer_than_the_stuck_threshold_send_everyon
     )
     population = load_users(sessions, count=40, inactive_every=1000)
     smtp_server.stop()
-    workers = start_workers(settings, processes=1, threads=4)
+    # The walk reads as alive only while its chain stamps the run within the 2 s threshold, so the
+    # chain's pool looks at its queues every 0.1 s: a continuation passes two (the delay queue,
+    # then the queue), and an idle consumer looks every second by default, which stretched the
+    # 0.5 s pause to 1.1-1.9 s between slices, and once to 2.4 s (reconcile then started a second
+    # chain). The pools are production's (the Procfile's worker-default and worker-bulk): on the
+    # senders' threads, a slice also waited behind the sends it paused for.
+    coordinators = start_workers(
+        settings, processes=1, threads=1, queues=("default",), env={"dramatiq_worker_timeout": "100"}
+    )
+    senders = start_workers(settings, processes=1, threads=4, queues=("bulk",))
     trigger(settings)
 
     found: list[Reconciliation] = []
@@ -162,7 +171,7 @@ def test_an_outage_and_a_slow_drain_longer_than_the_stuck_threshold_send_everyon
     assert len(found) > 10
     assert [r for r in found if r.requeued or r.coordinator_enqueued] == [], "reconcile took waiting for lost"
     assert any(r.waiting for r in found) and any(r.walk_paused for r in found)
-    chains = set(re.findall(r"chain ([0-9a-f-]{36})", workers.log()))
+    chains = set(re.findall(r"chain ([0-9a-f-]{36})", coordinators.log() + senders.log()))
     assert len(chains) == 1, chains
 
 
