@@ -8,6 +8,7 @@ the first of them failed."""
 from __future__ import annotations
 
 import functools
+import ipaddress
 from dataclasses import dataclass
 
 import redis
@@ -20,6 +21,23 @@ MAX_FAILURES_PER_USER = 5
 MAX_FAILURES_PER_ADDRESS = 20
 #: How long a failure counts, in seconds, from the first failure of the count.
 WINDOW_SECONDS = 900
+#: An IPv6 client is counted by its network of this size: one subscriber or host is handed a whole
+#: /64, and could otherwise try as many passwords as it has addresses.
+IPV6_PREFIX = 64
+
+
+def counted_address(address: str) -> str:
+    """What the address limit counts ``address`` as: an IPv4 address itself (mapped into IPv6 too),
+    an IPv6 address by its /64, anything else as it is."""
+    try:
+        parsed = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    if isinstance(parsed, ipaddress.IPv6Address):
+        if parsed.ipv4_mapped is not None:
+            return str(parsed.ipv4_mapped)
+        return str(ipaddress.IPv6Network((parsed, IPV6_PREFIX), strict=False))
+    return str(parsed)
 
 
 @dataclass(frozen=True)
@@ -31,7 +49,7 @@ class LoginThrottle:
         """Count a login for ``name`` from ``address`` as failed; ``True`` when it is refused now,
         its password unchecked."""
         with self.client.pipeline(transaction=False) as pipe:
-            for key in (self._key("user", name), self._key("address", address)):
+            for key in (self._key("user", name), self._key("address", counted_address(address))):
                 pipe.incr(key)
                 # NX: the window runs from the first failure; later ones do not extend it.
                 pipe.expire(key, WINDOW_SECONDS, nx=True)
@@ -43,7 +61,7 @@ class LoginThrottle:
         address's failures stay, so one good password cannot reset a spray."""
         with self.client.pipeline(transaction=False) as pipe:
             pipe.delete(self._key("user", name))
-            self._take_back(keys=[self._key("address", address)], client=pipe)
+            self._take_back(keys=[self._key("address", counted_address(address))], client=pipe)
             pipe.execute()
 
     @functools.cached_property

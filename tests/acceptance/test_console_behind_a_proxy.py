@@ -61,3 +61,17 @@ def test_trusting_every_proxy_a_client_cannot_pick_the_address_the_limit_counts(
         assert attacker.login("guess", "wrong password") == 429
     with through_the_router(web, "198.51.100.7") as ada:
         assert ada.login("ada", ADMIN_PASSWORD) == 200
+
+
+def test_an_ipv6_client_is_counted_by_its_64_not_by_each_of_its_addresses(sessions, start_web):
+    load_users(sessions, count=1)
+    web = start_web(console_users=CONSOLE_USERS, forwarded_allow_ips=ROUTER)
+    # One host holds a whole /64: each guess from another address of it.
+    for n in range(throttle.MAX_FAILURES_PER_ADDRESS):
+        with through_the_router(web, f"2001:db8:1:2::{n + 1:x}") as attacker:
+            assert attacker.login(f"guess{n}", "wrong password") == 401
+    with through_the_router(web, "2001:db8:1:2:ffff::9") as attacker:
+        assert attacker.login("ada", ADMIN_PASSWORD) == 429
+    # Another network's client is not held up.
+    with through_the_router(web, "2001:db8:1:3::1") as ada:
+        assert ada.login("ada", ADMIN_PASSWORD) == 200
