@@ -129,7 +129,7 @@ def test_the_expression_sources_are_complete_and_the_panels_use_the_datasource_v
     assert len(dashboard_expressions()) >= 12
     names = [name for name, _ in alert_expressions()]
     assert names == re.findall(r"^\s*- alert:\s*(\S+)", ALERTS.read_text(), flags=re.MULTILINE)
-    assert len(names) == 12
+    assert len(names) == 13
 
 
 # --- promtool ----------------------------------------------------------------------------------
@@ -140,7 +140,7 @@ def test_promtool_checks_the_alert_rules():
         [binary("promtool"), "check", "rules", str(ALERTS)], capture_output=True, text=True, timeout=60, check=False
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 12 rules found" in result.stdout
+    assert "SUCCESS: 13 rules found" in result.stdout
 
 
 def test_promtool_accepts_the_example_configuration():
@@ -308,6 +308,9 @@ def fleet_series(end: int) -> dict[str, list[float]]:
         put("reports_actor_duration_seconds_bucket", lambda i, n=per_step: n * i, actor="build_report", le=le)
     put("reports_actor_duration_seconds_count", lambda i: 23 * i, actor="build_report")
     put("reports_actor_duration_seconds_sum", lambda i: 60 * i, actor="build_report")
+    # A template version without one language's catalog: its users' reports worded in English.
+    put("reports_user_fallbacks_total", lambda i: i // 8, fact="catalog")
+    put("reports_user_fallbacks_total", lambda i: 3 * i, fact="locale")
     put("up", 1)
     return series
 
