@@ -27,7 +27,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from reports.ops.demo_processes import WEB_PORT
+from reports.ops.demo_processes import WEB_PORT, WORKER_SHUTDOWN_TIMEOUT_MS
 from reports.settings import ENVIRONMENT
 from tests.support.databases import temporary_database
 from tests.support.periods import month_from_now
@@ -355,3 +355,34 @@ def test_fresh_refuses_a_database_outside_the_demos_folder_and_deletes_nothing(d
     assert line.startswith("error: --fresh"), line
     assert elsewhere.read_bytes() == b"not the demo's"
     assert sorted(p.name for p in demo_dir.iterdir()) == ["mine.db"]
+
+
+def test_a_demo_killed_with_9_leaves_no_worker_or_web_process_and_the_next_run_stops_its_redis(demo_dir, web_port):
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "reports", "demo", "--serve", "--users", "50", "--processes", "1", "--threads", "2"],
+        cwd=demo_dir,
+        env={**demo_environment(), "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        read_until(demo.stdout, "export VAR_DIR=", timeout=120)
+        children = [p for p in processes_left_in(demo_dir) if p.pid != demo.pid and "redis-server" not in p.name()]
+        assert {"dramatiq", "web"} <= {word for p in children for word in p.cmdline()}, describe(children)
+    finally:
+        demo.kill()
+        demo.wait()
+
+    # Told by the system that the demo is gone, they drain and stop: no worker polls on without it.
+    deadline = time.monotonic() + WORKER_SHUTDOWN_TIMEOUT_MS / 1000 + 15
+    while (left := [p for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.5)
+    assert not left, f"processes outlived the demo:\n{describe(left)}"
+
+    # The embedded Redis server, a daemon of its own, is taken up by the next run, which stops it.
+    again = run_demo(demo_dir, users=50)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert_no_process_left(demo_dir)
