@@ -7,12 +7,11 @@ provider is answered: a retry finds its events stored and changes nothing, a cra
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import String, and_, cast, delete, distinct, func, select, update
+from sqlalchemy import String, and_, cast, delete, distinct, func, select, union_all, update
 from sqlalchemy.orm import Session
 
 from reports import suppressions
@@ -318,35 +317,34 @@ def find(
 
 def count_by_provider_kind(session: Session) -> dict[tuple[str, str], int]:
     """Events ever stored, pruned ones included, per (provider, kind), every pair present (0 when none)."""
-    counts = Counter(
-        {
-            (str(p), str(k)): int(n)
-            for p, k, n in session.execute(
-                select(FeedbackEvent.provider, FeedbackEvent.kind, func.count()).group_by(
-                    FeedbackEvent.provider, FeedbackEvent.kind
-                )
-            )
-        }
+    # One statement, so one snapshot: read in two, a prune committed between them would be counted
+    # both as stored and as pruned, and the next scrape, lower, would read as a counter reset.
+    stored = select(FeedbackEvent.provider, FeedbackEvent.kind, func.count().label("n")).group_by(
+        FeedbackEvent.provider, FeedbackEvent.kind
     )
-    for p, k, n in session.execute(select(FeedbackPruned.provider, FeedbackPruned.kind, FeedbackPruned.events)):
-        counts[(str(p), str(k))] += int(n)
-    return {(p.value, k.value): counts[(p.value, k.value)] for p in Provider for k in Kind}
+    pruned = select(FeedbackPruned.provider, FeedbackPruned.kind, FeedbackPruned.events.label("n"))
+    both = union_all(stored, pruned).subquery()
+    counts = {
+        (str(p), str(k)): int(n)
+        for p, k, n in session.execute(
+            select(both.c.provider, both.c.kind, func.sum(both.c.n)).group_by(both.c.provider, both.c.kind)
+        )
+    }
+    return {(p.value, k.value): counts.get((p.value, k.value), 0) for p in Provider for k in Kind}
 
 
 def unmatched_by_provider(session: Session) -> dict[str, int]:
     """Events ever stored that matched no user, pruned ones included, per provider, every provider present."""
     no_match = ~select(FeedbackMatch.event).where(FeedbackMatch.event == FeedbackEvent.id).exists()
-    counts = Counter(
-        {
-            str(p): int(n)
-            for p, n in session.execute(
-                select(FeedbackEvent.provider, func.count()).where(no_match).group_by(FeedbackEvent.provider)
-            )
-        }
-    )
-    for p, n in session.execute(select(FeedbackPruned.provider, FeedbackPruned.unmatched)):
-        counts[str(p)] += int(n)
-    return {p.value: counts[p.value] for p in Provider}
+    # One statement, so one snapshot (see count_by_provider_kind).
+    stored = select(FeedbackEvent.provider, func.count().label("n")).where(no_match).group_by(FeedbackEvent.provider)
+    pruned = select(FeedbackPruned.provider, FeedbackPruned.unmatched.label("n"))
+    both = union_all(stored, pruned).subquery()
+    counts = {
+        str(p): int(n)
+        for p, n in session.execute(select(both.c.provider, func.sum(both.c.n)).group_by(both.c.provider))
+    }
+    return {p.value: counts.get(p.value, 0) for p in Provider}
 
 
 def users_by_period(session: Session, periods: Iterable[str]) -> dict[str, dict[str, int]]:

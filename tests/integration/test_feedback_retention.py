@@ -145,3 +145,27 @@ def test_on_postgresql_two_prunes_at_once_delete_each_event_once_and_count_it_on
     assert counters(sessions) == before
     with sessions() as session:
         assert session.scalar(select(text("sum(events)")).select_from(text("feedback_pruned"))) == 200
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+@pytest.mark.parametrize("count", [store.count_by_provider_kind, store.unmatched_by_provider])
+def test_on_postgresql_a_prune_committed_while_the_exporter_counts_is_counted_once(feedback, count) -> None:
+    """The exporter reads its counters beside a prune: the stored events and the pruned ones' counts
+    must come from one snapshot, or the events that a prune moves between them are counted twice (and
+    the next scrape, a lower value, reads as a counter reset)."""
+    with feedback() as session:
+        expected = count(session)
+    with feedback() as session:
+        execute = session.execute
+        pruned: list[feedback_retention.Outcome] = []
+
+        def execute_then_prune(*args, **kw):  # type: ignore[no-untyped-def]
+            result = execute(*args, **kw)
+            if not pruned:
+                pruned.append(feedback_retention.prune(feedback, before=OLDEST_KEPT.start, batch_size=100))
+            return result
+
+        session.execute = execute_then_prune  # type: ignore[method-assign]
+        during = count(session)
+    assert pruned and pruned[0].deleted == 3
+    assert during == expected
