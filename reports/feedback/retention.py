@@ -34,7 +34,8 @@ class Outcome:
 
 
 def cutoff(oldest_kept: Period, now: datetime, soft_bounce_window: timedelta) -> datetime:
-    """Events received before the oldest month kept, and before the soft-bounce window, can go."""
+    """Events received (and occurred) before the oldest month kept, and before the soft-bounce
+    window, can go."""
     return min(oldest_kept.start, now - soft_bounce_window)
 
 
@@ -46,7 +47,7 @@ def prune(
     dry_run: bool = False,
     should_stop: Callable[[], bool] = lambda: False,
 ) -> Outcome:
-    """Delete the events received before ``before`` that no suppression points to, one short
+    """Delete the events received and occurred before ``before`` that no suppression points to, one short
     transaction a batch, until ``should_stop`` says to stop between batches."""
     outcome = Outcome(before)
     with sessions.begin() as session:
@@ -73,7 +74,9 @@ def prune(
 
 
 def _old(before: datetime) -> ColumnElement[bool]:
-    return FeedbackEvent.received_at < before
+    # Both times: the soft-bounce limit counts an event by when it occurred, the provider's time,
+    # which is later than when it was received when the provider's clock is ahead of ours.
+    return and_(FeedbackEvent.received_at < before, FeedbackEvent.occurred_at < before)
 
 
 def _suppressing() -> ColumnElement[bool]:

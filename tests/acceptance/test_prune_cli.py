@@ -87,9 +87,9 @@ def test_old_provider_feedback_goes_with_the_months_but_not_what_a_suppression_o
         store.record(
             session,
             [
-                event(Kind.COMPLAINT, "user1@example.test", event_id="suppressed-user-1"),
-                event(Kind.SOFT_BOUNCE, "user2@example.test", summary="Transient/MailboxFull"),
-                event(Kind.HARD_BOUNCE, "stranger@example.test"),
+                event(Kind.COMPLAINT, "user1@example.test", event_id="suppressed-user-1", occurred_at=long_ago),
+                event(Kind.SOFT_BOUNCE, "user2@example.test", summary="Transient/MailboxFull", occurred_at=long_ago),
+                event(Kind.HARD_BOUNCE, "stranger@example.test", occurred_at=long_ago),
             ],
             now=long_ago,
             policy=POLICY,

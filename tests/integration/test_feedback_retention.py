@@ -48,12 +48,24 @@ def feedback(sessions: sessionmaker[Session]) -> sessionmaker[Session]:
         sessions,
         OLD,
         # A complaint suppressed user 1: the console shows it as the reason, so it stays.
-        event(Kind.COMPLAINT, "user1@example.test", event_id="old-complaint"),
-        event(Kind.SOFT_BOUNCE, "user2@example.test", event_id="old-soft", summary="Transient/MailboxFull"),
-        event(Kind.HARD_BOUNCE, "stranger@example.test", event_id="old-stranger"),
-        event(Kind.HARD_BOUNCE, "other@example.test", provider=Provider.POSTMARK, event_id="old-postmark"),
+        event(Kind.COMPLAINT, "user1@example.test", event_id="old-complaint", occurred_at=OLD),
+        event(
+            Kind.SOFT_BOUNCE,
+            "user2@example.test",
+            event_id="old-soft",
+            summary="Transient/MailboxFull",
+            occurred_at=OLD,
+        ),
+        event(Kind.HARD_BOUNCE, "stranger@example.test", event_id="old-stranger", occurred_at=OLD),
+        event(
+            Kind.HARD_BOUNCE, "other@example.test", provider=Provider.POSTMARK, event_id="old-postmark", occurred_at=OLD
+        ),
     )
-    received(sessions, RECENT, event(Kind.COMPLAINT, "user3@example.test", event_id="recent-complaint"))
+    received(
+        sessions,
+        RECENT,
+        event(Kind.COMPLAINT, "user3@example.test", event_id="recent-complaint", occurred_at=RECENT),
+    )
     return sessions
 
 
@@ -125,7 +137,7 @@ def test_the_cutoff_is_the_older_of_the_oldest_month_kept_and_the_soft_bounce_wi
 @pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
 def test_on_postgresql_two_prunes_at_once_delete_each_event_once_and_count_it_once(sessions) -> None:
     load_users(sessions, count=2)
-    received(sessions, OLD, *(event(Kind.HARD_BOUNCE, f"gone{i}@example.test") for i in range(200)))
+    received(sessions, OLD, *(event(Kind.HARD_BOUNCE, f"gone{i}@example.test", occurred_at=OLD) for i in range(200)))
     before = counters(sessions)
     start = threading.Barrier(2)
     outcomes: list[feedback_retention.Outcome] = []
@@ -169,3 +181,25 @@ def test_on_postgresql_a_prune_committed_while_the_exporter_counts_is_counted_on
         during = count(session)
     assert pruned and pruned[0].deleted == 3
     assert during == expected
+
+
+def test_a_soft_bounce_the_window_still_counts_stays_though_its_provider_dated_it_after_it_came(sessions) -> None:
+    """The soft-bounce limit counts a user's soft bounces by when they occurred, the provider's time,
+    which can be later than when one was received (the provider's clock is ahead of ours)."""
+    load_users(sessions, count=2)
+    window = timedelta(days=400)
+    came = NOW - window - timedelta(minutes=10)
+    received(
+        sessions,
+        came,
+        event(Kind.SOFT_BOUNCE, "user2@example.test", event_id="ahead", occurred_at=came + timedelta(minutes=30)),
+    )
+
+    def counted() -> int:
+        with sessions() as session:
+            return store._soft_bounces(session, 2, since=NOW - window)
+
+    assert counted() == 1
+    result = prune(sessions, soft_bounce_window=window)
+    assert result.feedback is not None and result.feedback.deleted == 0
+    assert counted() == 1

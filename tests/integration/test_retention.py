@@ -488,7 +488,10 @@ def test_the_scheduler_prunes_once_a_day_across_replicas_from_the_2nd(filled, se
     with filled.begin() as session:
         long_ago = NOW - timedelta(days=400)
         feedback_store.record(
-            session, [feedback_event(Kind.HARD_BOUNCE, "stranger@example.test")], now=long_ago, policy=POLICY
+            session,
+            [feedback_event(Kind.HARD_BOUNCE, "stranger@example.test", occurred_at=long_ago)],
+            now=long_ago,
+            policy=POLICY,
         )
 
     first, second = (replica.prune() for replica in replicas)
