@@ -21,7 +21,7 @@ from reports.worker import failure_logs
 from reports.worker.actor_metrics import ActorMetrics
 from reports.worker.broker import build_broker, declare_queues, shared_redis
 from reports.worker.dead_letter_sink import BrokerDeadLetters
-from reports.worker.lifecycle import AfterBoot, DrainOnce, Heartbeat
+from reports.worker.lifecycle import AfterBoot, DrainOnce, Heartbeat, StopWithMaster
 from reports.worker.queues import queue_for
 from reports.worker.retries import JitteredRetries
 
@@ -64,6 +64,7 @@ broker.add_middleware(ActorMetrics(_shared_redis, namespace=_settings.broker_nam
 broker.add_middleware(BrokerDeadLetters(worker.record_dead, interval_seconds=_settings.dead_letter_sweep_seconds))
 broker.add_middleware(Heartbeat(interval_seconds=_settings.heartbeat_timeout_ms / 4000))
 broker.add_middleware(DrainOnce(window_seconds=REPEATED_SIGTERM_WINDOW_SECONDS))
+broker.add_middleware(StopWithMaster())
 broker.add_middleware(AfterBoot(worker.booted))
 dramatiq.set_broker(broker)
 # Expected failures are logged once each, by the retries and the dead-letter sink, not by Dramatiq.

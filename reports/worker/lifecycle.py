@@ -4,8 +4,12 @@
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import multiprocessing
+import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -88,3 +92,28 @@ def coalesce_term_signals(
         return original(signum, frame)
 
     return handler
+
+
+#: prctl(2)'s option: the signal a process gets when the thread that started it ends.
+_PR_SET_PDEATHSIG = 1
+
+
+class StopWithMaster(Middleware):
+    """A worker process drains and stops when its ``dramatiq`` master dies, even by ``kill -9``.
+
+    Left alone it runs on as an orphan holding the read end of its own logging pipe: once 64 KiB of
+    log lines fill that pipe with no master to read it, the next log call blocks for good, holding
+    the logging lock, and the process wedges with its broker connection (RabbitMQ) or heartbeat
+    (Redis) still alive, so the messages it has fetched are neither run nor given back, and
+    reconcile counts them as held by a live worker. On Linux the process asks for SIGTERM when its
+    master ends (the drain every SIGTERM starts, while the pipe still has room); elsewhere nothing.
+    """
+
+    def after_process_boot(self, broker: dramatiq.Broker) -> None:
+        master = multiprocessing.parent_process()
+        if master is None or not sys.platform.startswith("linux"):
+            return  # not a child of dramatiq's master (a test's in-process worker)
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        # The master may have died before the line above: then nothing would ever send it.
+        if os.getppid() != master.pid:
+            os.kill(os.getpid(), signal.SIGTERM)

@@ -6,6 +6,7 @@ import os
 import signal
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import redis
@@ -217,3 +218,39 @@ def test_the_brokers_queued_messages_lost_mid_run_are_repaired_by_reconcile(
     assert_each_mailed_once(smtp_server, population.active)
     again = run_cli(settings, "reconcile", PERIOD, "--stuck-after", "0", "--json")
     assert '"requeued": 0' in again.stdout and '"pending": 0' in again.stdout
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.both_brokers
+def test_worker_processes_drain_and_stop_when_their_master_is_killed(
+    crash_settings, sessions, smtp_server, start_workers
+):
+    """kill -9 of the pool's main process: its worker processes must not run on as orphans. An
+    orphan keeps the read end of its own logging pipe; once that pipe fills (64 KiB of log lines,
+    no master reading) the next log call blocks for good and the process wedges, its broker
+    connection and heartbeat alive, holding fetched messages that are neither run nor given back.
+    The soak found 19 reports stuck that way on RabbitMQ for as long as the orphans lived."""
+    population = load_users(sessions, count=300, inactive_every=1000)
+    smtp_server.handler.delay_seconds = 0.02
+    group = start_workers(crash_settings, processes=2, threads=2)
+    master = group.process.pid
+    children = [int(pid) for pid in Path(f"/proc/{master}/task/{master}/children").read_text().split()]
+    assert len(children) == 2
+    assert run_cli(crash_settings, "trigger", PERIOD).returncode == 0
+    wait_for_delivered(sessions, 20)
+
+    os.kill(group.process.pid, signal.SIGKILL)  # the master only; its children are left to themselves
+    group.process.wait()
+    wait_until(
+        lambda: not any(_alive(pid) for pid in children), timeout=25, what="the orphaned worker processes to stop"
+    )
+
+    start_workers(crash_settings, processes=1, threads=4)
+    wait_for_completion(sessions)
+    assert_each_mailed_once(smtp_server, population.active)
