@@ -6,8 +6,8 @@ order: the web process and the workers first, the Redis server they talk to last
 
 from __future__ import annotations
 
-import ctypes
 import fcntl
+import functools
 import os
 import shutil
 import signal
@@ -15,11 +15,12 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 
+from reports import parent_death
 from reports.errors import BadInput
 from reports.settings import Settings
 
@@ -175,32 +176,12 @@ def child(command: list[str], settings: Settings, *, log_path: Path) -> Iterator
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_terminated_with(os.getpid()),
+            preexec_fn=functools.partial(parent_death.terminate_with, os.getpid()),
         )
     try:
         yield process
     finally:
         _stop(process)
-
-
-#: prctl(2)'s option: the signal a process gets when the thread that started it ends.
-_PR_SET_PDEATHSIG = 1
-
-
-def _terminated_with(parent: int) -> Callable[[], None] | None:
-    """For a child, on Linux: SIGTERM when the demo ends, however it ends, so that it drains and
-    stops rather than outlive the demo (workers left polling a Redis server that is gone)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-
-    def arrange() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-        # The demo may have ended before the line above: then nothing would ever send it.
-        if os.getppid() != parent:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return arrange
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:

@@ -4,12 +4,9 @@
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import multiprocessing
-import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -21,6 +18,7 @@ import redis
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.middleware import Middleware
 
+from reports import parent_death
 from reports.worker import redis_clock
 
 logger = logging.getLogger(__name__)
@@ -94,10 +92,6 @@ def coalesce_term_signals(
     return handler
 
 
-#: prctl(2)'s option: the signal a process gets when the thread that started it ends.
-_PR_SET_PDEATHSIG = 1
-
-
 class StopWithMaster(Middleware):
     """A worker process drains and stops when its ``dramatiq`` master dies, even by ``kill -9``.
 
@@ -111,9 +105,5 @@ class StopWithMaster(Middleware):
 
     def after_process_boot(self, broker: dramatiq.Broker) -> None:
         master = multiprocessing.parent_process()
-        if master is None or not sys.platform.startswith("linux"):
-            return  # not a child of dramatiq's master (a test's in-process worker)
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-        # The master may have died before the line above: then nothing would ever send it.
-        if os.getppid() != master.pid:
-            os.kill(os.getpid(), signal.SIGTERM)
+        if master is not None and master.pid is not None:  # None: a test's in-process worker
+            parent_death.terminate_with(master.pid)
