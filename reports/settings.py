@@ -8,6 +8,7 @@ import os
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from datetime import timedelta
 from pathlib import Path
 
 from reports.console_settings import check_console
@@ -333,6 +334,10 @@ class Settings:
     def send_schedule(self) -> SendSchedule | None:
         """When a run triggered now makes its reports due; ``None``: as soon as it starts."""
         return SendSchedule.parse(self.send_at_local_time, self.default_time_zone)
+
+    @property
+    def soft_bounce_window(self) -> timedelta:
+        return timedelta(days=self.soft_bounce_window_days)
 
     @property
     def outbox_dir(self) -> Path:

@@ -259,7 +259,7 @@ class SchedulerProcess:
             before=before,
             should_stop=self.stopping.is_set,
             now=now,
-            soft_bounce_window=timedelta(days=self.settings.soft_bounce_window_days),
+            soft_bounce_window=self.settings.soft_bounce_window,
         )
         reopened = [Period.parse(p.period) for p in result.periods if p.reopened]
         feedback = result.feedback.deleted if result.feedback else 0

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import click
 
 from reports.cli.app import Obj, cli, pass_obj
@@ -39,7 +37,7 @@ def prune(obj: Obj, months: int, dry_run: bool) -> None:
         before=before,
         dry_run=dry_run,
         now=now,
-        soft_bounce_window=timedelta(days=obj.settings.soft_bounce_window_days),
+        soft_bounce_window=obj.settings.soft_bounce_window,
     )
     for line in describe(result, dry_run=dry_run):
         click.echo(line)

@@ -110,10 +110,8 @@ def default_language(default: str) -> Language:
     return Language(locale=str(parsed), catalog=catalog_of(parsed) or SOURCE)
 
 
-@lru_cache(maxsize=64)
 def missing_catalogs(locale_dir: Path, domain: str = DOMAIN) -> tuple[str, ...]:
-    """The shipped languages (:data:`CATALOGS`) with no compiled catalog in ``locale_dir``, looked
-    for once per process."""
+    """The shipped languages (:data:`CATALOGS`) with no compiled catalog in ``locale_dir``."""
     return tuple(c for c in CATALOGS if not (locale_dir / c / "LC_MESSAGES" / f"{domain}.mo").is_file())
 
 

@@ -63,7 +63,7 @@ def routes(
     """``Mount("/hooks", …)`` with a route per configured provider; none when no provider is configured."""
     policy = store.Policy(
         soft_bounce_limit=settings.soft_bounce_limit,
-        soft_bounce_window=timedelta(days=settings.soft_bounce_window_days),
+        soft_bounce_window=settings.soft_bounce_window,
     )
     intakes: dict[Provider, Intake] = {}
     if topics := feedback_settings.topic_arns(settings):

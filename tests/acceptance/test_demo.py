@@ -253,11 +253,9 @@ def test_serve_refuses_in_one_line_when_the_web_port_is_taken_and_writes_nothing
     assert_no_process_left(demo_dir)
 
 
-def test_the_served_demo_takes_a_send_now_from_another_folder_and_stops_everything_on_ctrl_c(
-    demo_dir, tmp_path, web_port
-):
-    outbox = demo_dir / "var" / "outbox" / "new"
-    demo = subprocess.Popen(
+def serve_demo(demo_dir: Path) -> subprocess.Popen[str]:
+    """``reports demo --serve`` of 50 users in ``demo_dir``, its output read through ``stdout``."""
+    return subprocess.Popen(
         [sys.executable, "-m", "reports", "demo", "--serve", "--users", "50", "--processes", "1", "--threads", "2"],
         cwd=demo_dir,
         env={**demo_environment(), "PYTHONUNBUFFERED": "1"},
@@ -265,6 +263,13 @@ def test_the_served_demo_takes_a_send_now_from_another_folder_and_stops_everythi
         stderr=subprocess.STDOUT,
         text=True,
     )
+
+
+def test_the_served_demo_takes_a_send_now_from_another_folder_and_stops_everything_on_ctrl_c(
+    demo_dir, tmp_path, web_port
+):
+    outbox = demo_dir / "var" / "outbox" / "new"
+    demo = serve_demo(demo_dir)
     try:
         printed = read_until(demo.stdout, "export VAR_DIR=", timeout=120)
         printed += [*read_until(demo.stdout, "then try:", timeout=10), demo.stdout.readline()]
@@ -358,14 +363,7 @@ def test_fresh_refuses_a_database_outside_the_demos_folder_and_deletes_nothing(d
 
 
 def test_a_demo_killed_with_9_leaves_no_worker_or_web_process_and_the_next_run_stops_its_redis(demo_dir, web_port):
-    demo = subprocess.Popen(
-        [sys.executable, "-m", "reports", "demo", "--serve", "--users", "50", "--processes", "1", "--threads", "2"],
-        cwd=demo_dir,
-        env={**demo_environment(), "PYTHONUNBUFFERED": "1"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    demo = serve_demo(demo_dir)
     try:
         read_until(demo.stdout, "export VAR_DIR=", timeout=120)
         children = [p for p in processes_left_in(demo_dir) if p.pid != demo.pid and "redis-server" not in p.name()]

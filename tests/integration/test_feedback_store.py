@@ -202,10 +202,7 @@ def test_the_listing_filters(sessions, filters):
 
 
 def test_with_the_default_window_three_monthly_reports_soft_bounced_in_a_row_suppress(sessions, settings):
-    policy = store.Policy(
-        soft_bounce_limit=settings.soft_bounce_limit,
-        soft_bounce_window=timedelta(days=settings.soft_bounce_window_days),
-    )
+    policy = store.Policy(soft_bounce_limit=settings.soft_bounce_limit, soft_bounce_window=settings.soft_bounce_window)
     load_users(sessions, count=2)
     # Each report goes out on the 1st; its soft bounce comes back the same morning.
     sent = [datetime(2026, 9, 1, 9), datetime(2026, 10, 1, 9), datetime(2026, 11, 1, 9)]
