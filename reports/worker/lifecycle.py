@@ -68,7 +68,25 @@ class DrainOnce(Middleware):
             return
         original = signal.getsignal(signal.SIGTERM)
         if callable(original):
-            signal.signal(signal.SIGTERM, coalesce_term_signals(original, window_seconds=self.window_seconds))
+            signal.signal(
+                signal.SIGTERM,
+                coalesce_term_signals(
+                    original, window_seconds=self.window_seconds, already_had_one=has_stopped(original)
+                ),
+            )
+
+
+def has_stopped(handler: Callable[..., Any]) -> bool:
+    """Whether Dramatiq's worker-process handler has had its SIGTERM already: one that came while the
+    process was still importing the actors, before this middleware could wrap it. A platform
+    signals the whole group, and the master passes the same request on once its workers have
+    booted: that second SIGTERM would be Dramatiq's "kill" (exit 1, no drain) instead of the
+    repeat it is. Dramatiq keeps that state as ``running`` in its handler's closure (it is pinned)."""
+    code, closure = getattr(handler, "__code__", None), getattr(handler, "__closure__", None)
+    if code is None or closure is None:
+        return False
+    running = dict(zip(code.co_freevars, closure, strict=True)).get("running")
+    return running is not None and running.cell_contents is False
 
 
 def coalesce_term_signals(
@@ -76,8 +94,13 @@ def coalesce_term_signals(
     *,
     window_seconds: float,
     clock: Callable[[], float] = time.monotonic,
+    already_had_one: bool = False,
 ) -> Callable[[int, FrameType | None], Any]:
-    first_at: float | None = None
+    """``original``, called for the first SIGTERM of each burst; ``already_had_one``: the burst's
+    first reached ``original`` before this wrapper was installed, so it starts now."""
+    first_at: float | None = clock() if already_had_one else None
+    if already_had_one:
+        draining.set()
 
     def handler(signum: int, frame: FrameType | None) -> Any:
         nonlocal first_at

@@ -351,6 +351,55 @@ def test_each_worker_line_as_written_consumes_its_own_queue_and_no_other(
     assert codes == {process.name: 0 for process in started}, codes
 
 
+def _libraries(pid: int) -> set[str]:
+    """The shared objects the process has mapped."""
+    try:
+        maps = Path(f"/proc/{pid}/maps").read_text()
+    except FileNotFoundError:
+        return set()
+    return {line.split()[-1] for line in maps.splitlines() if ".so" in line}
+
+
+def _children(pid: int) -> list[int]:
+    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def test_a_deploy_that_signals_a_worker_line_while_it_boots_is_a_clean_stop(settings, run_line):
+    # A deploy signals the whole group at once, worker processes still importing the actors
+    # included; their master passes the same request on once they have booted.
+    name, argv = pool_for(read_procfile(), BULK_QUEUE)
+    processes = one_int(argv, "--processes", "-p")
+    line = run_line(name, argv, settings)
+    master, workers = line.process.pid, []
+
+    # The master imports none of the actors: a library it has not mapped shows a worker importing
+    # them, past the start of Dramatiq's worker process (whose handler fails before its logging is set).
+    def importing_the_actors() -> bool:
+        workers[:] = _children(master)
+        inherited = _libraries(master)
+        return len(workers) == processes and all(_libraries(worker) - inherited for worker in workers)
+
+    wait_until(
+        lambda: line.process.poll() is not None or importing_the_actors(),
+        timeout=30,
+        interval=0.002,
+        what="the worker processes to import the actors",
+    )
+
+    line.terminate()
+
+    assert line.process.wait(timeout=30) == 0, line.log()
+    log = line.log()
+    for worker in workers:
+        own = [entry for entry in log.splitlines() if f"[PID {worker}]" in entry]
+        stopping = next(i for i, entry in enumerate(own) if "Stopping worker process" in entry)
+        ready = next((i for i, entry in enumerate(own) if "ready for action" in entry), len(own))
+        assert stopping < ready, f"the signal came after PID {worker} booted: this test needs it before\n{log}"
+    assert "Killing worker process" not in log, log
+    assert "Ignoring a repeated SIGTERM" in log, log
+    assert_quiet(line)
+
+
 def test_a_worker_on_a_misspelled_queue_consumes_nothing_and_says_nothing(
     settings, sessions: sessionmaker[Session], smtp_server, run_line
 ):

@@ -15,7 +15,7 @@ import redis
 from reports.settings import Settings
 from reports.worker import lifecycle
 from reports.worker.broker import build_broker
-from reports.worker.lifecycle import DrainOnce, Heartbeat, coalesce_term_signals, draining
+from reports.worker.lifecycle import DrainOnce, Heartbeat, coalesce_term_signals, draining, has_stopped
 from tests.support.waiting import wait_until
 
 
@@ -129,6 +129,53 @@ def test_each_wrapper_has_a_window_of_its_own():
     assert (first.calls, second.calls) == ([signal.SIGTERM], [signal.SIGTERM])
 
 
+def test_a_burst_whose_first_sigterm_came_before_the_wrapper_ignores_the_next_one():
+    original, clock = Original(), FakeClock()
+    handler = coalesce_term_signals(original, window_seconds=5, clock=clock, already_had_one=True)
+    assert draining.is_set()
+
+    clock.advance(1)
+    assert handler(signal.SIGTERM, None) is None
+    clock.advance(5)
+    assert handler(signal.SIGTERM, None) == "original"
+
+    assert original.calls == [signal.SIGTERM]
+
+
+def dramatiq_like_handler() -> tuple[Callable[[int, FrameType | None], None], list[int]]:
+    """A handler shaped as Dramatiq's worker-process one (its state in the closure's ``running``),
+    and the signals it was called with."""
+    running = True
+    calls: list[int] = []
+
+    def termhandler(signum: int, frame: FrameType | None) -> None:
+        nonlocal running
+        calls.append(signum)
+        running = False
+
+    return termhandler, calls
+
+
+def test_has_stopped_reads_whether_dramatiqs_handler_had_its_sigterm():
+    handler, _ = dramatiq_like_handler()
+    assert not has_stopped(handler)
+
+    handler(signal.SIGTERM, None)
+
+    assert has_stopped(handler)
+
+
+def test_has_stopped_is_false_for_any_other_handler():
+    flag = False
+
+    def closure_without_running(signum: int, frame: FrameType | None) -> bool:
+        return flag
+
+    assert not has_stopped(Original())
+    assert not has_stopped(closure_without_running)
+    assert not has_stopped(signal.default_int_handler)
+
+
 # --- DrainOnce -------------------------------------------------------------------------------
 
 
@@ -140,6 +187,21 @@ def test_drain_once_wraps_the_sigterm_handler_in_the_main_thread(sigterm_handler
     installed(signal.SIGTERM, None)  # type: ignore[operator]
     installed(signal.SIGTERM, None)  # type: ignore[operator]
     assert sigterm_handler.calls == [signal.SIGTERM]
+    assert draining.is_set()
+
+
+def test_drain_once_knows_a_sigterm_that_came_before_it_was_installed():
+    saved = signal.getsignal(signal.SIGTERM)
+    handler, calls = dramatiq_like_handler()
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        signal.raise_signal(signal.SIGTERM)  # the platform's, while the process imported the actors
+        DrainOnce(window_seconds=5).after_process_boot(broker=None)  # type: ignore[arg-type]
+        signal.raise_signal(signal.SIGTERM)  # the master's copy of it, once the workers booted
+    finally:
+        signal.signal(signal.SIGTERM, saved)
+
+    assert calls == [signal.SIGTERM]
     assert draining.is_set()
 
 
