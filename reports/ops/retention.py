@@ -161,9 +161,12 @@ def prune(
         elif should_stop() or not _drop_period(sessions, pruned, settled_before):
             result.finished = False
             return result
+    # A month left whole (unfinished, or made so part-way) keeps the feedback about its emails too.
+    kept_whole = [*result.unfinished, *(pruned.period for pruned in result.periods if pruned.reopened)]
+    oldest_kept = min([before, *map(Period.parse, kept_whole)])
     result.feedback = feedback_retention.prune(
         sessions,
-        before=feedback_retention.cutoff(before, now, soft_bounce_window),
+        before=feedback_retention.cutoff(oldest_kept, now, soft_bounce_window),
         batch_size=batch_size,
         dry_run=dry_run,
         should_stop=should_stop,

@@ -17,6 +17,7 @@ from reports.feedback.events import Event, Kind, Provider
 from reports.ops import retention
 from reports.periods import Period
 from tests.integration.test_feedback_store import POLICY, event
+from tests.integration.test_retention import fill_period
 from tests.support.databases import load_users
 
 NOW = datetime(2026, 12, 7, 12, 0)
@@ -99,6 +100,25 @@ def test_old_events_go_with_their_matches_and_the_counters_stay(feedback) -> Non
     again = prune(feedback, soft_bounce_window=timedelta(days=30))
     assert again.feedback is not None and again.feedback.deleted == 0
     assert counters(feedback) == before
+
+
+def test_a_month_kept_whole_because_unfinished_keeps_the_feedback_about_its_emails(feedback) -> None:
+    # October 2025, before the oldest month kept, is still running: its rows stay, and so do the
+    # bounces and complaints its emails drew (received in November).
+    with feedback.begin() as session:
+        fill_period(session, "2025-10", pending=2)
+
+    result = prune(feedback)
+
+    assert result.unfinished == ["2025-10"]
+    assert stored(feedback) == ["old-complaint", "old-postmark", "old-soft", "old-stranger", "recent-complaint"]
+    assert result.feedback is not None and result.feedback.deleted == 0
+
+    # Once it is finished, it goes, and the feedback with it.
+    with feedback.begin() as session:
+        session.execute(text("UPDATE report_items SET state = 'delivered' WHERE period = '2025-10'"))
+    assert prune(feedback).unfinished == []
+    assert stored(feedback) == ["old-complaint", "recent-complaint"]
 
 
 def test_the_soft_bounce_window_keeps_what_it_counts(feedback) -> None:

@@ -32,6 +32,7 @@ from reports.models import (
     DeadLetter,
     Delivery,
     DeliveryState,
+    FeedbackEvent,
     ItemCount,
     ItemState,
     PeriodRun,
@@ -288,6 +289,15 @@ def replaying_once(
 
 
 def test_a_dead_letter_replayed_between_two_batches_stops_the_prune_of_its_period(filled, broker: Broker) -> None:
+    # Feedback received since OLD began is kept while OLD is (CANCELLED, kept whole, began later).
+    bounced_at = Period.parse(OLD).start + timedelta(days=19)
+    with filled.begin() as session:
+        feedback_store.record(
+            session,
+            [feedback_event(Kind.SOFT_BOUNCE, "stranger@example.test", event_id="old-bounce", occurred_at=bounced_at)],
+            now=bounced_at,
+            policy=POLICY,
+        )
     replayed = dead_letters.Replayed()
     replay_after_the_first_batch = replaying_once(filled, broker, replayed)
     result = retention.prune(
@@ -308,12 +318,19 @@ def test_a_dead_letter_replayed_between_two_batches_stops_the_prune_of_its_perio
     [pruned] = result.periods
     assert pruned.deleted == {"reports": 2}
     assert pruned.reopened and result.finished
+    assert feedback_events(filled) == ["old-bounce"]
     # Once the item is delivered, the period is finished again, and the next prune finishes it.
     with filled.begin() as session:
         session.get(ReportItem, (OLD, DEAD_USER)).state = ItemState.DELIVERED  # type: ignore[union-attr]
     again = retention.prune(filled, before=BEFORE, batch_size=3)
     assert not again.periods[0].reopened
     assert rows(filled, ReportItem, OLD) == rows(filled, Report, OLD) == rows(filled, Delivery, OLD) == []
+    assert feedback_events(filled) == []
+
+
+def feedback_events(sessions: sessionmaker[Session]) -> list[str]:
+    with sessions() as session:
+        return sorted(session.scalars(select(FeedbackEvent.event_id)))
 
 
 def waiting_on_a_lock(sessions: sessionmaker[Session]) -> int:
@@ -486,7 +503,7 @@ def test_the_scheduler_prunes_once_a_day_across_replicas_from_the_2nd(filled, se
     ]
 
     with filled.begin() as session:
-        long_ago = NOW - timedelta(days=400)
+        long_ago = NOW - timedelta(days=420)  # before CANCELLED, which is kept whole, and its feedback with it
         feedback_store.record(
             session,
             [feedback_event(Kind.HARD_BOUNCE, "stranger@example.test", occurred_at=long_ago)],
