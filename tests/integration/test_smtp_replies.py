@@ -437,6 +437,22 @@ def test_addresses_in_the_providers_reply_are_kept_out_of_the_error(
     assert "<<" not in str(raised.value) and ">>" not in str(raised.value)
 
 
+@pytest.mark.parametrize(
+    "named",
+    ['"jane doe"@example.test', "jane.doe@[192.0.2.7]", '"jane doe"@[IPv6:2001:db8::7]'],
+)
+def test_a_quoted_local_part_and_a_domain_literal_in_a_reply_are_masked_too(provider: Provider, named: str) -> None:
+    # An address in the forms RFC 5321 also allows, named by a provider that forwards or aliases.
+    provider.script.always["RCPT"] = f"550 5.1.1 <{named}>: Recipient address rejected: User unknown"
+    mailer = SmtpMailer(provider.url, timeout_seconds=5, sender=SENDER)
+
+    with pytest.raises(MailRejected) as raised:
+        send(mailer, PERSON)
+
+    assert str(raised.value) == "SMTP 550: 5.1.1 <address>: Recipient address rejected: User unknown"
+    assert "jane" not in dead_letter_text(raised.value)
+
+
 def test_a_masked_address_reads_address_in_its_own_brackets(provider: Provider) -> None:
     provider.script.always["RCPT"] = "550 5.1.1 <user1@example.test>: Recipient address rejected: User unknown"
     mailer = SmtpMailer(provider.url, timeout_seconds=5, sender=SENDER)

@@ -58,13 +58,19 @@ _SESSION_CODES = frozenset({500, 501, 503})
 #: local part's, an ``@`` too).
 _IN_ADDRESS = r"[^\s<>()\[\]\\,;:\"']"
 _IN_LOCAL_PART = r"[^\s<>()\[\]\\,;:\"'@]"
+#: A quoted local part (``"jane doe"@…``) and a domain literal (``…@[192.0.2.7]``), as RFC 5321
+#: allows; bounded, so that a stray quote or bracket costs a short look ahead, not the whole reply.
+_QUOTED_LOCAL_PART = r'"[^"\r\n]{0,64}"'
+_DOMAIN_LITERAL = r"\[[^\]\s]{1,64}\]"
 #: Addresses in a provider's reply (``550 5.1.1 <x@y>: Recipient address rejected``), with their
 #: angle brackets if they have them: personal data, kept out of errors, dead letters and logs.
 #: A local part may hold apostrophes (``mary.o'brien@…``, which a dot-atom allows); those before
 #: it quote the address (``'x@y'``) and are kept, as ``quote``. A match starts only where a word
 #: does, and its local part is never read twice, so a long reply costs one pass.
 _ADDRESS_IN_REPLY = re.compile(
-    rf"(?<!{_IN_LOCAL_PART})(?<!')(?P<quote>'*)<?(?>{_IN_LOCAL_PART}+(?:'+{_IN_LOCAL_PART}+)*'*)@{_IN_ADDRESS}+>?"
+    rf"(?<!{_IN_LOCAL_PART})(?<!')(?P<quote>'*)<?"
+    rf"(?>{_QUOTED_LOCAL_PART}|{_IN_LOCAL_PART}+(?:'+{_IN_LOCAL_PART}+)*'*)"
+    rf"@(?:{_DOMAIN_LITERAL}|{_IN_ADDRESS}+)>?"
 )
 
 
