@@ -260,7 +260,9 @@ def start_workers(tmp_path: Path) -> Iterator[Callable[..., WorkerGroup]]:
         queues: tuple[str, ...] = (),
         extra_args: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
+        booted: bool = True,
     ) -> WorkerGroup:
+        """``booted=False``: return at once, not once every worker process is ready."""
         log_path = tmp_path / f"workers-{len(groups)}.log"
         command = [
             sys.executable,
@@ -288,6 +290,8 @@ def start_workers(tmp_path: Path) -> Iterator[Callable[..., WorkerGroup]]:
             )
         group = WorkerGroup(process=process, log_path=log_path)
         groups.append(group)
+        if not booted:
+            return group
         wait_until(
             lambda: group.log().count("Worker process is ready") >= processes or group.process.poll() is not None,
             timeout=30,

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -16,6 +18,7 @@ from typing import Any
 import dramatiq
 import redis
 from dramatiq.brokers.redis import RedisBroker
+from dramatiq.compat import StreamablePipe
 from dramatiq.middleware import Middleware
 
 from reports import parent_death
@@ -115,6 +118,18 @@ def coalesce_term_signals(
     return handler
 
 
+#: How often a worker process looks whether its master is still its parent, in seconds.
+MASTER_CHECK_SECONDS = 0.5
+#: How long the main thread has to begin the drain once the master is gone: it looks for the
+#: signal once a second, unless Dramatiq's boot is stuck (see :class:`StopWithMaster`).
+MAIN_THREAD_GRACE_SECONDS = 5.0
+#: What a drain the watcher runs itself gives in-flight messages: the Procfile's --worker-shutdown-timeout.
+ORPHAN_DRAIN_TIMEOUT_MS = 20_000
+#: The exit code of a process whose logging was already wedged when its master died: stopped at
+#: once, as ``kill -9`` would, its messages given back by the broker.
+EXIT_LOGGING_WEDGED = 1
+
+
 class StopWithMaster(Middleware):
     """A worker process drains and stops when its ``dramatiq`` master dies, even by ``kill -9``.
 
@@ -123,10 +138,69 @@ class StopWithMaster(Middleware):
     the logging lock, and the process wedges with its broker connection (RabbitMQ) or heartbeat
     (Redis) still alive, so the messages it has fetched are neither run nor given back, and
     reconcile counts them as held by a live worker. On Linux the process asks for SIGTERM when its
-    master ends (the drain every SIGTERM starts, while the pipe still has room); elsewhere nothing.
+    master ends (the drain every SIGTERM starts); elsewhere nothing.
+
+    A thread of its own watches for the master's end too. It points the process's logging at its
+    own stderr (the platform's log), away from the pipe nobody reads; and if the main thread has not
+    begun the drain shortly after, it drains the worker itself. That happens when the master dies
+    while it waits for this process to boot: Dramatiq's worker process, its threads already
+    consuming, tells the master it has booted through a ``multiprocessing.Event``, whose ``set``
+    waits for every process waiting on it, and a dead master never answers, so the main thread
+    never reaches the loop that would act on the SIGTERM.
     """
+
+    def __init__(self) -> None:
+        self._master: int | None = None
+        self._stopping = threading.Event()
 
     def after_process_boot(self, broker: dramatiq.Broker) -> None:
         master = multiprocessing.parent_process()
         if master is not None and master.pid is not None:  # None: a test's in-process worker
+            self._master = master.pid
             parent_death.terminate_with(master.pid)
+
+    def after_worker_boot(self, broker: dramatiq.Broker, worker: dramatiq.Worker) -> None:
+        if self._master is not None:
+            threading.Thread(
+                target=self._watch, args=(broker, worker, self._master), name="stop-with-master", daemon=True
+            ).start()
+
+    def before_worker_shutdown(self, broker: dramatiq.Broker, worker: dramatiq.Worker) -> None:
+        self._stopping.set()
+
+    def _watch(self, broker: dramatiq.Broker, worker: dramatiq.Worker, master: int) -> None:
+        while os.getppid() == master:
+            if self._stopping.wait(MASTER_CHECK_SECONDS):
+                return
+        if not log_to_own_stderr():
+            # A thread blocked on the full pipe holds the logging lock: no drain can log, so none
+            # can finish. The broker gives the messages back, as after kill -9.
+            os._exit(EXIT_LOGGING_WEDGED)
+        if self._stopping.wait(MAIN_THREAD_GRACE_SECONDS):
+            return
+        logger.warning("The dramatiq master died while this worker process booted: draining it here.")
+        worker.stop(timeout=ORPHAN_DRAIN_TIMEOUT_MS)
+        broker.close()
+        # The main thread is still waiting for the dead master, for good.
+        os._exit(0)
+
+
+def log_to_own_stderr(lock_timeout_seconds: float = 1.0) -> bool:
+    """Point the handlers that write into Dramatiq's logging pipe, and ``sys.stdout`` and
+    ``sys.stderr``, at the process's own stderr; ``False`` if a handler's lock was held longer than
+    ``lock_timeout_seconds`` (a write to the pipe blocked, holding it)."""
+    stream = sys.__stderr__
+    if stream is None:
+        return True
+    sys.stdout = sys.stderr = stream
+    for handler in logging.getLogger().handlers:
+        if not isinstance(handler, logging.StreamHandler) or not isinstance(handler.stream, StreamablePipe):
+            continue
+        lock = handler.lock
+        if lock is None or not lock.acquire(timeout=lock_timeout_seconds):
+            return False
+        try:
+            handler.stream = stream
+        finally:
+            lock.release()
+    return True

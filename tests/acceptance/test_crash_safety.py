@@ -17,7 +17,7 @@ from reports.models import PeriodRun
 from reports.periods import Period
 from tests.support import sqs
 from tests.support.databases import load_users
-from tests.support.processes import run_cli
+from tests.support.processes import importing_the_actors, run_cli
 from tests.support.rabbitmq import purge
 from tests.support.waiting import wait_until
 
@@ -250,6 +250,38 @@ def test_worker_processes_drain_and_stop_when_their_master_is_killed(
     wait_until(
         lambda: not any(_alive(pid) for pid in children), timeout=25, what="the orphaned worker processes to stop"
     )
+
+    start_workers(crash_settings, processes=1, threads=4)
+    wait_for_completion(sessions)
+    assert_each_mailed_once(smtp_server, population.active)
+
+
+@pytest.mark.both_brokers
+def test_worker_processes_stop_when_their_master_is_killed_while_they_boot(
+    crash_settings, sessions, smtp_server, start_workers
+):
+    """kill -9 of the pool's main process while it waits for its worker processes to boot. A worker
+    process tells its master it has booted through a ``multiprocessing.Event``, whose ``set`` waits
+    for the master that waits on it: with the master dead, its main thread waited for good, never
+    reaching the loop that acts on SIGTERM, while its threads consumed. The SQS soak found such an
+    orphan holding two reports (their visibility kept extended) until its logging wedged."""
+    population = load_users(sessions, count=300, inactive_every=1000)
+    smtp_server.handler.delay_seconds = 0.02
+    assert run_cli(crash_settings, "trigger", PERIOD).returncode == 0
+    group = start_workers(crash_settings, processes=2, threads=2, booted=False)
+    workers: list[int] = []
+
+    def booting() -> bool:
+        workers[:] = importing_the_actors(group.process.pid, 2) or []
+        return bool(workers)
+
+    wait_until(booting, timeout=30, interval=0.002, what="the worker processes to import the actors")
+    os.kill(group.process.pid, signal.SIGKILL)  # the master only, as it waits for them
+    group.process.wait()
+    wait_until(
+        lambda: not any(_alive(pid) for pid in workers), timeout=30, what="the orphaned worker processes to stop"
+    )
+    assert "draining it here" in group.log(), group.log()
 
     start_workers(crash_settings, processes=1, threads=4)
     wait_for_completion(sessions)

@@ -48,7 +48,7 @@ from reports.worker.broker import build_broker, send
 from reports.worker.queues import queue_for
 from tests.support.databases import load_users
 from tests.support.environment import REPO
-from tests.support.processes import free_port, kill_group, run_process
+from tests.support.processes import free_port, importing_the_actors, kill_group, run_process
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)]
@@ -351,36 +351,20 @@ def test_each_worker_line_as_written_consumes_its_own_queue_and_no_other(
     assert codes == {process.name: 0 for process in started}, codes
 
 
-def _libraries(pid: int) -> set[str]:
-    """The shared objects the process has mapped."""
-    try:
-        maps = Path(f"/proc/{pid}/maps").read_text()
-    except FileNotFoundError:
-        return set()
-    return {line.split()[-1] for line in maps.splitlines() if ".so" in line}
-
-
-def _children(pid: int) -> list[int]:
-    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-
-
 def test_a_deploy_that_signals_a_worker_line_while_it_boots_is_a_clean_stop(settings, run_line):
     # A deploy signals the whole group at once, worker processes still importing the actors
     # included; their master passes the same request on once they have booted.
     name, argv = pool_for(read_procfile(), BULK_QUEUE)
     processes = one_int(argv, "--processes", "-p")
     line = run_line(name, argv, settings)
-    master, workers = line.process.pid, []
+    workers: list[int] = []
 
-    # The master imports none of the actors: a library it has not mapped shows a worker importing
-    # them, past the start of Dramatiq's worker process (whose handler fails before its logging is set).
-    def importing_the_actors() -> bool:
-        workers[:] = _children(master)
-        inherited = _libraries(master)
-        return len(workers) == processes and all(_libraries(worker) - inherited for worker in workers)
+    def booting() -> bool:
+        workers[:] = importing_the_actors(line.process.pid, processes) or []
+        return bool(workers)
 
     wait_until(
-        lambda: line.process.poll() is not None or importing_the_actors(),
+        lambda: line.process.poll() is not None or booting(),
         timeout=30,
         interval=0.002,
         what="the worker processes to import the actors",

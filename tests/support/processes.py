@@ -169,6 +169,32 @@ class WorkerGroup:
         kill_group(self.process)
 
 
+def children(pid: int) -> list[int]:
+    """The process's children, by pid."""
+    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def libraries(pid: int) -> set[str]:
+    """The shared objects the process has mapped; none once it is gone."""
+    try:
+        maps = Path(f"/proc/{pid}/maps").read_text()
+    except FileNotFoundError:
+        return set()
+    return {line.split()[-1] for line in maps.splitlines() if ".so" in line}
+
+
+def importing_the_actors(master: int, processes: int) -> list[int] | None:
+    """The ``dramatiq`` master's worker processes once all ``processes`` of them import the actors,
+    else ``None``. The master imports none of the actors: a library it has not mapped shows a
+    worker importing them, past the start of Dramatiq's worker process (whose SIGTERM handler
+    fails before its logging is set up) and before it has booted."""
+    workers = children(master)
+    inherited = libraries(master)
+    if len(workers) == processes and all(libraries(worker) - inherited for worker in workers):
+        return workers
+    return None
+
+
 def kill_group(process: subprocess.Popen[bytes]) -> None:
     """SIGKILL ``process``'s whole process group (it leads one) and reap it."""
     with contextlib.suppress(ProcessLookupError):

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+import multiprocessing
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -11,11 +14,19 @@ from types import FrameType
 
 import pytest
 import redis
+from dramatiq.compat import StreamablePipe
 
 from reports.settings import Settings
 from reports.worker import lifecycle
 from reports.worker.broker import build_broker
-from reports.worker.lifecycle import DrainOnce, Heartbeat, coalesce_term_signals, draining, has_stopped
+from reports.worker.lifecycle import (
+    DrainOnce,
+    Heartbeat,
+    coalesce_term_signals,
+    draining,
+    has_stopped,
+    log_to_own_stderr,
+)
 from tests.support.waiting import wait_until
 
 
@@ -374,3 +385,48 @@ def test_the_heartbeat_survives_redis_errors(settings, heartbeat_broker, caplog)
     assert failures.is_set()
     warnings = [r for r in caplog.records if r.name == lifecycle.logger.name and r.levelname == "WARNING"]
     assert len(warnings) == 2
+
+
+# --- log_to_own_stderr -----------------------------------------------------------------------
+
+
+@pytest.fixture
+def piped_handler() -> Iterator[logging.StreamHandler]:
+    """A root handler writing into a pipe, as Dramatiq's worker process logs; all put back after."""
+    read_end, write_end = multiprocessing.Pipe(duplex=False)
+    handler = logging.StreamHandler(StreamablePipe(write_end))
+    root, saved = logging.getLogger(), (sys.stdout, sys.stderr)
+    root.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        root.removeHandler(handler)
+        sys.stdout, sys.stderr = saved
+        read_end.close()
+        write_end.close()
+
+
+def test_log_to_own_stderr_points_the_piped_handler_at_the_processs_stderr(piped_handler):
+    assert log_to_own_stderr()
+
+    assert piped_handler.stream is sys.__stderr__
+    assert sys.stderr is sys.__stderr__
+
+
+def test_log_to_own_stderr_says_so_when_a_blocked_write_holds_the_handler(piped_handler):
+    held, release = threading.Event(), threading.Event()
+
+    def blocked_write() -> None:
+        with piped_handler.lock:  # type: ignore[union-attr]
+            held.set()
+            release.wait(5)
+
+    writer = threading.Thread(target=blocked_write)
+    writer.start()
+    held.wait(5)
+    try:
+        assert not log_to_own_stderr(lock_timeout_seconds=0.1)
+    finally:
+        release.set()
+        writer.join()
+    assert isinstance(piped_handler.stream, StreamablePipe)
