@@ -81,10 +81,13 @@ def reconcile(
     be on its way; ``requests`` reconciles the period's send-now requests too.
 
     ``resume`` is for a cancelled period made active again: messages consumed while it was
-    cancelled left their items pending, so every pending item without a live claim is sent,
-    and the coordinator if the walk is unfinished, whatever the queue holds. Re-enqueuing
-    stamps each item, so running it again at once re-sends nothing; a copy that races a message
-    still in flight is absorbed by the delivery claim.
+    cancelled left their items pending, so every pending item is sent, and the coordinator if
+    the walk is unfinished, whatever the queue holds. An item whose claim is still live is sent
+    too: its lease may be one an unconfirmed send kept, whose retry was consumed while the month
+    was cancelled, and nothing else would look at it again until it counted as stuck; its message
+    waits the lease out (a claim held by another copy defers it). Re-enqueuing stamps each item,
+    so running it again at once re-sends nothing; a copy that races a message still in flight is
+    absorbed by the delivery claim.
     """
     untouched_since = now - stuck_after  # first: an impossible threshold fails before anything is sent
     holds_back = breaker.holds_back if breaker is not None else _never
@@ -122,7 +125,14 @@ def reconcile(
             queue.send_coordinator(run.new_chain(now), CoordinatorJob(period).payload())
 
     may_be_waiting = not resume and (holds_back() or queue.backlog(BUILD_REPORT.queue) > 0)
-    lost = _lost(period, untouched_since, now, leases_live_at=leases_live_at, handed_out_too=not may_be_waiting)
+    lost = _lost(
+        period,
+        untouched_since,
+        now,
+        leases_live_at=leases_live_at,
+        handed_out_too=not may_be_waiting,
+        claimed_too=resume,
+    )
     requeued = 0
     if not cancelled:
         requeued = _requeue(
@@ -202,7 +212,13 @@ def _requeue(
 
 
 def _lost(
-    period: Period, untouched_since: datetime, now: datetime, *, leases_live_at: datetime, handed_out_too: bool
+    period: Period,
+    untouched_since: datetime,
+    now: datetime,
+    *,
+    leases_live_at: datetime,
+    handed_out_too: bool,
+    claimed_too: bool = False,
 ) -> list[Any]:
     live_claim = exists().where(
         Delivery.period == str(period),
@@ -220,7 +236,7 @@ def _lost(
         # chain to work out their new morning (LOOK_AGAIN, in the past only to be looked at
         # first); one due and never released is lost.
         or_(ReportItem.due_at.is_(None), and_(ReportItem.due_at <= now, ReportItem.due_at != LOOK_AGAIN)),
-        ~live_claim,
+        *([] if claimed_too else [~live_claim]),
         *([] if handed_out_too else [ReportItem.enqueued_at.is_(None)]),
     ]
 

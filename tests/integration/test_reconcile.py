@@ -350,6 +350,23 @@ def test_a_resume_whose_enqueue_failed_is_resumed_by_the_next_trigger(sessions, 
     assert sorted(m.args[1] for m in queue.messages if m.actor == BUILD_REPORT.name) == population.active
 
 
+def test_a_resume_sends_an_item_whose_claim_an_unconfirmed_send_kept(sessions, settings):
+    # The send got no reply, so its claim keeps the lease; its retry was consumed while the month
+    # was cancelled. Its message waits the lease out; without it the item would wait for reconcile.
+    population = load_users(sessions, count=4)
+    walk_everything(sessions, settings)
+    unconfirmed = population.active[1]
+    with sessions.begin() as session:
+        assert claims.take(session, PERIOD, unconfirmed, message_id="unconfirmed", lease_seconds=180) is not None
+        runs.cancel(session, PERIOD, now=utcnow())
+
+    queue = InMemoryQueue()
+    resumed = runs.trigger_and_enqueue(sessions, queue, PERIOD, template_version="v1", now=utcnow())
+
+    assert resumed.resumed
+    assert sorted(m.args[1] for m in queue.messages if m.actor == BUILD_REPORT.name) == population.active
+
+
 class _ResumedMeanwhile:
     """A queue whose send fails after another operator cancelled and resumed the month meanwhile."""
 
