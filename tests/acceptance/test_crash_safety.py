@@ -17,7 +17,7 @@ from reports.models import PeriodRun
 from reports.periods import Period
 from tests.support import sqs
 from tests.support.databases import load_users
-from tests.support.processes import importing_the_actors, run_cli
+from tests.support.processes import run_cli, wait_for_actor_imports
 from tests.support.rabbitmq import purge
 from tests.support.waiting import wait_until
 
@@ -269,13 +269,7 @@ def test_worker_processes_stop_when_their_master_is_killed_while_they_boot(
     smtp_server.handler.delay_seconds = 0.02
     assert run_cli(crash_settings, "trigger", PERIOD).returncode == 0
     group = start_workers(crash_settings, processes=2, threads=2, booted=False)
-    workers: list[int] = []
-
-    def booting() -> bool:
-        workers[:] = importing_the_actors(group.process.pid, 2) or []
-        return bool(workers)
-
-    wait_until(booting, timeout=30, interval=0.002, what="the worker processes to import the actors")
+    workers = wait_for_actor_imports(group.process, 2)
     os.kill(group.process.pid, signal.SIGKILL)  # the master only, as it waits for them
     group.process.wait()
     wait_until(

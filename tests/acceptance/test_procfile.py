@@ -48,7 +48,7 @@ from reports.worker.broker import build_broker, send
 from reports.worker.queues import queue_for
 from tests.support.databases import load_users
 from tests.support.environment import REPO
-from tests.support.processes import free_port, importing_the_actors, kill_group, run_process
+from tests.support.processes import free_port, kill_group, run_process, wait_for_actor_imports
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)]
@@ -357,19 +357,7 @@ def test_a_deploy_that_signals_a_worker_line_while_it_boots_is_a_clean_stop(sett
     name, argv = pool_for(read_procfile(), BULK_QUEUE)
     processes = one_int(argv, "--processes", "-p")
     line = run_line(name, argv, settings)
-    workers: list[int] = []
-
-    def booting() -> bool:
-        workers[:] = importing_the_actors(line.process.pid, processes) or []
-        return bool(workers)
-
-    wait_until(
-        lambda: line.process.poll() is not None or booting(),
-        timeout=30,
-        interval=0.002,
-        what="the worker processes to import the actors",
-    )
-
+    workers = wait_for_actor_imports(line.process, processes)
     line.terminate()
 
     assert line.process.wait(timeout=30) == 0, line.log()

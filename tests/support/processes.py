@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import cast
 
 import libfaketime
+import pytest
 import redis
 
 from reports.database import create_db_engine, session_factory
@@ -183,16 +184,24 @@ def libraries(pid: int) -> set[str]:
     return {line.split()[-1] for line in maps.splitlines() if ".so" in line}
 
 
-def importing_the_actors(master: int, processes: int) -> list[int] | None:
-    """The ``dramatiq`` master's worker processes once all ``processes`` of them import the actors,
-    else ``None``. The master imports none of the actors: a library it has not mapped shows a
-    worker importing them, past the start of Dramatiq's worker process (whose SIGTERM handler
-    fails before its logging is set up) and before it has booted."""
-    workers = children(master)
-    inherited = libraries(master)
-    if len(workers) == processes and all(libraries(worker) - inherited for worker in workers):
-        return workers
-    return None
+def wait_for_actor_imports(process: subprocess.Popen[bytes], processes: int, *, timeout: float = 30) -> list[int]:
+    """The ``dramatiq`` master ``process``'s worker processes, once all ``processes`` of them import
+    the actors. The master imports none of the actors: a library it has not mapped shows a worker
+    importing them, past the start of Dramatiq's worker process (whose SIGTERM handler fails
+    before its logging is set up) and before it has booted."""
+
+    def importing() -> list[int] | None:
+        if process.poll() is not None:
+            pytest.fail(f"The workers exited ({process.returncode}) while they started.")
+        workers = children(process.pid)
+        inherited = libraries(process.pid)
+        if len(workers) == processes and all(libraries(worker) - inherited for worker in workers):
+            return workers
+        return None
+
+    return cast(
+        list[int], wait_until(importing, timeout=timeout, interval=0.002, what="the workers to import the actors")
+    )
 
 
 def kill_group(process: subprocess.Popen[bytes]) -> None:
