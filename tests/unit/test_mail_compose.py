@@ -6,8 +6,6 @@ import email
 import email.header
 import email.policy
 import html
-import os
-import random
 import re
 from datetime import UTC, datetime
 from email.headerregistry import Address
@@ -17,7 +15,7 @@ import pytest
 
 from reports import tokens
 from reports.content.render import RenderedReport
-from reports.delivery.mail.compose import _boundary, check_header_block, compose, display_name, message_id, recipient
+from reports.delivery.mail.compose import check_header_block, compose, display_name, message_id, recipient
 from reports.errors import ConfigurationError, InvalidRecipient, PermanentError
 from reports.periods import Period
 from reports.settings import Settings
@@ -560,34 +558,3 @@ def test_every_public_base_url_start_up_accepts_makes_links_the_composer_accepts
 def test_a_public_base_url_with_a_comma_is_refused_at_start() -> None:
     with pytest.raises(ConfigurationError, match="PUBLIC_BASE_URL must be .*no comma"):
         Settings(public_base_url="https://host.example/a,b", unsubscribe_secret="s" * 32)
-
-
-# --- The MIME boundary ----------------------------------------------------------------------------
-
-
-def test_a_boundary_a_part_contains_is_drawn_again() -> None:
-    random.seed(7)
-    first = _boundary()
-    random.seed(7)
-
-    chosen = _boundary(b"text that happens to hold " + first + b" inside")
-
-    assert chosen != first
-    assert chosen.startswith(b"=_") and len(chosen) == 26
-
-
-def test_worker_processes_forked_from_one_parent_draw_different_boundaries() -> None:
-    random.seed(7)  # the parent's state, which each child inherits
-    drawn = []
-    for _ in range(2):
-        read_end, write_end = os.pipe()
-        child = os.fork()
-        if child == 0:
-            os.write(write_end, _boundary())
-            os._exit(0)
-        os.close(write_end)
-        drawn.append(os.read(read_end, 64))
-        os.close(read_end)
-        os.waitpid(child, 0)
-
-    assert drawn[0] != drawn[1]

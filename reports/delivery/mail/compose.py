@@ -15,8 +15,8 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
-import random
 import re
+import secrets
 from datetime import UTC, datetime
 from email.errors import HeaderParseError
 from email.headerregistry import Address
@@ -165,14 +165,9 @@ MAX_WIRE_LINE = 998
 
 def _boundary(*parts: bytes) -> bytes:
     """A random boundary no part contains (quoted-printable never holds ``=_``; 7bit text could,
-    by a chance of one in 2**96, which is still checked rather than trusted).
-
-    From :mod:`random`, as the standard library's own email generator takes its boundaries: the
-    check, not secrecy, keeps a part from closing the message early, and ``secrets`` would cost a
-    system call a message that gives up the GIL. :mod:`random` reseeds in each forked worker.
-    """
+    by a chance of one in 2**96, which is still checked rather than trusted)."""
     while True:
-        boundary = f"=_{random.getrandbits(96):024x}".encode("ascii")
+        boundary = f"=_{secrets.token_hex(12)}".encode("ascii")
         if not any(boundary in part for part in parts):
             return boundary
 
