@@ -134,22 +134,6 @@ def _without_local_part(reply: str, recipient: str) -> str:
     return re.sub(alone, "<address>", reply, flags=re.IGNORECASE)
 
 
-#: How much shorter than the time left a read's or write's socket timeout may be, as a fraction
-#: of that time, before it is set again. Setting it is a system call that gives up the GIL (four
-#: a message, each a wait for the GIL among the worker's threads); within the slack the timeout an
-#: earlier read or write set stands, so a message on a kept connection usually sets none.
-TIMEOUT_SLACK = 0.05
-
-
-def socket_timeout(current: float | None, left: float) -> float | None:
-    """The socket timeout the next read or write needs with ``left`` seconds to the send's
-    deadline, or ``None`` when ``current`` serves: it ends no later than the deadline, and no
-    earlier than :data:`TIMEOUT_SLACK` of the time left before it."""
-    if current is not None and left * (1 - TIMEOUT_SLACK) <= current <= left:
-        return None
-    return left * (1 - TIMEOUT_SLACK / 2)
-
-
 class _DeadlineReader:
     """Reads the server's replies with whatever is left of the send's deadline, per read.
 
@@ -190,9 +174,7 @@ class _DeadlineSMTP(smtplib.SMTP):
         if left <= 0:
             raise TimeoutError("The send's deadline passed.")
         if self.sock is not None:
-            timeout = socket_timeout(self.sock.gettimeout(), left)
-            if timeout is not None:
-                self.sock.settimeout(timeout)
+            self.sock.settimeout(left)
 
     #: Commands held back by :meth:`pipelined`, to go out in one write.
     _held: list[bytes] | None = None
