@@ -12,6 +12,7 @@ import socket
 import threading
 import time
 import traceback
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from email.message import EmailMessage
@@ -522,37 +523,43 @@ def test_the_mailer_gives_its_helo_name_in_ehlo(smtp_server) -> None:
 
 
 class SlowProvider(LoopbackServer):
-    """A raw-socket SMTP server that answers every line correctly, each after ``delay`` seconds."""
+    """A raw-socket SMTP server that answers every line correctly, each after ``delay`` seconds,
+    or after ``slower``'s delay for the replies it names: (first word of the reply, how many
+    such replies came before it on the connection)."""
 
-    def __init__(self, delay: float) -> None:
+    def __init__(self, delay: float, slower: dict[tuple[str, int], float] | None = None) -> None:
         self.delay = delay
+        self.slower = slower or {}
         super().__init__(self._session)
 
-    def _reply(self, connection: socket.socket, line: str) -> None:
-        time.sleep(self.delay)
+    def _reply(self, connection: socket.socket, line: str, given: Counter[str]) -> None:
+        word = line.split()[0]
+        time.sleep(self.slower.get((word, given[word]), self.delay))
+        given[word] += 1
         connection.sendall(line.encode() + b"\r\n")
 
     def _session(self, connection: socket.socket) -> None:
         try:
             with connection, connection.makefile("rb") as lines:
-                self._reply(connection, "220 slow.test ESMTP")
+                given: Counter[str] = Counter()
+                self._reply(connection, "220 slow.test ESMTP", given)
                 in_data = False
                 for raw in lines:
                     line = raw.rstrip(b"\r\n").decode("utf-8", "replace")
                     if in_data:
                         if line == ".":
                             in_data = False
-                            self._reply(connection, "250 2.0.0 Accepted")
+                            self._reply(connection, "250 2.0.0 Accepted", given)
                         continue
                     verb = line[:4].upper()
                     if verb == "DATA":
                         in_data = True
-                        self._reply(connection, "354 End data with <CR><LF>.<CR><LF>")
+                        self._reply(connection, "354 End data with <CR><LF>.<CR><LF>", given)
                     elif verb == "QUIT":
-                        self._reply(connection, "221 Bye")
+                        self._reply(connection, "221 Bye", given)
                         return
                     else:
-                        self._reply(connection, "250 OK")
+                        self._reply(connection, "250 OK", given)
         except OSError:
             pass  # the client gave up
 
@@ -568,6 +575,19 @@ def test_a_provider_slow_on_every_reply_cannot_stretch_one_send_past_its_deadlin
 
         elapsed = time.monotonic() - started
         assert elapsed < 2.5, f"one send took {elapsed:.1f}s with a 2 s deadline (about 6 s of replies otherwise)"
+    finally:
+        slow.stop()
+
+
+def test_each_send_on_a_kept_connection_has_its_whole_deadline() -> None:
+    # The first send's DATA reply comes late, so its content is written with little time left;
+    # the second send's last reply takes longer than that, and is still within its own 2 s.
+    slow = SlowProvider(delay=0.0, slower={("354", 0): 1.4, ("250", 6): 1.2})
+    try:
+        mailer = SmtpMailer(f"smtp://127.0.0.1:{slow.port}", timeout_seconds=2, sender=SENDER)
+        send(mailer, "first@example.test")
+        send(mailer, "second@example.test")
+        assert slow.connections == 1
     finally:
         slow.stop()
 
