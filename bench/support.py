@@ -277,6 +277,8 @@ class Pools:
             str(threads),
             "--worker-shutdown-timeout",
             "20000",
+            "--worker-fork-timeout",
+            "5000",
         ]
         with log_path.open("wb") as log:
             process = subprocess.Popen(

@@ -56,6 +56,8 @@ pytestmark = [pytest.mark.acceptance, pytest.mark.parametrize("database_url", ["
 PROCFILE = REPO / "Procfile"
 #: Heroku's grace period between SIGTERM and SIGKILL, in milliseconds.
 PLATFORM_GRACE_MS = 30_000
+#: Longest a worker line's parent may wait for a worker process to boot before it watches them.
+FORK_WAIT_MS = 5_000
 DOMAIN = "reports.test"
 
 #: Printed by a child process that imports the actors exactly as ``dramatiq actors`` does.
@@ -253,6 +255,7 @@ def test_each_worker_line_names_declared_queues_and_sets_processes_threads_and_a
         assert one_int(argv, "--processes", "-p") >= 1, name
         assert one_int(argv, "--threads", "-t") >= 1, name
         assert 0 < one_int(argv, "--worker-shutdown-timeout") < PLATFORM_GRACE_MS, name
+        assert 0 < one_int(argv, "--worker-fork-timeout") <= FORK_WAIT_MS, name
     for queue in QUEUES:
         owners = [name for name, argv in workers.items() if queue in line_queues(argv)]
         assert len(owners) == 1, f"queue {queue!r} is consumed by {owners or 'no pool'}"
@@ -370,6 +373,23 @@ def test_a_deploy_that_signals_a_worker_line_while_it_boots_is_a_clean_stop(sett
     assert "Killing worker process" not in log, log
     assert "Ignoring a repeated SIGTERM" in log, log
     assert_quiet(line)
+
+
+def test_a_worker_process_killed_while_it_starts_stops_its_line_within_seconds(settings, run_line):
+    # Dramatiq's parent waits up to --worker-fork-timeout for each worker process to boot before it
+    # watches them at all (30 s by default); a line that exits is one the platform restarts.
+    name, argv = pool_for(read_procfile(), BULK_QUEUE)
+    processes = one_int(argv, "--processes", "-p")
+    line = run_line(name, argv, settings)
+    first, *_ = wait_for_actor_imports(line.process, processes)
+    os.kill(first, signal.SIGKILL)
+
+    try:
+        code = line.process.wait(timeout=FORK_WAIT_MS / 1000 + 10)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{name} still ran with a dead worker process:\n{line.log()}")
+    assert code != 0
+    assert f"Worker with PID {first} exited unexpectedly" in line.log(), line.log()
 
 
 def test_a_worker_on_a_misspelled_queue_consumes_nothing_and_says_nothing(
