@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from functools import lru_cache
 
-from babel.dates import format_date
+from babel import Locale
+from babel.dates import format_date, format_skeleton
 from babel.numbers import (
     format_currency,
     format_percent,
@@ -134,5 +135,14 @@ def _around(formatted: str, number: str) -> tuple[str, str]:
 
 @lru_cache(maxsize=256)
 def _month(period: Period, locale: str) -> str:
+    if _year_first(locale):
+        # Their own order and words: "2026年10月", "2026. október", not "10月 2026".
+        return format_skeleton("yMMMM", period.start.date(), locale=locale)
     # "LLLL" is the stand-alone month name: "Oktober 2026", not the genitive some languages use in dates.
     return format_date(period.start.date(), "LLLL y", locale=locale)
+
+
+def _year_first(locale: str) -> bool:
+    """Whether the locale writes a month's year before its name (CLDR's ``yMMMM`` pattern)."""
+    pattern = Locale.parse(locale).datetime_skeletons.get("yMMMM")
+    return pattern is not None and pattern.pattern.startswith("y")

@@ -58,7 +58,17 @@ def test_a_percentage_has_one_decimal_in_the_locales_form(locale: str, tenths: i
 
 
 @pytest.mark.parametrize(
-    ("locale", "text"), [("en_US", "October 2026"), ("de_DE", "Oktober 2026"), ("fr_FR", "octobre 2026")]
+    ("locale", "text"),
+    [
+        ("en_US", "October 2026"),
+        ("de_DE", "Oktober 2026"),
+        ("fr_FR", "octobre 2026"),
+        ("uz_UZ", "Oktabr 2026"),
+        ("ja_JP", "2026年10月"),
+        ("zh_CN", "2026年10月"),
+        ("ko_KR", "2026년 10월"),
+        ("hu_HU", "2026. október"),
+    ],
 )
 def test_the_month_is_named_in_the_locale(locale: str, text: str) -> None:
     assert for_locale(locale, "EUR").month(Period(2026, 10)) == text
