@@ -579,6 +579,22 @@ def test_a_provider_slow_on_every_reply_cannot_stretch_one_send_past_its_deadlin
         slow.stop()
 
 
+def test_a_send_whose_deadline_passed_before_its_content_opens_no_second_connection() -> None:
+    # MAIL FROM's reply comes after the deadline: the session is given up, and with no time left
+    # the one more try on a new connection, kept for a session the provider broke, is not made.
+    slow = SlowProvider(delay=0.0, slower={("250", 1): 2.0})
+    try:
+        mailer = SmtpMailer(f"smtp://127.0.0.1:{slow.port}", timeout_seconds=1, sender=SENDER)
+
+        with pytest.raises(ProviderUnavailable):
+            send(mailer, "user@example.test")
+
+        time.sleep(0.5)  # the server's accept loop counts a connection within 0.2 s of its start
+        assert slow.connections == 1
+    finally:
+        slow.stop()
+
+
 def test_each_send_on_a_kept_connection_has_its_whole_deadline() -> None:
     # The first send's DATA reply comes late, so its content is written with little time left;
     # the second send's last reply takes longer than that, and is still within its own 2 s.

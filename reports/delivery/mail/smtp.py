@@ -307,7 +307,8 @@ class SmtpMailer:
     def send(self, message: bytes, *, recipient: str) -> None:
         deadline = time.monotonic() + self.timeout_seconds
         # A session the provider broke (before the content was accepted or refused) is replaced
-        # and the message tried once more on the new one, within the same deadline.
+        # and the message tried once more on the new one, within the same deadline: once it has
+        # passed, no new connection is opened only to give up at its greeting.
         for last_try in (False, True):
             client = self._client(deadline)
             stage: list[_Stage] = []
@@ -322,7 +323,7 @@ class SmtpMailer:
                     # taken the message, so, as with no reply at all, only a later attempt after
                     # the claim's lease may send it again.
                     raise SendUnconfirmed(f"SMTP provider gave the message no clear reply: {refused.code}") from None
-                if not refused.breaks_session or refused.code == SERVICE_NOT_AVAILABLE or last_try:
+                if not refused.breaks_session or refused.code == SERVICE_NOT_AVAILABLE or last_try or _passed(deadline):
                     raise refused.error(recipient) from None
             except (smtplib.SMTPException, OSError) as e:
                 self._drop()
@@ -330,7 +331,7 @@ class SmtpMailer:
                 # after the claim's lease, may send it again.
                 if stage[-1:] == [_Stage.CONTENT]:
                     raise SendUnconfirmed(f"SMTP provider did not answer the message: {type(e).__name__}") from None
-                if last_try:
+                if last_try or _passed(deadline):
                     raise ProviderUnavailable(f"SMTP provider unreachable: {type(e).__name__}") from None
 
     def _after_refusal(self, client: _DeadlineSMTP, refused: _Refused) -> None:
@@ -342,6 +343,10 @@ class SmtpMailer:
             self._local.last_used = time.monotonic()
         except (smtplib.SMTPException, OSError):
             self._drop()
+
+
+def _passed(deadline: float) -> bool:
+    return time.monotonic() >= deadline
 
 
 def _transaction(client: _DeadlineSMTP, sender: str, recipient: str, data: bytes, stage: list[_Stage]) -> None:
