@@ -20,6 +20,7 @@ from reports.settings import Settings
 from reports.worker import failure_logs
 from reports.worker.actor_metrics import ActorMetrics
 from reports.worker.broker import build_broker, declare_queues, shared_redis
+from reports.worker.cpu_affinity import PinToCpu
 from reports.worker.dead_letter_sink import BrokerDeadLetters
 from reports.worker.lifecycle import AfterBoot, DrainOnce, Heartbeat, StopWithMaster
 from reports.worker.queues import queue_for
@@ -66,6 +67,8 @@ broker.add_middleware(Heartbeat(interval_seconds=_settings.heartbeat_timeout_ms 
 broker.add_middleware(DrainOnce(window_seconds=REPEATED_SIGTERM_WINDOW_SECONDS))
 broker.add_middleware(StopWithMaster())
 broker.add_middleware(AfterBoot(worker.booted))
+if _settings.worker_cpu_affinity == "auto":
+    broker.add_middleware(PinToCpu())
 dramatiq.set_broker(broker)
 # Expected failures are logged once each, by the retries and the dead-letter sink, not by Dramatiq.
 failure_logs.install()

@@ -115,6 +115,10 @@ class Settings:
     #: ``classic``. A queue's type is fixed when it is first declared: a process that finds one of
     #: the other type refuses to start.
     rabbitmq_queue_type: str = "classic"
+    #: ``auto`` keeps each worker process of a ``dramatiq`` line on one CPU of its own, in turn over
+    #: the CPUs the line may use; ``none`` leaves the kernel to move them. For a machine whose CPUs
+    #: are the workers' own; Linux only.
+    worker_cpu_affinity: str = "none"
     #: ``smtp://`` or ``smtps://`` URL; ``None`` writes mail to a Maildir under ``var_dir``.
     smtp_url: str | None = None
     #: The sender of every report: one address, ASCII before the ``@``; an internationalised domain
@@ -478,6 +482,9 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 #: What ``RABBITMQ_QUEUE_TYPE`` accepts.
 QUEUE_TYPES = ("classic", "quorum")
 
+#: What ``WORKER_CPU_AFFINITY`` accepts.
+CPU_AFFINITY_CHOICES = ("none", "auto")
+
 
 def _check_ranges(settings: Settings) -> None:
     for name, allowed in _RANGES.items():
@@ -504,6 +511,12 @@ def _check_ranges(settings: Settings) -> None:
         )
 
 
+def _check_choice(settings: Settings, name: str, choices: tuple[str, ...]) -> None:
+    value = getattr(settings, name)
+    if value not in choices:
+        raise ConfigurationError(f"{ENVIRONMENT[name]} must be one of {', '.join(choices)}, got {value!r}.")
+
+
 def _check_names(settings: Settings) -> None:
     if not is_version_name(settings.template_version):
         raise ConfigurationError(
@@ -517,10 +530,7 @@ def _check_names(settings: Settings) -> None:
             f"REPORT_TEMPLATE_VERSION {settings.template_version!r} is not a folder in TEMPLATES_DIR "
             f"({settings.templates_dir})."
         )
-    if settings.report_empty_month not in EMPTY_MONTH_CHOICES:
-        raise ConfigurationError(
-            f"REPORT_EMPTY_MONTH must be one of {', '.join(EMPTY_MONTH_CHOICES)}, got {settings.report_empty_month!r}."
-        )
+    _check_choice(settings, "report_empty_month", EMPTY_MONTH_CHOICES)
     # Imported here: Babel's locale data loads only for the processes that build settings.
     from reports.look import ReportLook, check_locale
 
@@ -534,10 +544,8 @@ def _check_names(settings: Settings) -> None:
     # leave the scheduler failing at every start.
     parse_clock_time(settings.schedule_time, "SCHEDULE_TIME")
     check_zone(settings.schedule_timezone, "SCHEDULE_TIMEZONE")
-    if settings.rabbitmq_queue_type not in QUEUE_TYPES:
-        raise ConfigurationError(
-            f"RABBITMQ_QUEUE_TYPE must be one of {', '.join(QUEUE_TYPES)}, got {settings.rabbitmq_queue_type!r}."
-        )
+    _check_choice(settings, "rabbitmq_queue_type", QUEUE_TYPES)
+    _check_choice(settings, "worker_cpu_affinity", CPU_AFFINITY_CHOICES)
     if settings.log_level.upper() not in LOG_LEVELS:
         raise ConfigurationError(f"LOG_LEVEL must be one of {', '.join(LOG_LEVELS)}, got {settings.log_level!r}.")
     trusted_proxies(settings.forwarded_allow_ips)
@@ -567,6 +575,7 @@ ENVIRONMENT = {
     "redis_url": "REDIS_URL",
     "broker_namespace": "BROKER_NAMESPACE",
     "rabbitmq_queue_type": "RABBITMQ_QUEUE_TYPE",
+    "worker_cpu_affinity": "WORKER_CPU_AFFINITY",
     "smtp_url": "SMTP_URL",
     "mail_from": "MAIL_FROM",
     "smtp_helo_name": "SMTP_HELO_NAME",

@@ -98,6 +98,7 @@ def settings_sections() -> str:
         "report_empty_month": module.EMPTY_MONTH_CHOICES,
         "log_level": module.LOG_LEVELS,
         "rabbitmq_queue_type": module.QUEUE_TYPES,
+        "worker_cpu_affinity": module.CPU_AFFINITY_CHOICES,
     }
     sections = []
     # The defaults as a process sees them: DATABASE_URL's is worked out from VAR_DIR's.

@@ -37,6 +37,8 @@ BAD_VALUES = [
     ("DATABASE_URL", "sqlite://var/reports.db"),
     # The scheduler's, refused by every process: the release phase stops the deploy.
     ("SCHEDULE_TIME", "25:00"),
+    # A CPU list where the setting takes a mode: the workers would run unpinned, unnoticed.
+    ("WORKER_CPU_AFFINITY", "0-1"),
 ]
 
 
