@@ -49,7 +49,8 @@ got exactly one email (exit status 1 if not).
    with --in-process-smtp it sends over SMTP to a sink of its own, as the workers do. --code CHECKOUT, given
    more than once, alternates the queue runs between those checkouts' workers (each runs with its own
    .venv; another checkout's runs are labelled BROKER@FOLDER): main's code against a branch's in one
-   run. --no-plain leaves out the plain runs. With --repeats N the kinds alternate (redis, rabbitmq, plain on odd repeats, the reverse
+   run. --cpu-affinity MODE, given more than once, alternates the bulk workers' WORKER_CPU_AFFINITY
+   in the same way (runs with auto are labelled BROKER+pinned). --no-plain leaves out the plain runs. With --repeats N the kinds alternate (redis, rabbitmq, plain on odd repeats, the reverse
 on even ones) and a table compares their medians; each queue's wall time over plain's is its
 overhead. Redis is emptied before every run, so no run inherits another's shared state.
 """
@@ -101,7 +102,7 @@ from reports.fanout import coordinator, progress, runs
 from reports.jobs import BUILD_REPORT, BULK_QUEUE, DEFAULT_QUEUE, ActorSpec, ReportJob
 from reports.periods import previous_month
 from reports.queue import InMemoryQueue
-from reports.settings import Settings
+from reports.settings import CPU_AFFINITY_CHOICES, Settings
 from reports.worker.broker import build_broker
 from reports.worker.queues import queue_for
 from tests.support import sqs as moto
@@ -344,7 +345,13 @@ def _queue_run(
     pools = Pools(bench.workdir, settings_environ(settings), root=kind.root)
     try:
         coordinator_pool = pools.start(f"{kind.label}-coordinator", DEFAULT_QUEUE, 1, 2)
-        bulk_pool = pools.start(f"{kind.label}-bulk", BULK_QUEUE, args.processes, args.threads)
+        bulk_pool = pools.start(
+            f"{kind.label}-bulk",
+            BULK_QUEUE,
+            args.processes,
+            args.threads,
+            {"WORKER_CPU_AFFINITY": kind.affinity},
+        )
         broker = build_broker(settings)
         bench.sink.reset()
         before = pg_sessions(settings.database_url)
@@ -484,10 +491,13 @@ class QueueKind:
 
     broker: str
     root: Path
+    #: The bulk workers' WORKER_CPU_AFFINITY.
+    affinity: str = "none"
 
     @property
     def label(self) -> str:
-        return self.broker if self.root == ROOT else f"{self.broker}@{self.root.name}"
+        label = self.broker if self.root == ROOT else f"{self.broker}@{self.root.name}"
+        return label if self.affinity == "none" else f"{label}+pinned"
 
 
 def _median(figures: Iterable[float | None], digits: int = 2) -> str:
@@ -603,6 +613,15 @@ def main() -> int:
         help="a checkout (with its .venv) whose workers run the queue runs; repeat it to alternate them "
         "(another checkout's runs are labelled BROKER@FOLDER); default: this one",
     )
+    parser.add_argument(
+        "--cpu-affinity",
+        action="append",
+        choices=CPU_AFFINITY_CHOICES,
+        default=[],
+        metavar="MODE",
+        help="the bulk workers' WORKER_CPU_AFFINITY (none, auto); repeat it to alternate them "
+        "(runs with auto are labelled BROKER+pinned); default: none",
+    )
     parser.add_argument("--no-plain", action="store_true", help="leave out the plain runs")
     parser.add_argument(
         "--in-process-users",
@@ -627,7 +646,8 @@ def main() -> int:
     interrupt_on_sigterm()
     brokers = BROKERS[:2] if args.broker == "both" else (args.broker,)
     roots = list(dict.fromkeys(code.resolve() for code in args.code)) or [ROOT]
-    queue_kinds = [QueueKind(broker, root) for broker in brokers for root in roots]
+    affinities = list(dict.fromkeys(args.cpu_affinity)) or ["none"]
+    queue_kinds = [QueueKind(broker, root, affinity) for broker in brokers for root in roots for affinity in affinities]
     vhosts = Vhosts(args.rabbitmq_url) if "rabbitmq" in brokers else None
     rabbitmq = ""
     if vhosts is not None:
