@@ -227,9 +227,11 @@ def test_a_message_the_provider_kept_without_answering_in_time_is_unconfirmed_an
     provider.handler.answer_delay_seconds = 3
     mailer = SmtpMailer(provider.url, timeout_seconds=1, sender=SENDER)
 
-    with pytest.raises(SendUnconfirmed):
+    with pytest.raises(SendUnconfirmed) as unconfirmed:
         send(mailer, "user@example.test")
 
+    # smtplib calls the late reply a closed connection; the timeout is what the logs say.
+    assert str(unconfirmed.value) == "SMTP provider did not answer the message: TimeoutError"
     assert provider.delivered_to() == ["user@example.test"]
     assert provider.connections == 1, "a message on the wire is never tried again on a new connection"
 
@@ -570,13 +572,23 @@ def test_a_provider_slow_on_every_reply_cannot_stretch_one_send_past_its_deadlin
         mailer = SmtpMailer(f"smtp://127.0.0.1:{slow.port}", timeout_seconds=2, sender=SENDER)
         started = time.monotonic()
 
-        with pytest.raises(ProviderUnavailable):
+        with pytest.raises(ProviderUnavailable) as unavailable:
             send(mailer, "user@example.test")
 
         elapsed = time.monotonic() - started
         assert elapsed < 2.5, f"one send took {elapsed:.1f}s with a 2 s deadline (about 6 s of replies otherwise)"
+        assert str(unavailable.value) == "SMTP provider did not answer in time: TimeoutError"
     finally:
         slow.stop()
+
+
+def test_a_provider_nothing_listens_for_is_unreachable() -> None:
+    mailer = SmtpMailer(f"smtp://127.0.0.1:{free_port()}", timeout_seconds=2, sender=SENDER)
+
+    with pytest.raises(ProviderUnavailable) as unavailable:
+        send(mailer, "user@example.test")
+
+    assert str(unavailable.value) == "SMTP provider unreachable: ConnectionRefusedError"
 
 
 def test_a_send_whose_deadline_passed_before_its_content_opens_no_second_connection() -> None:

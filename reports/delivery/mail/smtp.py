@@ -285,7 +285,7 @@ class SmtpMailer:
             except (smtplib.SMTPException, OSError) as e:
                 # Whatever fails before a message is on the wire (greeting, TLS, login) is the
                 # provider's trouble, not this message's, even a 5xx greeting.
-                raise ProviderUnavailable(f"SMTP provider unreachable: {type(e).__name__}") from None
+                raise _unavailable(e) from None
         return client
 
     def _alive(self, client: _DeadlineSMTP) -> bool:
@@ -330,9 +330,9 @@ class SmtpMailer:
                 # Once the content is on the wire its fate is unknown: only a later attempt,
                 # after the claim's lease, may send it again.
                 if stage[-1:] == [_Stage.CONTENT]:
-                    raise SendUnconfirmed(f"SMTP provider did not answer the message: {type(e).__name__}") from None
+                    raise SendUnconfirmed(f"SMTP provider did not answer the message: {_failure(e)}") from None
                 if last_try or _passed(deadline):
-                    raise ProviderUnavailable(f"SMTP provider unreachable: {type(e).__name__}") from None
+                    raise _unavailable(e) from None
 
     def _after_refusal(self, client: _DeadlineSMTP, refused: _Refused) -> None:
         if refused.ends_session or client.sock is None:  # None: left in an unknown state, closed
@@ -343,6 +343,21 @@ class SmtpMailer:
             self._local.last_used = time.monotonic()
         except (smtplib.SMTPException, OSError):
             self._drop()
+
+
+def _failure(error: BaseException) -> str:
+    """The failure's name. smtplib reports a reply that did not come in time as the connection
+    "unexpectedly closed" (``SMTPServerDisconnected``): the timeout behind it is what happened."""
+    if isinstance(error, smtplib.SMTPServerDisconnected) and isinstance(error.__context__, TimeoutError):
+        return TimeoutError.__name__
+    return type(error).__name__
+
+
+def _unavailable(error: BaseException) -> ProviderUnavailable:
+    failure = _failure(error)
+    if failure == TimeoutError.__name__:
+        return ProviderUnavailable(f"SMTP provider did not answer in time: {failure}")
+    return ProviderUnavailable(f"SMTP provider unreachable: {failure}")
 
 
 def _passed(deadline: float) -> bool:
