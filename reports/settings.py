@@ -115,10 +115,6 @@ class Settings:
     #: ``classic``. A queue's type is fixed when it is first declared: a process that finds one of
     #: the other type refuses to start.
     rabbitmq_queue_type: str = "classic"
-    #: ``auto`` keeps each worker process of a ``dramatiq`` line on one CPU of its own, in turn over
-    #: the CPUs the line may use; ``none`` leaves the kernel to move them. For a machine whose CPUs
-    #: are the workers' own; Linux only.
-    worker_cpu_affinity: str = "none"
     #: ``smtp://`` or ``smtps://`` URL; ``None`` writes mail to a Maildir under ``var_dir``.
     smtp_url: str | None = None
     #: The sender of every report: one address, ASCII before the ``@``; an internationalised domain
@@ -173,6 +169,10 @@ class Settings:
     #: come back within a poll of its heartbeat going stale. 0: never, and only reconcile finds
     #: what a dead worker held.
     maintenance_chance: int = 1_000_000
+    #: ``auto`` keeps each worker process of a ``dramatiq`` line on one CPU of its own, in turn over
+    #: the CPUs the line may use; ``none`` leaves the kernel to move them. For a machine whose CPUs
+    #: are the workers' own; Linux only.
+    worker_cpu_affinity: str = "none"
     #: On SQS: how long a message a worker received stays hidden from the others, in seconds. A
     #: live worker extends what it holds every third of it; a worker killed with ``kill -9`` gives
     #: its messages back this long after it last did. At least ``CLAIM_LEASE_SECONDS``, checked at start.
@@ -575,7 +575,6 @@ ENVIRONMENT = {
     "redis_url": "REDIS_URL",
     "broker_namespace": "BROKER_NAMESPACE",
     "rabbitmq_queue_type": "RABBITMQ_QUEUE_TYPE",
-    "worker_cpu_affinity": "WORKER_CPU_AFFINITY",
     "smtp_url": "SMTP_URL",
     "mail_from": "MAIL_FROM",
     "smtp_helo_name": "SMTP_HELO_NAME",
@@ -597,6 +596,7 @@ ENVIRONMENT = {
     "claim_lease_seconds": "CLAIM_LEASE_SECONDS",
     "heartbeat_timeout_ms": "HEARTBEAT_TIMEOUT_MS",
     "maintenance_chance": "MAINTENANCE_CHANCE",
+    "worker_cpu_affinity": "WORKER_CPU_AFFINITY",
     "sqs_visibility_timeout_seconds": "SQS_VISIBILITY_TIMEOUT_SECONDS",
     "sqs_max_receive_count": "SQS_MAX_RECEIVE_COUNT",
     "max_retries": "MAX_RETRIES",
