@@ -50,7 +50,8 @@ got exactly one email (exit status 1 if not).
    more than once, alternates the queue runs between those checkouts' workers (each runs with its own
    .venv; another checkout's runs are labelled BROKER@FOLDER): main's code against a branch's in one
    run. --cpu-affinity MODE, given more than once, alternates the bulk workers' WORKER_CPU_AFFINITY
-   in the same way (runs with auto are labelled BROKER+pinned). --no-plain leaves out the plain runs. With --repeats N the kinds alternate (redis, rabbitmq, plain on odd repeats, the reverse
+   in the same way (runs with auto are labelled BROKER+pinned). --no-plain leaves out the plain
+   runs. With --repeats N the kinds alternate (redis, rabbitmq, plain on odd repeats, the reverse
 on even ones) and a table compares their medians; each queue's wall time over plain's is its
 overhead. Redis is emptied before every run, so no run inherits another's shared state.
 """

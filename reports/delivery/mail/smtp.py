@@ -345,19 +345,22 @@ class SmtpMailer:
             self._drop()
 
 
+def _timed_out(error: BaseException) -> bool:
+    """Whether the provider did not answer in time. smtplib reports a reply that came too late as
+    the connection "unexpectedly closed" (``SMTPServerDisconnected``), the timeout behind it."""
+    if isinstance(error, smtplib.SMTPServerDisconnected):
+        return isinstance(error.__context__, TimeoutError)
+    return isinstance(error, TimeoutError)
+
+
 def _failure(error: BaseException) -> str:
-    """The failure's name. smtplib reports a reply that did not come in time as the connection
-    "unexpectedly closed" (``SMTPServerDisconnected``): the timeout behind it is what happened."""
-    if isinstance(error, smtplib.SMTPServerDisconnected) and isinstance(error.__context__, TimeoutError):
-        return TimeoutError.__name__
-    return type(error).__name__
+    return TimeoutError.__name__ if _timed_out(error) else type(error).__name__
 
 
 def _unavailable(error: BaseException) -> ProviderUnavailable:
-    failure = _failure(error)
-    if failure == TimeoutError.__name__:
-        return ProviderUnavailable(f"SMTP provider did not answer in time: {failure}")
-    return ProviderUnavailable(f"SMTP provider unreachable: {failure}")
+    if _timed_out(error):
+        return ProviderUnavailable(f"SMTP provider did not answer in time: {TimeoutError.__name__}")
+    return ProviderUnavailable(f"SMTP provider unreachable: {type(error).__name__}")
 
 
 def _passed(deadline: float) -> bool:
